@@ -1,0 +1,16 @@
+// Environment variables read by moekit. Every variable is listed in the README.
+//   MOEKIT_LOG_LEVEL   trace|debug|info|warn|error|off (default warn)
+//   MOEKIT_MOE_BACKEND force an experts backend by its user-facing name (e.g. "cpu_reference")
+//   MOEKIT_NUM_THREADS CPU threads of the reference path (default: OpenMP's choice)
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace moekit::env {
+
+std::optional<std::string> get(const char* name);
+std::optional<long long> get_int(const char* name);
+bool get_bool(const char* name, bool fallback);
+
+}  // namespace moekit::env

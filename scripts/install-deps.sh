@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs moekit's build dependencies from Debian packages (skips apt when all are present).
+set -euo pipefail
+packages=(cmake g++ make nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libdlpack-dev
+          libgtest-dev libgmock-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

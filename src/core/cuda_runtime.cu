@@ -1,0 +1,68 @@
+#include <string>
+
+#include "core/cuda_check.cuh"
+#include "core/cuda_runtime.h"
+
+namespace moekit::cuda_rt {
+
+int device_count(std::string* reason) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    if (reason) *reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status);
+    cudaGetLastError();  // clear the sticky-free error state
+    return 0;
+  }
+  if (count == 0 && reason) *reason = "cudaGetDeviceCount returned 0 devices";
+  return count;
+}
+
+DeviceInfo device_info(int index) {
+  cudaDeviceProp prop{};
+  MOEKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  DeviceInfo info;
+  info.type = DeviceType::kCUDA;
+  info.index = index;
+  info.compute_capability = prop.major * 10 + prop.minor;
+  info.name = prop.name;
+  info.num_sms = prop.multiProcessorCount;
+  info.present = true;
+  return info;
+}
+
+void* allocate(size_t bytes, int device_index) {
+  int previous = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&previous));
+  MOEKIT_CUDA_CHECK(cudaSetDevice(device_index));
+  void* ptr = nullptr;
+  const cudaError_t status = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
+  cudaSetDevice(previous);
+  MOEKIT_CHECK(status == cudaSuccess, "cudaMalloc of {} bytes on cuda:{} failed: {}", bytes,
+               device_index, cudaGetErrorString(status));
+  return ptr;
+}
+
+void release(void* ptr) noexcept {
+  cudaFree(ptr);
+}
+
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  cudaMemcpyKind kind = cudaMemcpyDefault;
+  if (dst_device.is_cpu() && src_device.is_cuda()) kind = cudaMemcpyDeviceToHost;
+  if (dst_device.is_cuda() && src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
+  if (dst_device.is_cuda() && src_device.is_cuda()) kind = cudaMemcpyDeviceToDevice;
+  MOEKIT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+}
+
+void copy_async(void* dst, const void* src, size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  MOEKIT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, to_cuda(stream)));
+}
+
+void memset_async(void* dst, int value, size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  MOEKIT_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, to_cuda(stream)));
+}
+
+}  // namespace moekit::cuda_rt

@@ -1,0 +1,23 @@
+// Internal: the CUDA runtime calls the CPU-side code needs. Implemented in cuda_runtime.cu, which
+// is compiled only when MOEKIT_WITH_CUDA is defined; callers guard with #ifdef MOEKIT_WITH_CUDA.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "moekit/core/device.h"
+
+namespace moekit::cuda_rt {
+
+// Number of devices; on failure 0 and the reason.
+int device_count(std::string* reason);
+DeviceInfo device_info(int index);
+void* allocate(size_t bytes, int device_index);
+void release(void* ptr) noexcept;
+// Synchronous copy between any two devices (host pointers for the CPU).
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// Stream-ordered copy and memset (device memory).
+void copy_async(void* dst, const void* src, size_t bytes, Stream stream);
+void memset_async(void* dst, int value, size_t bytes, Stream stream);
+
+}  // namespace moekit::cuda_rt

@@ -1,0 +1,111 @@
+#include "testing.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace moekit::testing {
+namespace {
+
+// NOTE: the tolerance table. bf16 keeps 8 mantissa bits (rounding 2^-9 relative), f16 11 bits; a
+// layer rounds at GEMM1 output, activation and GEMM2 output, so allow a few roundings.
+const Tolerance kTolerances[] = {
+    {"f32", 1e-5, 1e-5, 1e-4},       {"f16", 3e-3, 2e-3, 2e-2},
+    {"bf16", 1.6e-2, 1.6e-2, 8e-2},  {"fp8_w8a8", 8e-2, 5e-2, 2.5e-1},
+    {"int8_w8a8", 4e-2, 3e-2, 2e-1}, {"mxfp4", 2.5e-1, 2e-1, 1.0},
+    {"nvfp4", 2.5e-1, 2e-1, 1.0},    {"mxfp6", 1e-1, 8e-2, 5e-1},
+    {"w4a8", 2.5e-1, 2e-1, 1.0},     {"int4_w4a16", 2e-1, 2e-1, 1.0},
+};
+
+}  // namespace
+
+const Tolerance& tolerance(std::string_view name) {
+  for (const Tolerance& t : kTolerances) {
+    if (t.name == name) return t;
+  }
+  throw std::invalid_argument("no tolerance named " + std::string(name));
+}
+
+const Tolerance& tolerance_for(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return tolerance("f16");
+    case DType::kBF16:
+      return tolerance("bf16");
+    default:
+      return tolerance("f32");
+  }
+}
+
+Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> values(static_cast<size_t>(numel_of(shape)));
+  bool any_nonzero = false;
+  for (float& v : values) {
+    v = round_to_dtype(dist(rng), dtype);
+    any_nonzero |= v != 0.f;
+  }
+  if (!values.empty() && !any_nonzero)
+    values[0] = round_to_dtype(hi * 0.5f + lo * 0.5f + 0.25f, dtype);
+  return Tensor::from_floats(values, shape, dtype);
+}
+
+void random_routing(int64_t M, int topk, int num_experts, uint64_t seed, Tensor* topk_ids,
+                    Tensor* topk_weights) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> ids(static_cast<size_t>(M * topk));
+  std::vector<float> weights(ids.size());
+  std::vector<int> perm(num_experts);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int e = 0; e < num_experts; ++e)
+      perm[e] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    float sum = 0.f;
+    for (int j = 0; j < topk; ++j) {
+      ids[m * topk + j] = perm[j];
+      weights[m * topk + j] = std::uniform_real_distribution<float>(0.1f, 1.f)(rng);
+      sum += weights[m * topk + j];
+    }
+    for (int j = 0; j < topk; ++j)
+      weights[m * topk + j] /= sum;
+  }
+  *topk_ids = Tensor::from_ints(ids, {M, topk}, DType::kInt32);
+  *topk_weights = Tensor::from_floats(weights, {M, topk}, DType::kF32);
+}
+
+double relative_l2_error(const std::vector<double>& out, const std::vector<double>& ref) {
+  if (out.size() != ref.size()) throw std::invalid_argument("relative_l2_error: size mismatch");
+  double num = 0, den = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double d = out[i] - ref[i];
+    num += d * d;
+    den += ref[i] * ref[i];
+  }
+  if (std::isnan(num)) return std::numeric_limits<double>::infinity();
+  if (den == 0) return num == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(num / den);
+}
+
+double relative_l2_error(const Tensor& out, const std::vector<double>& ref) {
+  const std::vector<float> o = out.to_float_vector();
+  return relative_l2_error(std::vector<double>(o.begin(), o.end()), ref);
+}
+
+int64_t first_bad_element(const Tensor& out, const std::vector<double>& ref, const Tolerance& tol) {
+  const std::vector<float> o = out.to_float_vector();
+  if (o.size() != ref.size()) return 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(o[i]) - ref[i]);
+    if (!(err <= tol.abs_elem + tol.rel_elem * std::fabs(ref[i]))) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+bool has_nan(const Tensor& t) {
+  for (float v : t.to_float_vector()) {
+    if (std::isnan(v)) return true;
+  }
+  return false;
+}
+
+}  // namespace moekit::testing

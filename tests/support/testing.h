@@ -1,0 +1,41 @@
+// Shared test helpers: seeded random tensors (never all zeros), poisoning, error norms, and the one
+// table of per-dtype / per-scheme tolerances.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moekit/core/tensor.h"
+
+namespace moekit::testing {
+
+// Relative-error tolerances, ||out - ref|| / ||ref||, against a float64 recomputation. One table
+// for the whole suite: a scheme's entry is what its rounding points allow, not what a kernel
+// happens to get.
+struct Tolerance {
+  std::string_view name;
+  double rel_l2;    // ||out - ref||_2 / ||ref||_2
+  double abs_elem;  // per-element: |out - ref| <= abs_elem + rel_elem * |ref|
+  double rel_elem;
+};
+const Tolerance& tolerance(std::string_view name);  // "f32", "f16", "bf16", "fp8_w8a8", ...
+const Tolerance& tolerance_for(DType dtype);
+
+// Uniform values in [lo, hi) with a fixed seed, rounded to dtype; never all zeros.
+Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, float lo = -1.f,
+                     float hi = 1.f);
+// Random top-k routing: distinct ids in [0, E) per row and softmax-like positive weights.
+void random_routing(int64_t M, int topk, int num_experts, uint64_t seed, Tensor* topk_ids,
+                    Tensor* topk_weights);
+
+double relative_l2_error(const std::vector<double>& out, const std::vector<double>& ref);
+double relative_l2_error(const Tensor& out, const std::vector<double>& ref);
+// Index of the first element that violates the element tolerance, or -1.
+int64_t first_bad_element(const Tensor& out, const std::vector<double>& ref, const Tolerance& tol);
+// True if any element is NaN (poison left behind = an unwritten element).
+bool has_nan(const Tensor& t);
+
+}  // namespace moekit::testing
