@@ -1,41 +1,11 @@
 #include "testing.h"
 
 #include <cmath>
+#include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 namespace moekit::testing {
-namespace {
-
-// NOTE: the tolerance table. bf16 keeps 8 mantissa bits (rounding 2^-9 relative), f16 11 bits; a
-// layer rounds at GEMM1 output, activation and GEMM2 output, so allow a few roundings.
-const Tolerance kTolerances[] = {
-    {"f32", 1e-5, 1e-5, 1e-4},       {"f16", 3e-3, 2e-3, 2e-2},
-    {"bf16", 1.6e-2, 1.6e-2, 8e-2},  {"fp8_w8a8", 8e-2, 5e-2, 2.5e-1},
-    {"int8_w8a8", 4e-2, 3e-2, 2e-1}, {"mxfp4", 2.5e-1, 2e-1, 1.0},
-    {"nvfp4", 2.5e-1, 2e-1, 1.0},    {"mxfp6", 1e-1, 8e-2, 5e-1},
-    {"w4a8", 2.5e-1, 2e-1, 1.0},     {"int4_w4a16", 2e-1, 2e-1, 1.0},
-};
-
-}  // namespace
-
-const Tolerance& tolerance(std::string_view name) {
-  for (const Tolerance& t : kTolerances) {
-    if (t.name == name) return t;
-  }
-  throw std::invalid_argument("no tolerance named " + std::string(name));
-}
-
-const Tolerance& tolerance_for(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return tolerance("f16");
-    case DType::kBF16:
-      return tolerance("bf16");
-    default:
-      return tolerance("f32");
-  }
-}
-
 Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, float lo, float hi) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);

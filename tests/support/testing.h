@@ -9,20 +9,15 @@
 #include <vector>
 
 #include "moekit/core/tensor.h"
+#include "moekit/core/tolerance.h"
 
 namespace moekit::testing {
 
-// Relative-error tolerances, ||out - ref|| / ||ref||, against a float64 recomputation. One table
-// for the whole suite: a scheme's entry is what its rounding points allow, not what a kernel
-// happens to get.
-struct Tolerance {
-  std::string_view name;
-  double rel_l2;    // ||out - ref||_2 / ||ref||_2
-  double abs_elem;  // per-element: |out - ref| <= abs_elem + rel_elem * |ref|
-  double rel_elem;
-};
-const Tolerance& tolerance(std::string_view name);  // "f32", "f16", "bf16", "fp8_w8a8", ...
-const Tolerance& tolerance_for(DType dtype);
+// The tolerance table lives in the library (moekit/core/tolerance.h) so tests, `moekit run` and the
+// GPU checks share it.
+using moekit::tolerance;
+using moekit::tolerance_for;
+using moekit::Tolerance;
 
 // Uniform values in [lo, hi) with a fixed seed, rounded to dtype; never all zeros.
 Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, float lo = -1.f,

@@ -1,0 +1,87 @@
+// MoELayer: one Mixture-of-Experts layer as an inference engine uses it — weights, router, expert
+// map of this rank, optional shared experts, and the kernel the oracle chose.
+//
+//   MoELayer layer(find_preset("qwen3-30b-a3b"), MoELayer::random_weights(...), options);
+//   Tensor y = layer.forward(x, router_logits, ctx);   // x (M, H), logits (M, E) -> y (M, H)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "moekit/config/moe_config.h"
+#include "moekit/config/quant_config.h"
+#include "moekit/core/workspace.h"
+#include "moekit/layer/presets.h"
+#include "moekit/modular/kernel.h"
+#include "moekit/oracle/oracle.h"
+#include "moekit/router/router.h"
+
+namespace moekit {
+
+// The tensors of one layer on this rank. Shapes: E_local experts, H hidden, I intermediate.
+struct MoELayerWeights {
+  Tensor w13;                      // (E_local, 2I, H) gated, (E_local, I, H) `_no_mul`
+  Tensor w2;                       // (E_local, H, I)
+  Tensor w13_bias;                 // (E_local, 2I or I), optional
+  Tensor w2_bias;                  // (E_local, H), optional
+  Tensor e_score_correction_bias;  // (E,) f32, optional (DeepSeek-V3 selection bias)
+  Tensor shared_w13;               // (2*I_s, H), optional shared experts
+  Tensor shared_w2;                // (H, I_s)
+};
+
+struct MoELayerOptions {
+  DType dtype = DType::kBF16;             // activation and weight dtype
+  DeviceInfo device = cpu_device_info();  // where the layer runs
+  ParallelConfig parallel;                // EP rank / size (the expert_map follows from it)
+  std::string backend = "auto";           // force an experts backend by name ("auto": the oracle)
+  int64_t max_num_tokens = 8192;          // per forward; sizes the workspaces once
+};
+
+class MoELayer {
+ public:
+  // Validates the weights against the model shape and the rank's expert range, builds the router,
+  // selects the experts backend (throws moekit::UnsupportedError when a forced backend cannot serve
+  // the deployment) and reserves the workspaces for max_num_tokens.
+  MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOptions options = {});
+
+  // Seeded random weights for this rank (scaled so activations stay O(1)); on options.device.
+  static MoELayerWeights random_weights(const ModelPreset& model, const MoELayerOptions& options,
+                                        uint64_t seed);
+
+  // hidden_states (M, H) in the layer dtype, router_logits (M, E) f32/bf16/f16 -> (M, H).
+  // Adds the shared experts' output when the layer has shared experts.
+  Tensor forward(const Tensor& hidden_states, const Tensor& router_logits, RunContext ctx = {});
+  // Same with routing already done: topk_ids (M, k) int32 or int64, topk_weights (M, k) f32.
+  Tensor forward_routed(const Tensor& hidden_states, const Tensor& topk_ids,
+                        const Tensor& topk_weights, RunContext ctx = {});
+
+  const ModelPreset& model() const { return model_; }
+  const MoEConfig& moe_config() const { return moe_; }
+  const MoELayerWeights& weights() const { return weights_; }
+  const Router& router() const { return *router_; }
+  FusedMoEKernel& kernel() const { return *kernel_; }
+  // The oracle's decision table for this layer (chosen backend, every rejection and its reason).
+  const OracleReport& selection() const { return report_; }
+  const Tensor& expert_map() const { return expert_map_; }  // (E,) int32, undefined without EP
+  int first_local_expert() const { return first_local_expert_; }
+  WorkspaceManager& workspace() { return *workspace_; }
+
+  // The MoEConfig a layer of this model gets under these options (also used by `moekit explain`).
+  static MoEConfig make_moe_config(const ModelPreset& model, const MoELayerOptions& options);
+  static RouterConfig make_router_config(const ModelPreset& model, const Tensor& bias);
+
+ private:
+  ModelPreset model_;
+  MoELayerOptions options_;
+  MoEConfig moe_;
+  MoELayerWeights weights_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<FusedMoEKernel> kernel_;
+  OracleReport report_;
+  Tensor expert_map_;
+  int first_local_expert_ = 0;
+  std::unique_ptr<WorkspaceManager> workspace_;
+};
+
+}  // namespace moekit

@@ -1,0 +1,49 @@
+// The oracle of unquantized (bf16/f16/f32 weights and activations) MoE layers.
+//
+// Priority: on a CUDA device sm90_grouped, sm90_batched, cpu, cpu_batched (the CPU reference
+// classes reject a CUDA device through their capability record, so the table says why); on the CPU
+// cpu, cpu_batched. User-facing names: "sm90_grouped", "sm90_batched", "cpu", "cpu_batched", and
+// the aliases "cuda" (sm90_grouped), "reference" and "cpu_reference" (cpu).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moekit/oracle/oracle.h"
+
+namespace moekit {
+
+enum class UnquantizedMoeBackend {
+  kSm90Grouped,  // "sm90_grouped": Hopper grouped GEMM, standard format
+  kSm90Batched,  // "sm90_batched": Hopper masked GEMM, batched format
+  kCpu,          // "cpu": the CPU reference, standard format
+  kCpuBatched,   // "cpu_batched": the CPU reference, batched format
+};
+
+class UnquantizedMoEKernelOracle : public MoEKernelOracle<UnquantizedMoeBackend> {
+ public:
+  using Backend = UnquantizedMoeBackend;
+
+  // The unquantized oracle ignores quant keys; they are accepted for a uniform interface.
+  explicit UnquantizedMoEKernelOracle(MoEConfig moe_config,
+                                      std::optional<QuantKey> weight_key = std::nullopt,
+                                      std::optional<QuantKey> activation_key = std::nullopt)
+      : MoEKernelOracle(std::move(moe_config), std::move(weight_key), std::move(activation_key)) {}
+
+  // The backend -> experts classes table of this oracle. Defaults:
+  //   kCpu -> {CpuReferenceExperts}, kCpuBatched -> {CpuBatchedReferenceExperts},
+  //   kSm90Grouped, kSm90Batched -> {} (the CUDA experts register there).
+  static KernelRegistry<UnquantizedMoeBackend>& registry();
+
+  std::string name() const override { return "Unquantized"; }
+  std::string type_name() const override { return "UnquantizedMoEKernelOracle"; }
+  std::vector<Backend> backend_values() const override;
+  std::string backend_name(Backend backend) const override;
+  std::vector<std::pair<std::string, Backend>> backend_aliases() const override;
+  std::vector<Backend> priority_backends(const MoEConfig& moe_config) const override;
+  std::optional<Backend> batched_variant(Backend backend) const override;
+  KernelRegistry<Backend>& kernel_registry() const override { return registry(); }
+};
+
+}  // namespace moekit

@@ -1,0 +1,48 @@
+// Prepare/finalize that builds the BatchedExperts layout on one rank (no communication): the test
+// and reference partner of batched experts, and the model of what a low-latency dispatch produces.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "moekit/modular/prepare_finalize.h"
+
+namespace moekit {
+
+// prepare: scatters a1 (M, K) into a1q (E_local, T, K), T = max_num_tokens * num_dispatchers,
+// where local expert e's rows are its (token m, slot j) pairs in increasing m, then j; unused rows
+// are zero. Global ids map to local experts through the expert_map when one is given, otherwise the
+// rank owns experts [rank * E_local, (rank + 1) * E_local); ids that map nowhere (-1, out of range,
+// another rank's) are skipped. Reports per-expert counts in ExpertTokensMetadata (device tensor and
+// host list). An expert with more than T rows is an error naming the expert and the counts.
+// Router weight on input (topk == 1) and input quantization as in PrepareFinalizeNoEP.
+// finalize: applies the experts' TopKWeightAndReduce, Delegate replaced by NaiveBatched over the
+// same layout. CPU tensors only.
+class PrepareFinalizeBatched final : public PrepareFinalizeModular {
+ public:
+  PrepareFinalizeBatched(int64_t max_num_tokens, int num_local_experts, int num_dispatchers = 1,
+                         int rank = 0);
+
+  std::string name() const override { return "PrepareFinalizeBatched"; }
+  ActivationFormat activation_format() const override { return ActivationFormat::kBatchedExperts; }
+  std::optional<DType> topk_indices_dtype() const override { return std::nullopt; }
+  std::optional<int64_t> max_num_tokens_per_rank() const override { return max_num_tokens_; }
+  int num_dispatchers() const override { return num_dispatchers_; }
+  bool output_is_reduced() const override { return false; }
+  int num_local_experts() const { return num_local_experts_; }
+  int rank() const { return rank_; }
+
+  PrepareResult prepare(const PrepareArgs& args, RunContext ctx) override;
+  // NOTE: uses the expert_map of the last prepare call (FinalizeArgs does not carry it).
+  void finalize(const FinalizeArgs& args, RunContext ctx) override;
+
+ private:
+  int64_t max_num_tokens_;
+  int num_local_experts_;
+  int num_dispatchers_;
+  int rank_;
+  Tensor expert_map_;  // from the last prepare
+};
+
+}  // namespace moekit

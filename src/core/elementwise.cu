@@ -1,0 +1,93 @@
+// CUDA versions of the layer's elementwise ops (see elementwise.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+
+#include "core/cuda_check.cuh"
+#include "core/elementwise.h"
+
+namespace moekit {
+namespace {
+
+template <typename T>
+__device__ float to_f(T v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ float to_f(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ float to_f(__half v) {
+  return __half2float(v);
+}
+template <typename T>
+__device__ T from_f(float v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __nv_bfloat16 from_f(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __half from_f(float v) {
+  return __float2half_rn(v);
+}
+
+template <typename T>
+__global__ void add_kernel(T* out, const T* other, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = from_f<T>(to_f(out[i]) + to_f(other[i]));
+  }
+}
+
+__global__ void ids_kernel(const int64_t* src, int32_t* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t v = src[i];
+    dst[i] = (v < -1 || v > INT_MAX) ? INT_MAX : static_cast<int32_t>(v);
+  }
+}
+
+int grid_for(int64_t n) {
+  return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+}
+
+}  // namespace
+
+void add_inplace_cuda(Tensor& out, const Tensor& other, Stream stream) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  MOEKIT_CHECK(stream.handle != nullptr, "add_inplace: a CUDA stream is required");
+  switch (out.dtype()) {
+    case DType::kBF16:
+      add_kernel<<<grid_for(n), 256, 0, to_cuda(stream)>>>(out.data_as<__nv_bfloat16>(),
+                                                           other.data_as<const __nv_bfloat16>(), n);
+      break;
+    case DType::kF16:
+      add_kernel<<<grid_for(n), 256, 0, to_cuda(stream)>>>(out.data_as<__half>(),
+                                                           other.data_as<const __half>(), n);
+      break;
+    case DType::kF32:
+      add_kernel<<<grid_for(n), 256, 0, to_cuda(stream)>>>(out.data_as<float>(),
+                                                           other.data_as<const float>(), n);
+      break;
+    default:
+      MOEKIT_CHECK(false, "add_inplace: dtype {} is not supported (bf16, f16, f32)",
+                   dtype_name(out.dtype()));
+  }
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void convert_ids_to_int32_cuda(const Tensor& ids64, Tensor& ids32, Stream stream) {
+  const int64_t n = ids64.numel();
+  if (n == 0) return;
+  MOEKIT_CHECK(stream.handle != nullptr, "convert_ids_to_int32: a CUDA stream is required");
+  ids_kernel<<<grid_for(n), 256, 0, to_cuda(stream)>>>(ids64.data_as<const int64_t>(),
+                                                       ids32.data_as<int32_t>(), n);
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moekit

@@ -1,0 +1,44 @@
+#include "moekit/core/tolerance.h"
+
+#include <array>
+
+#include "moekit/core/error.h"
+
+namespace moekit {
+namespace {
+
+// NOTE: bf16 keeps 8 mantissa bits (2^-9 relative rounding), f16 11 bits; a layer rounds at the
+// GEMM1 output, the activation output and the GEMM2 output, so a few roundings are allowed.
+// Quantized schemes: the error of their formats' rounding of weights, activations and the
+// intermediate (an fp8 layer is ~6% from the bf16 one, see reference/perf_targets.md).
+constexpr std::array<Tolerance, 10> kTolerances = {{
+    {"f32", 1e-5, 1e-5, 1e-4},
+    {"f16", 3e-3, 2e-3, 2e-2},
+    {"bf16", 1.6e-2, 1.6e-2, 8e-2},
+    {"fp8_w8a8", 8e-2, 5e-2, 2.5e-1},
+    {"int8_w8a8", 4e-2, 3e-2, 2e-1},
+    {"mxfp4", 2.5e-1, 2e-1, 1.0},
+    {"nvfp4", 2.5e-1, 2e-1, 1.0},
+    {"mxfp6", 1e-1, 8e-2, 5e-1},
+    {"w4a8", 2.5e-1, 2e-1, 1.0},
+    {"int4_w4a16", 2e-1, 2e-1, 1.0},
+}};
+
+}  // namespace
+
+const Tolerance& tolerance(std::string_view name) {
+  for (const Tolerance& t : kTolerances) {
+    if (t.name == name) return t;
+  }
+  throw Error(fmt::format("moekit: no tolerance named '{}'", name));
+}
+
+const Tolerance& tolerance_for(DType dtype) {
+  switch (dtype) {
+    case DType::kF16: return tolerance("f16");
+    case DType::kBF16: return tolerance("bf16");
+    default: return tolerance("f32");
+  }
+}
+
+}  // namespace moekit

@@ -1,0 +1,434 @@
+// Align / permute (token slots grouped by local expert) and the BatchedExperts copies.
+//
+// Align, small M*k (one block of 1024 threads, one launch):
+//   1. count slots per local expert with shared-memory atomics (sums: order-free, deterministic);
+//   2. scan the counts rounded up to row_align into expert_offsets;
+//   3. place the slots chunk by chunk (1024 slots, in slot order): rank inside a warp from
+//      __match_any_sync, rank across warps from a [warp][expert] table of group sizes, plus the
+//      expert's running base; so the order inside an expert is the slot order;
+//   4. write -1 into every padding row and the tail [total, capacity).
+// Align, large M*k (three launches): each block owns a contiguous slot range; (K1) per-block
+// histograms to the workspace, (K2) one block turns them into per-block bases and scans the
+// offsets, (K3) each block places its range as in step 3 from its bases, then pads.
+#include "experts/cuda/moe_permute.h"
+
+namespace moekit::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxE = kMoeAlignMaxLocalExperts;
+constexpr int64_t kSmallSlots = 4096;     // single-block path up to this many slots
+constexpr int64_t kSlotsPerBlock = 2048;  // multi-block path: slots per block (at least)
+constexpr int64_t kMaxBlocks = 1024;
+constexpr unsigned kFull = 0xffffffffu;
+
+struct AlignSmem {
+  int count[kMaxE];
+  int base[kMaxE];
+  int offset[kMaxE + 1];
+  int warp_sum[kWarps];
+  uint8_t tbl[kWarps][kMaxE];  // group size of expert e in warp w for the current chunk
+};
+
+__device__ __forceinline__ int64_t capacity_of(const MoeAlignParams& p) {
+  return p.num_tokens * p.top_k + static_cast<int64_t>(p.num_local_experts) * (p.row_align - 1);
+}
+
+__device__ __forceinline__ int local_expert(const MoeAlignParams& p, int64_t slot) {
+  const int g = p.topk_ids[slot];
+  if (g < 0 || g >= p.num_global_experts) return -1;
+  const int l = p.expert_map != nullptr ? p.expert_map[g] : g;
+  return (l >= 0 && l < p.num_local_experts) ? l : -1;
+}
+
+__device__ __forceinline__ void zero_table(AlignSmem& sm) {
+  uint32_t* t = reinterpret_cast<uint32_t*>(&sm.tbl[0][0]);
+  for (int i = threadIdx.x; i < kWarps * kMaxE / 4; i += kThreads)
+    t[i] = 0u;
+}
+
+// Exclusive scan of the padded counts (threads e < E hold count[e]); writes sm.offset[0..E].
+__device__ void scan_offsets(AlignSmem& sm, int E, int align) {
+  const int e = threadIdx.x;
+  const int lane = e & 31, warp = e >> 5;
+  const int c = e < E ? sm.count[e] : 0;
+  const int v = (c + align - 1) / align * align;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(kFull, inc, o);
+    if (lane >= o) inc += t;
+  }
+  if (lane == 31) sm.warp_sum[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = sm.warp_sum[lane];
+    int winc = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int t = __shfl_up_sync(kFull, winc, o);
+      if (lane >= o) winc += t;
+    }
+    sm.warp_sum[lane] = winc - w;  // exclusive
+  }
+  __syncthreads();
+  const int excl = sm.warp_sum[warp] + inc - v;
+  if (e < E) sm.offset[e] = excl;
+  if (e == E - 1) sm.offset[E] = excl + v;
+  __syncthreads();
+}
+
+// Step 3: stable placement of the slots in [begin, end); sm.base[e] = first row for expert e.
+// NOTE: sm.tbl must be zero on entry; it is zero again on exit. sm.base advances by the counts.
+__device__ void place_range(const MoeAlignParams& p, AlignSmem& sm, int64_t begin, int64_t end) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned lt_mask = (1u << lane) - 1u;
+  for (int64_t c = begin; c < end; c += kThreads) {
+    const int64_t slot = c + threadIdx.x;
+    const int x = slot < end ? local_expert(p, slot) : -1;
+    const unsigned peers = __match_any_sync(kFull, x);
+    const int rank = __popc(peers & lt_mask);
+    const int cnt = __popc(peers);
+    if (x >= 0 && rank == 0) sm.tbl[warp][x] = static_cast<uint8_t>(cnt);
+    __syncthreads();
+    if (x >= 0) {
+      int pos = sm.base[x] + rank;
+      for (int w = 0; w < warp; ++w)
+        pos += sm.tbl[w][x];
+      p.permuted_rows[pos] = static_cast<int32_t>(slot);
+      p.slot_to_row[slot] = pos;
+    } else if (slot < end) {
+      p.slot_to_row[slot] = -1;
+    }
+    __syncthreads();
+    if (x >= 0 && rank == 0) {
+      atomicAdd(&sm.base[x], cnt);
+      sm.tbl[warp][x] = 0;
+    }
+    __syncthreads();
+  }
+}
+
+// Step 4 for experts e = first, first + stride, ...: one warp per expert.
+__device__ void pad_experts(const MoeAlignParams& p, const int* offset, const int* count, int first,
+                            int stride) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int e = first + warp * stride; e < p.num_local_experts; e += kWarps * stride) {
+    const int end = offset[e + 1];
+    for (int r = offset[e] + count[e] + lane; r < end; r += 32)
+      p.permuted_rows[r] = -1;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) align_single_block_kernel(const MoeAlignParams p) {
+  __shared__ AlignSmem sm;
+  const int E = p.num_local_experts;
+  const int64_t n = p.num_tokens * p.top_k;
+  for (int e = threadIdx.x; e < E; e += kThreads)
+    sm.count[e] = 0;
+  zero_table(sm);
+  __syncthreads();
+  for (int64_t s = threadIdx.x; s < n; s += kThreads) {
+    const int x = local_expert(p, s);
+    if (x >= 0) atomicAdd(&sm.count[x], 1);
+  }
+  __syncthreads();
+  scan_offsets(sm, E, p.row_align);
+  for (int e = threadIdx.x; e <= E; e += kThreads) {
+    if (e < E) {
+      p.expert_counts[e] = sm.count[e];
+      sm.base[e] = sm.offset[e];
+    }
+    p.expert_offsets[e] = sm.offset[e];
+  }
+  if (threadIdx.x == 0 && p.total_rows != nullptr) *p.total_rows = sm.offset[E];
+  __syncthreads();
+  place_range(p, sm, 0, n);
+  pad_experts(p, sm.offset, sm.count, 0, 1);
+  const int64_t cap = capacity_of(p);
+  for (int64_t r = sm.offset[E] + threadIdx.x; r < cap; r += kThreads)
+    p.permuted_rows[r] = -1;
+}
+
+__device__ __forceinline__ int64_t range_begin(int64_t n, int64_t per_block, int b) {
+  const int64_t v = per_block * b;
+  return v < n ? v : n;
+}
+
+// K1: per-block histograms, ws[b * E + e].
+__global__ void __launch_bounds__(kThreads)
+    align_count_kernel(const MoeAlignParams p, int64_t per_block, int32_t* ws) {
+  __shared__ int count[kMaxE];
+  const int E = p.num_local_experts;
+  const int64_t n = p.num_tokens * p.top_k;
+  for (int e = threadIdx.x; e < E; e += kThreads)
+    count[e] = 0;
+  __syncthreads();
+  const int64_t begin = range_begin(n, per_block, blockIdx.x);
+  const int64_t end = range_begin(n, per_block, blockIdx.x + 1);
+  for (int64_t s = begin + threadIdx.x; s < end; s += kThreads) {
+    const int x = local_expert(p, s);
+    if (x >= 0) atomicAdd(&count[x], 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += kThreads)
+    ws[static_cast<int64_t>(blockIdx.x) * E + e] = count[e];
+}
+
+// K2: ws[b][e] becomes the exclusive prefix over blocks; counts and offsets are written.
+__global__ void __launch_bounds__(kThreads)
+    align_scan_kernel(const MoeAlignParams p, int num_blocks, int32_t* ws) {
+  __shared__ AlignSmem sm;
+  const int E = p.num_local_experts;
+  const int e = threadIdx.x;
+  if (e < E) {
+    int run = 0;
+    int b = 0;
+    for (; b + 8 <= num_blocks; b += 8) {
+      int v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        v[i] = ws[static_cast<int64_t>(b + i) * E + e];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        ws[static_cast<int64_t>(b + i) * E + e] = run;
+        run += v[i];
+      }
+    }
+    for (; b < num_blocks; ++b) {
+      const int v = ws[static_cast<int64_t>(b) * E + e];
+      ws[static_cast<int64_t>(b) * E + e] = run;
+      run += v;
+    }
+    sm.count[e] = run;
+  }
+  __syncthreads();
+  scan_offsets(sm, E, p.row_align);
+  if (e < E) p.expert_counts[e] = sm.count[e];
+  if (e <= E) p.expert_offsets[e] = sm.offset[e];
+  if (e == 0 && p.total_rows != nullptr) *p.total_rows = sm.offset[E];
+}
+
+// K3: place each block's range from its bases, then pad (experts spread over the blocks).
+__global__ void __launch_bounds__(kThreads)
+    align_scatter_kernel(const MoeAlignParams p, int64_t per_block, const int32_t* ws) {
+  __shared__ AlignSmem sm;
+  const int E = p.num_local_experts;
+  const int64_t n = p.num_tokens * p.top_k;
+  for (int e = threadIdx.x; e <= E; e += kThreads) {
+    const int off = p.expert_offsets[e];
+    sm.offset[e] = off;
+    if (e < E) {
+      sm.base[e] = off + ws[static_cast<int64_t>(blockIdx.x) * E + e];
+      sm.count[e] = p.expert_counts[e];
+    }
+  }
+  zero_table(sm);
+  __syncthreads();
+  place_range(p, sm, range_begin(n, per_block, blockIdx.x),
+              range_begin(n, per_block, blockIdx.x + 1));
+  pad_experts(p, sm.offset, sm.count, blockIdx.x, gridDim.x);
+  const int64_t cap = capacity_of(p);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t r = sm.offset[E] + static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+       r < cap; r += stride)
+    p.permuted_rows[r] = -1;
+}
+
+int64_t slots_per_block(int64_t n) {
+  const int64_t per = (n + kMaxBlocks - 1) / kMaxBlocks;
+  const int64_t rounded = (per + kThreads - 1) / kThreads * kThreads;
+  return rounded > kSlotsPerBlock ? rounded : kSlotsPerBlock;
+}
+
+// ---- batched layout -----------------------------------------------------------------------------
+
+// Copies `bytes` bytes from src to dst with one warp, widest access both pointers allow.
+__device__ __forceinline__ void warp_copy_row(void* dst, const void* src, int64_t bytes, int lane) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
+  if (((a | static_cast<uintptr_t>(bytes)) & 15u) == 0) {
+    const uint4* s = static_cast<const uint4*>(src);
+    uint4* d = static_cast<uint4*>(dst);
+    for (int64_t i = lane; i < bytes / 16; i += 32)
+      d[i] = s[i];
+  } else if (((a | static_cast<uintptr_t>(bytes)) & 3u) == 0) {
+    const uint32_t* s = static_cast<const uint32_t*>(src);
+    uint32_t* d = static_cast<uint32_t*>(dst);
+    for (int64_t i = lane; i < bytes / 4; i += 32)
+      d[i] = s[i];
+  } else {
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    for (int64_t i = lane; i < bytes; i += 32)
+      d[i] = s[i];
+  }
+}
+
+__device__ __forceinline__ void warp_zero_row(void* dst, int64_t bytes, int lane) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
+  if (((a | static_cast<uintptr_t>(bytes)) & 15u) == 0) {
+    uint4* d = static_cast<uint4*>(dst);
+    for (int64_t i = lane; i < bytes / 16; i += 32)
+      d[i] = make_uint4(0, 0, 0, 0);
+  } else {
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    for (int64_t i = lane; i < bytes; i += 32)
+      d[i] = 0;
+  }
+}
+
+constexpr int kCopyWarps = 4;
+
+__global__ void __launch_bounds__(kCopyWarps * 32)
+    batched_scatter_kernel(const BatchedScatterParams p) {
+  const int lane = threadIdx.x & 31;
+  const int e = blockIdx.y;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kCopyWarps + (threadIdx.x >> 5);
+  if (blockIdx.x == 0 && e == 0) {
+    int over = 0;
+    for (int i = threadIdx.x; i < p.num_local_experts; i += blockDim.x) {
+      const int c = p.expert_counts[i];
+      p.out_counts[i] = c < p.max_tokens ? c : p.max_tokens;
+      over |= c > p.max_tokens;
+    }
+    over = __syncthreads_or(over);
+    if (threadIdx.x == 0) *p.overflow = over ? 1 : 0;
+  }
+  const int cnt = p.expert_counts[e];
+  if (t >= cnt || t >= p.max_tokens) return;
+  const int slot = p.permuted_rows[p.expert_offsets[e] + t];
+  const int64_t token = slot / p.top_k;
+  const int64_t row_bytes = p.hidden * p.elem_bytes;
+  const char* src = static_cast<const char*>(p.x) + token * p.x_row_stride * p.elem_bytes;
+  char* dst = static_cast<char*>(p.out) + (static_cast<int64_t>(e) * p.max_tokens + t) * row_bytes;
+  warp_copy_row(dst, src, row_bytes, lane);
+}
+
+// Expert of row r: the largest e with offsets[e] <= r (empty experts share offsets).
+__device__ __forceinline__ int expert_of_row(const int32_t* offsets, int E, int r) {
+  int lo = 0, hi = E;  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (offsets[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(kCopyWarps * 32)
+    batched_gather_kernel(const BatchedGatherParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * kCopyWarps + (threadIdx.x >> 5);
+  if (s >= p.num_slots) return;
+  const int64_t row_bytes = p.hidden * p.elem_bytes;
+  char* dst = static_cast<char*>(p.out) + s * row_bytes;
+  const int r = p.slot_to_row[s];
+  if (r >= 0) {
+    const int e = expert_of_row(p.expert_offsets, p.num_local_experts, r);
+    const int t = r - p.expert_offsets[e];
+    if (t < p.max_tokens) {
+      const char* src = static_cast<const char*>(p.batched) +
+                        (static_cast<int64_t>(e) * p.max_tokens + t) * row_bytes;
+      warp_copy_row(dst, src, row_bytes, lane);
+      return;
+    }
+  }
+  warp_zero_row(dst, row_bytes, lane);
+}
+
+}  // namespace
+
+size_t moe_align_workspace_bytes(int64_t num_tokens, int top_k, int num_local_experts) {
+  const int64_t n = num_tokens * top_k;
+  if (n <= kSmallSlots) return 0;
+  const int64_t per = slots_per_block(n);
+  const int64_t blocks = (n + per - 1) / per;
+  return static_cast<size_t>(blocks) * num_local_experts * sizeof(int32_t);
+}
+
+const char* moe_align_unsupported_reason(const MoeAlignParams& p) {
+  if (p.num_tokens < 0) return "num_tokens < 0";
+  if (p.top_k < 1) return "top_k < 1";
+  if (p.num_local_experts < 1 || p.num_local_experts > kMaxE)
+    return "num_local_experts must be in [1, 512]";
+  if (p.num_global_experts < 1) return "num_global_experts < 1";
+  if (p.row_align < 1) return "row_align < 1";
+  if (moe_align_capacity(p.num_tokens, p.top_k, p.num_local_experts, p.row_align) > 0x7fffffff)
+    return "capacity exceeds int32 row indices";
+  if (p.expert_counts == nullptr || p.expert_offsets == nullptr) return "null counts / offsets";
+  const int64_t n = p.num_tokens * p.top_k;
+  if (n > 0 && (p.topk_ids == nullptr || p.slot_to_row == nullptr))
+    return "null topk_ids / slot_to_row";
+  if (moe_align_capacity(p.num_tokens, p.top_k, p.num_local_experts, p.row_align) > 0 &&
+      p.permuted_rows == nullptr)
+    return "null permuted_rows";
+  const size_t need = moe_align_workspace_bytes(p.num_tokens, p.top_k, p.num_local_experts);
+  if (need > 0 && (p.workspace == nullptr || p.workspace_bytes < need))
+    return "workspace smaller than moe_align_workspace_bytes()";
+  if (need > 0 && (reinterpret_cast<uintptr_t>(p.workspace) & 3u) != 0)
+    return "workspace not 4-byte aligned";
+  return nullptr;
+}
+
+cudaError_t launch_moe_align(const MoeAlignParams& p, cudaStream_t stream) {
+  if (moe_align_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  const int64_t n = p.num_tokens * p.top_k;
+  if (n <= kSmallSlots) {
+    align_single_block_kernel<<<1, kThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  const int64_t per = slots_per_block(n);
+  const int blocks = static_cast<int>((n + per - 1) / per);
+  int32_t* ws = static_cast<int32_t*>(p.workspace);
+  align_count_kernel<<<blocks, kThreads, 0, stream>>>(p, per, ws);
+  align_scan_kernel<<<1, kThreads, 0, stream>>>(p, blocks, ws);
+  align_scatter_kernel<<<blocks, kThreads, 0, stream>>>(p, per, ws);
+  return cudaGetLastError();
+}
+
+const char* batched_scatter_unsupported_reason(const BatchedScatterParams& p) {
+  if (p.num_local_experts < 1 || p.num_local_experts > 65535)
+    return "num_local_experts out of range";
+  if (p.max_tokens < 0) return "max_tokens < 0";
+  if (p.hidden < 0 || p.x_row_stride < p.hidden) return "x_row_stride < hidden";
+  if (p.elem_bytes != 1 && p.elem_bytes != 2 && p.elem_bytes != 4)
+    return "elem_bytes not 1, 2 or 4";
+  if (p.top_k < 1) return "top_k < 1";
+  if (p.expert_counts == nullptr || p.expert_offsets == nullptr || p.out_counts == nullptr ||
+      p.overflow == nullptr)
+    return "null counts / offsets / out_counts / overflow";
+  return nullptr;
+}
+
+cudaError_t launch_batched_scatter(const BatchedScatterParams& p, cudaStream_t stream) {
+  if (batched_scatter_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  const int64_t bx = (static_cast<int64_t>(p.max_tokens) + kCopyWarps - 1) / kCopyWarps;
+  const dim3 grid(static_cast<unsigned>(bx > 0 ? bx : 1), p.num_local_experts);
+  batched_scatter_kernel<<<grid, kCopyWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+const char* batched_gather_unsupported_reason(const BatchedGatherParams& p) {
+  if (p.num_local_experts < 1) return "num_local_experts < 1";
+  if (p.max_tokens < 0 || p.hidden < 0 || p.num_slots < 0) return "negative size";
+  if (p.elem_bytes != 1 && p.elem_bytes != 2 && p.elem_bytes != 4)
+    return "elem_bytes not 1, 2 or 4";
+  if (p.num_slots > 0 &&
+      (p.slot_to_row == nullptr || p.expert_offsets == nullptr || p.out == nullptr))
+    return "null slot_to_row / expert_offsets / out";
+  return nullptr;
+}
+
+cudaError_t launch_batched_gather(const BatchedGatherParams& p, cudaStream_t stream) {
+  if (batched_gather_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.num_slots == 0) return cudaSuccess;
+  const int64_t blocks = (p.num_slots + kCopyWarps - 1) / kCopyWarps;
+  batched_gather_kernel<<<static_cast<unsigned>(blocks), kCopyWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace moekit::cuda

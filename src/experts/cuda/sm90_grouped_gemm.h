@@ -1,0 +1,92 @@
+// Grouped expert GEMM for Hopper tensor cores (sm_90a wgmma), bf16 / fp16 inputs, fp32 accumulate.
+//
+// For every expert e and every scheduled row r of that expert:
+//   C[r, :] = A[src_row(r), :] @ W[e]^T (+ bias[e, :])
+// with src_row(r) = gather_rows[r] when gather_rows is given, else r. Rows are "slots" (token, k)
+// sorted by expert. The host never reads the schedule: the kernel is a persistent grid whose CTAs
+// walk (expert, m-tile, n-tile) work items derived on the device from the schedule, so a launch is
+// CUDA-graph capturable (no allocation, no synchronisation, no device reads from the host).
+//
+// Host operations follow the house shape: can_implement -> workspace size -> run on a stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace moekit::cuda {
+
+// Element type of A, W and C (the bias is fp32 or this type).
+enum class GemmDtype { kBF16, kF16 };
+
+// Row alignment the kernel requires of expert_offsets: none. Offsets need not be padded to the tile
+// height; partial tiles are predicated (loads zero-filled, stores masked).
+inline constexpr int kRowAlign = 1;
+// Largest num_experts a launch accepts (the per-CTA tile prefix lives in shared memory).
+inline constexpr int kMaxExperts = 1024;
+
+// The problem, as the caller describes it. Pointers are device pointers.
+//
+// Schedule, one of two forms:
+//   * offsets (expert_counts == nullptr): rows of expert e are
+//       [expert_offsets[e], expert_offsets[e+1]).
+//   * batched (expert_counts != nullptr): rows of expert e are
+//       [e * batched_stride, e * batched_stride + expert_counts[e]); expert_offsets is ignored.
+//     Rows outside every expert's range are never read or written.
+// Gather: when gather_rows is non-null, row r reads A[gather_rows[r]]; a negative entry marks a
+//   padding row: it reads zeros, and C[r, :] IS written (with bias[e, :], or zeros without bias).
+struct GroupedGemmArgs {
+  const void* a = nullptr;               // (num_a_rows, k) row stride lda, dtype
+  int64_t lda = 0;                       // elements; multiple of 8
+  const int32_t* gather_rows = nullptr;  // (num_rows,) optional, index into A's rows; < 0 = padding
+  const void* w = nullptr;               // (num_experts, n, k) contiguous, dtype
+  const void* bias = nullptr;            // (num_experts, n) optional, fp32 or dtype
+  bool bias_is_fp32 = true;              // bias element type: fp32 (true) or dtype (false)
+  void* c = nullptr;                     // (num_rows, n) row stride ldc, dtype
+  int64_t ldc = 0;                       // elements; even
+  const int32_t* expert_offsets = nullptr;  // (num_experts + 1,) nondecreasing, offsets form
+  // (num_experts,) batched form, each in [0, batched_stride] (clamped to it)
+  const int32_t* expert_counts = nullptr;
+  int64_t batched_stride = 0;  // rows between consecutive experts, batched form
+  int num_experts = 0;
+  // Upper bound on the total scheduled rows. It only sizes the grid and picks the tile: a larger
+  // actual count is still computed correctly, just with fewer CTAs than ideal.
+  int64_t num_rows_upper_bound = 0;
+  int n = 0;  // output columns; multiple of 8
+  int k = 0;  // reduction length; multiple of 8
+  GemmDtype dtype = GemmDtype::kBF16;
+};
+
+// Tile shapes compiled for sm_90a (BM x BN x 64, K-major 128-byte swizzled shared memory).
+enum class GroupedGemmTile {
+  kAuto,     // pick by the rows per expert (see select_grouped_gemm_tile)
+  k64x64,    // 1 consumer warpgroup, 2 CTAs per SM: decode / few rows per expert
+  k128x256,  // 2 consumer warpgroups, m64n256 wgmma: prefill, wide N
+};
+
+// Tuning knobs, kept apart from the problem.
+struct GroupedGemmParams {
+  GroupedGemmTile tile = GroupedGemmTile::kAuto;
+  int max_ctas = 0;  // cap on the persistent grid; 0 = occupancy x multiprocessors
+};
+
+// "" when the problem can run, else a one-line reason ("k=12 is not a positive multiple of 8").
+std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& params = {});
+
+// Device workspace the launch needs, in bytes (always 0 for this kernel).
+size_t get_workspace_size(const GroupedGemmArgs& args, const GroupedGemmParams& params = {});
+
+// The tile kAuto resolves to, with the reason in *why when non-null.
+GroupedGemmTile select_grouped_gemm_tile(const GroupedGemmArgs& args, std::string* why = nullptr);
+
+// "64x64", "128x256" or "auto".
+const char* grouped_gemm_tile_name(GroupedGemmTile tile);
+
+// Launches on stream. Returns cudaErrorInvalidValue when can_implement fails, else the launch's
+// status. An empty schedule (every expert with 0 rows) launches a grid that writes nothing.
+cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
+                             const GroupedGemmParams& params = {}, void* workspace = nullptr);
+
+}  // namespace moekit::cuda

@@ -1,0 +1,69 @@
+#include "moekit/oracle/unquantized.h"
+
+#include "moekit/experts/cpu_reference.h"
+
+namespace moekit {
+
+KernelRegistry<UnquantizedMoeBackend>& UnquantizedMoEKernelOracle::registry() {
+  // NOTE: the documented registry of this oracle (KernelRegistry guards it with its mutex).
+  static KernelRegistry<UnquantizedMoeBackend> instance(
+      KernelRegistry<UnquantizedMoeBackend>::Table{
+          // The CUDA experts (Sm90GroupedExperts::klass(), its batched sibling) register here;
+          // until
+          // then these backends are rejected with kNoKernelRegisteredReason.
+          {UnquantizedMoeBackend::kSm90Grouped, {}},
+          {UnquantizedMoeBackend::kSm90Batched, {}},
+          {UnquantizedMoeBackend::kCpu, {&CpuReferenceExperts::klass()}},
+          {UnquantizedMoeBackend::kCpuBatched, {&CpuBatchedReferenceExperts::klass()}},
+      });
+  return instance;
+}
+
+std::vector<UnquantizedMoeBackend> UnquantizedMoEKernelOracle::backend_values() const {
+  return {Backend::kSm90Grouped, Backend::kSm90Batched, Backend::kCpu, Backend::kCpuBatched};
+}
+
+std::string UnquantizedMoEKernelOracle::backend_name(Backend backend) const {
+  switch (backend) {
+    case Backend::kSm90Grouped:
+      return "sm90_grouped";
+    case Backend::kSm90Batched:
+      return "sm90_batched";
+    case Backend::kCpu:
+      return "cpu";
+    case Backend::kCpuBatched:
+      return "cpu_batched";
+  }
+  return "unknown";
+}
+
+std::vector<std::pair<std::string, UnquantizedMoeBackend>>
+UnquantizedMoEKernelOracle::backend_aliases() const {
+  return {{"cuda", Backend::kSm90Grouped},
+          {"reference", Backend::kCpu},
+          {"cpu_reference", Backend::kCpu}};
+}
+
+std::vector<UnquantizedMoeBackend> UnquantizedMoEKernelOracle::priority_backends(
+    const MoEConfig& moe_config) const {
+  if (moe_config.device.type == DeviceType::kCUDA) {
+    return {Backend::kSm90Grouped, Backend::kSm90Batched, Backend::kCpu, Backend::kCpuBatched};
+  }
+  return {Backend::kCpu, Backend::kCpuBatched};
+}
+
+std::optional<UnquantizedMoeBackend> UnquantizedMoEKernelOracle::batched_variant(
+    Backend backend) const {
+  switch (backend) {
+    case Backend::kSm90Grouped:
+      return Backend::kSm90Batched;
+    case Backend::kCpu:
+      return Backend::kCpuBatched;
+    case Backend::kSm90Batched:
+    case Backend::kCpuBatched:
+      return std::nullopt;  // already batched
+  }
+  return std::nullopt;
+}
+
+}  // namespace moekit

@@ -1,0 +1,105 @@
+#include "moekit/prepare_finalize/batched.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "modular/batched_layout.h"
+#include "moekit/core/checks.h"
+#include "moekit/core/error.h"
+#include "prepare_finalize/prepare_common.h"
+
+namespace moekit {
+namespace {
+
+constexpr const char* kWho = "PrepareFinalizeBatched";
+
+std::string counts_to_string(const std::vector<int32_t>& counts) {
+  std::string s = "[";
+  for (size_t i = 0; i < counts.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(counts[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+PrepareFinalizeBatched::PrepareFinalizeBatched(int64_t max_num_tokens, int num_local_experts,
+                                               int num_dispatchers, int rank)
+    : max_num_tokens_(max_num_tokens),
+      num_local_experts_(num_local_experts),
+      num_dispatchers_(num_dispatchers),
+      rank_(rank) {
+  MOEKIT_CHECK(max_num_tokens > 0, "{}: max_num_tokens = {} must be positive", kWho,
+               max_num_tokens);
+  MOEKIT_CHECK(num_local_experts > 0, "{}: num_local_experts = {} must be positive", kWho,
+               num_local_experts);
+  MOEKIT_CHECK(num_dispatchers > 0, "{}: num_dispatchers = {} must be positive", kWho,
+               num_dispatchers);
+  MOEKIT_CHECK(rank >= 0, "{}: rank = {} must be >= 0", kWho, rank);
+}
+
+PrepareResult PrepareFinalizeBatched::prepare(const PrepareArgs& args, RunContext ctx) {
+  const detail::PrepareDims dims = detail::check_prepare_args(args, kWho);
+  MOEKIT_CHECK(args.a1.device().is_cpu(), "{} runs on the CPU only; a1 is on {}", kWho,
+               args.a1.device().to_string());
+  Tensor a1 = args.a1;
+  if (args.apply_router_weight_on_input) {
+    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho);
+  }
+  if (!a1.is_contiguous()) a1 = a1.clone();
+
+  const int64_t E = num_local_experts_;
+  const int64_t T = max_num_tokens_ * num_dispatchers_;
+  const int64_t K = dims.K;
+  const std::vector<int64_t> ids = detail::read_topk_ids(args.topk_ids);
+  const detail::LocalExpertMap to_local(args.expert_map, rank_, E);
+  const detail::BatchedLayout layout =
+      detail::make_batched_layout(ids, dims.M * dims.topk, to_local, E);
+  for (int64_t e = 0; e < E; ++e) {
+    const int32_t count = layout.counts[static_cast<size_t>(e)];
+    MOEKIT_CHECK(count <= T,
+                 "{}: local expert {} received {} tokens but holds at most max_num_tokens * "
+                 "num_dispatchers = {} * {} = {} (tokens per local expert: {})",
+                 kWho, e, count, max_num_tokens_, num_dispatchers_, T,
+                 counts_to_string(layout.counts));
+  }
+  expert_map_ = args.expert_map;
+
+  Tensor b_a1 = Tensor::zeros({E, T, K}, a1.dtype());
+  const size_t row_bytes = static_cast<size_t>(K) * element_size(a1.dtype());
+  const auto* src = static_cast<const uint8_t*>(a1.data());
+  auto* dst = static_cast<uint8_t*>(b_a1.data());
+  for (int64_t s = 0; s < dims.M * dims.topk; ++s) {
+    const int64_t local = layout.slot_local[static_cast<size_t>(s)];
+    if (local < 0) continue;
+    const int64_t row = local * T + layout.slot_row[static_cast<size_t>(s)];
+    const int64_t m = s / dims.topk;
+    std::memcpy(dst + static_cast<size_t>(row) * row_bytes,
+                src + static_cast<size_t>(m) * row_bytes, row_bytes);
+  }
+
+  PrepareResult result;
+  QuantizedInput q = detail::maybe_quantize_input(b_a1.view({E * T, K}), args.quant_config,
+                                                  args.defer_input_quant, ctx);
+  result.a1q = q.data.dim() == 2 && q.data.size(0) == E * T ? q.data.view({E, T, K}) : q.data;
+  result.a1q_scale = q.scale;
+  if (q.scale.defined() && q.scale.dim() == 2 && q.scale.size(0) == E * T) {
+    result.a1q_scale = q.scale.view({E, T, q.scale.size(1)});  // per-token or per-group scales
+  }
+  result.expert_tokens_meta = ExpertTokensMetadata::make_from_list(layout.counts, a1.device());
+  return result;
+}
+
+void PrepareFinalizeBatched::finalize(const FinalizeArgs& args, RunContext ctx) {
+  expect_defined(args.output, "output");
+  std::shared_ptr<const TopKWeightAndReduce> impl = args.weight_and_reduce;
+  if (impl == nullptr || dynamic_cast<const TopKWeightAndReduceDelegate*>(impl.get()) != nullptr) {
+    impl =
+        std::make_shared<TopKWeightAndReduceNaiveBatched>(rank_, num_local_experts_, expert_map_);
+  }
+  impl->apply(args.output, args.fused_expert_output, args.topk_weights, args.topk_ids,
+              args.apply_router_weight_on_input, ctx);
+}
+
+}  // namespace moekit

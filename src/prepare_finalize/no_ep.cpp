@@ -1,0 +1,96 @@
+#include "moekit/prepare_finalize/no_ep.h"
+
+#include <memory>
+#include <optional>
+
+#include "moekit/core/checks.h"
+#include "moekit/core/error.h"
+#include "prepare_finalize/prepare_common.h"
+
+namespace moekit {
+namespace {
+
+constexpr const char* kWho = "PrepareFinalizeNoEP";
+
+std::shared_ptr<const TopKWeightAndReduce> resolve_weight_and_reduce(
+    const std::shared_ptr<const TopKWeightAndReduce>& impl) {
+  if (impl == nullptr || dynamic_cast<const TopKWeightAndReduceDelegate*>(impl.get()) != nullptr) {
+    return std::make_shared<TopKWeightAndReduceContiguous>();
+  }
+  return impl;
+}
+
+}  // namespace
+
+PrepareResult PrepareFinalizeNoEP::prepare(const PrepareArgs& args, RunContext ctx) {
+  detail::check_prepare_args(args, kWho);
+  Tensor a1 = args.a1;
+  if (args.apply_router_weight_on_input) {
+    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho);
+  }
+  QuantizedInput q =
+      detail::maybe_quantize_input(a1, args.quant_config, args.defer_input_quant, ctx);
+  PrepareResult result;
+  result.a1q = std::move(q.data);
+  result.a1q_scale = std::move(q.scale);
+  return result;
+}
+
+void PrepareFinalizeNoEP::finalize(const FinalizeArgs& args, RunContext ctx) {
+  expect_defined(args.output, "output");
+  resolve_weight_and_reduce(args.weight_and_reduce)
+      ->apply(args.output, args.fused_expert_output, args.topk_weights, args.topk_ids,
+              args.apply_router_weight_on_input, ctx);
+}
+
+// NOTE: there is no communication to overlap on one rank; the async variants only postpone the
+// work to the hook (or, when the hook is skipped, the receiver) so the kernel's async schedule is
+// exercised with the same results as the synchronous calls.
+AsyncHandle<PrepareResult> PrepareFinalizeNoEP::prepare_async(const PrepareArgs& args,
+                                                              RunContext ctx) {
+  auto state = std::make_shared<std::optional<PrepareResult>>();
+  auto run = [this, args, ctx, state]() {
+    if (!state->has_value()) *state = prepare(args, ctx);
+  };
+  AsyncHandle<PrepareResult> handle;
+  handle.hook = run;
+  handle.receiver = [run, state]() {
+    run();
+    return **state;
+  };
+  return handle;
+}
+
+AsyncHandle<void> PrepareFinalizeNoEP::finalize_async(const FinalizeArgs& args, RunContext ctx) {
+  auto done = std::make_shared<bool>(false);
+  auto run = [this, args, ctx, done]() {
+    if (!*done) {
+      finalize(args, ctx);
+      *done = true;
+    }
+  };
+  AsyncHandle<void> handle;
+  handle.hook = run;
+  handle.receiver = run;
+  return handle;
+}
+
+PrepareMonolithicResult PrepareFinalizeMonolithicNoEP::prepare(const Tensor& a1,
+                                                               const Tensor& router_logits,
+                                                               const QuantConfig& quant_config,
+                                                               bool defer_input_quant,
+                                                               RunContext ctx) {
+  expect_defined(a1, "a1");
+  expect_dim(a1, "a1", 2);
+  expect_dtype(a1, "a1", {DType::kBF16, DType::kF16, DType::kF32});
+  expect_defined(router_logits, "router_logits");
+  expect_shape(router_logits, "router_logits", {a1.size(0), kAnyDim});
+  QuantizedInput q = detail::maybe_quantize_input(a1, &quant_config, defer_input_quant, ctx);
+  return PrepareMonolithicResult{std::move(q.data), std::move(q.scale), router_logits};
+}
+
+Tensor PrepareFinalizeMonolithicNoEP::finalize(const Tensor& fused_expert_output, RunContext ctx) {
+  return fused_expert_output;
+}
+
+}  // namespace moekit

@@ -1,0 +1,80 @@
+// Internal: steps every single-rank prepare shares: checking the inputs, applying the router
+// weight on the input (top-1 only) and quantizing the activations.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "modular/cpu_rows.h"
+#include "moekit/core/checks.h"
+#include "moekit/core/error.h"
+#include "moekit/modular/prepare_finalize.h"
+#include "moekit/quant/moe_input_quant.h"
+
+namespace moekit::detail {
+
+struct PrepareDims {
+  int64_t M = 0, K = 0, topk = 0;
+};
+
+// a1 (M, K) bf16/f16/f32; topk_ids (M, topk) int32; topk_weights (M, topk) f32; all on a1's device.
+inline PrepareDims check_prepare_args(const PrepareArgs& args, const char* who) {
+  expect_defined(args.a1, "a1");
+  expect_dim(args.a1, "a1", 2);
+  expect_dtype(args.a1, "a1", {DType::kBF16, DType::kF16, DType::kF32});
+  expect_defined(args.topk_ids, "topk_ids");
+  expect_defined(args.topk_weights, "topk_weights");
+  const PrepareDims dims{args.a1.size(0), args.a1.size(1),
+                         args.topk_ids.dim() == 2 ? args.topk_ids.size(1) : -1};
+  expect_shape(args.topk_ids, "topk_ids", {dims.M, kAnyDim});
+  expect_dtype(args.topk_ids, "topk_ids", {DType::kInt32});
+  expect_shape(args.topk_weights, "topk_weights", {dims.M, dims.topk});
+  expect_dtype(args.topk_weights, "topk_weights", {DType::kF32});
+  expect_device(args.topk_ids, "topk_ids", args.a1.device());
+  expect_device(args.topk_weights, "topk_weights", args.a1.device());
+  return dims;
+}
+
+// a1[m, :] * topk_weights[m, 0], rounded to a1's dtype (a new tensor). The weight can only be
+// folded into the input when each token goes to a single expert.
+inline Tensor apply_router_weight_to_input(const Tensor& a1, const Tensor& topk_weights,
+                                           const char* who) {
+  MOEKIT_CHECK(topk_weights.size(1) == 1,
+               "{}: apply_router_weight_on_input needs topk == 1 (the weight multiplies the input "
+               "before the experts), got topk = {}",
+               who, topk_weights.size(1));
+  if (!a1.device().is_cpu()) {
+    throw UnsupportedError(
+        fmt::format("{}: apply_router_weight_on_input is implemented on the CPU only; a1 is on {}",
+                    who, a1.device().to_string()));
+  }
+  const int64_t M = a1.size(0), K = a1.size(1);
+  const Tensor src = a1.is_contiguous() ? a1 : a1.clone();
+  Tensor out = Tensor::empty({M, K}, a1.dtype());
+  const float* w = topk_weights.is_contiguous() ? topk_weights.data_as<const float>() : nullptr;
+  const Tensor w_copy = w == nullptr ? topk_weights.clone() : Tensor{};
+  if (w == nullptr) w = w_copy.data_as<const float>();
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(K));
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+      load_row(src.data(), src.dtype(), m * K, K, row.data());
+      for (float& v : row)
+        v *= w[m];
+      store_row(out.data(), out.dtype(), m * K, K, row.data());
+    }
+  }
+  return out;
+}
+
+// Quantizes the activations unless the experts quantize them or a1 is not quantized.
+inline QuantizedInput maybe_quantize_input(const Tensor& a1, const QuantConfig* quant_config,
+                                           bool defer_input_quant, RunContext ctx) {
+  if (defer_input_quant || quant_config == nullptr || quant_config->a1.dtype == QuantDType::kNone) {
+    return {a1, Tensor{}};
+  }
+  return quantize_moe_input(a1, quant_config->a1, ctx);
+}
+
+}  // namespace moekit::detail

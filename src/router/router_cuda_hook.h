@@ -1,0 +1,23 @@
+// HOOK: the GPU routing entry point used by moekit::Router for CUDA router logits.
+//
+// The CPU-only build implements it in router_cuda_hook_stub.cpp (throws). The CUDA build (the lead)
+// implements it on top of src/router/cuda/topk_router.h. `config` is the router's kernel config:
+// already validated, with any grouped fallback applied (use_grouped_topk is true only when the
+// grouped selection must run). The semantics to follow are those of include/moekit/router/router.h.
+#pragma once
+
+#include "moekit/modular/types.h"
+#include "moekit/router/router.h"
+
+namespace moekit {
+
+// router_logits (M, E) f32/bf16/f16 on a CUDA device; returns outputs on the same device.
+RoutingResult route_on_device(const RouterConfig& config, const Tensor& router_logits,
+                              RunContext ctx);
+
+// Same into caller-owned contiguous outputs on the logits' device: topk_weights (M, k) f32,
+// topk_ids (M, k) int32. Must not allocate or synchronize (CUDA-graph capturable).
+void route_on_device_into(const RouterConfig& config, const Tensor& router_logits,
+                          const Tensor& topk_weights, const Tensor& topk_ids, RunContext ctx);
+
+}  // namespace moekit

@@ -1,0 +1,595 @@
+// GPU tests of the sm90 grouped expert GEMM (experts/cuda/sm90_grouped_gemm.h) against a CPU
+// fp64 reference: awkward schedules (experts with 0 rows, 1 row, partial tiles, every row on one
+// expert), gather with padding rows, both schedule forms, both dtypes, both tiles, CUDA-graph
+// capture. C is poisoned (0xFF bytes = NaN) before each run; every scheduled element must be
+// written and every other element must keep the poison.
+//
+// The benchmark is a disabled test: run it with
+//   test_grouped_gemm --gtest_also_run_disabled_tests --gtest_filter='*Bench*'
+#include <gtest/gtest.h>
+
+#if MOEKIT_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "experts/cuda/sm90_grouped_gemm.h"
+#include "moekit/core/half.h"
+
+namespace {
+
+using moekit::cuda::GemmDtype;
+using moekit::cuda::GroupedGemmArgs;
+using moekit::cuda::GroupedGemmParams;
+using moekit::cuda::GroupedGemmTile;
+
+#define CUDA_OK(call)                                                          \
+  do {                                                                         \
+    const cudaError_t err_ = (call);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
+  } while (0)
+
+// Owning device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0 && cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+template <typename T>
+DeviceBuffer upload(const std::vector<T>& host) {
+  DeviceBuffer d(host.size() * sizeof(T));
+  if (d.get() != nullptr && !host.empty()) {
+    cudaMemcpy(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  return d;
+}
+
+std::string gpu_unavailable() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess)
+    return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(err);
+  if (count == 0) return "no CUDA device";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "cudaGetDeviceProperties failed";
+  if (prop.major != 9) return std::string("needs sm_90 (Hopper), found ") + prop.name;
+  return "";
+}
+
+#define REQUIRE_GPU()                                 \
+  do {                                                \
+    if (auto why = gpu_unavailable(); !why.empty()) { \
+      GTEST_SKIP() << why;                            \
+    }                                                 \
+  } while (0)
+
+float to_f(uint16_t bits, GemmDtype dt) {
+  return dt == GemmDtype::kBF16 ? moekit::bf16_bits_to_float(bits)
+                                : moekit::f16_bits_to_float(bits);
+}
+uint16_t from_f(float v, GemmDtype dt) {
+  return dt == GemmDtype::kBF16 ? moekit::float_to_bf16_bits(v) : moekit::float_to_f16_bits(v);
+}
+
+enum class BiasKind { kNone, kFp32, kDtype };
+
+// A test problem: schedule + shapes + options.
+struct Case {
+  GemmDtype dtype = GemmDtype::kBF16;
+  int n = 64;
+  int k = 64;
+  std::vector<int> counts;  // rows per expert
+  bool gather = false;      // gather rows from a smaller A, ~10% padding rows (-1)
+  BiasKind bias = BiasKind::kNone;
+  bool batched = false;   // expert_counts + batched_stride instead of offsets
+  int lda_pad = 0;        // lda = k + lda_pad
+  int ldc_pad = 0;        // ldc = n + ldc_pad
+  int trailing_rows = 3;  // unscheduled rows after the schedule (must stay poisoned)
+  uint32_t seed = 1;
+};
+
+// Host copy of everything a run needs, plus device buffers.
+struct Problem {
+  Case cs;
+  int num_experts = 0;
+  int64_t lda = 0, ldc = 0;
+  int64_t num_rows = 0;  // rows of C (scheduled + gaps + trailing)
+  int64_t a_rows = 0;
+  int64_t stride = 0;
+  std::vector<int32_t> offsets, counts, gather;
+  std::vector<int> row_expert;  // expert of each C row, -1 if unscheduled
+  std::vector<uint16_t> a, w, bias16;
+  std::vector<float> af, wf;  // a and w as floats, for the reference
+  std::vector<float> bias32;
+  DeviceBuffer d_a, d_w, d_bias, d_c, d_offsets, d_counts, d_gather;
+  GroupedGemmArgs args;
+};
+
+void build(Problem& p, const Case& cs) {
+  p.cs = cs;
+  p.num_experts = static_cast<int>(cs.counts.size());
+  const int E = p.num_experts;
+  std::mt19937 rng(cs.seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  p.lda = cs.k + cs.lda_pad;
+  p.ldc = cs.n + cs.ldc_pad;
+  p.counts.assign(cs.counts.begin(), cs.counts.end());
+  p.offsets.assign(E + 1, 0);
+  for (int e = 0; e < E; ++e)
+    p.offsets[e + 1] = p.offsets[e] + cs.counts[e];
+  int64_t scheduled_span = p.offsets[E];
+  if (cs.batched) {
+    p.stride = *std::max_element(cs.counts.begin(), cs.counts.end()) + 3;
+    scheduled_span = p.stride * E;
+  }
+  p.num_rows = scheduled_span + cs.trailing_rows;
+  p.row_expert.assign(p.num_rows, -1);
+  for (int e = 0; e < E; ++e) {
+    const int64_t begin = cs.batched ? e * p.stride : p.offsets[e];
+    for (int i = 0; i < cs.counts[e]; ++i)
+      p.row_expert[begin + i] = e;
+  }
+  p.a_rows = cs.gather ? std::max<int64_t>(1, p.num_rows / 3 + 1) : p.num_rows;
+  if (cs.gather) {
+    std::uniform_int_distribution<int> pick(0, static_cast<int>(p.a_rows) - 1);
+    p.gather.resize(p.num_rows);
+    for (auto& g : p.gather)
+      g = (rng() % 10 == 0) ? -1 : pick(rng);
+  }
+  p.a.resize(p.a_rows * p.lda);
+  for (auto& x : p.a)
+    x = from_f(uni(rng), cs.dtype);
+  p.w.resize(static_cast<size_t>(E) * cs.n * cs.k);
+  for (auto& x : p.w)
+    x = from_f(uni(rng), cs.dtype);
+  if (cs.bias == BiasKind::kFp32) {
+    p.bias32.resize(static_cast<size_t>(E) * cs.n);
+    for (auto& x : p.bias32)
+      x = 4.0f * uni(rng);
+  } else if (cs.bias == BiasKind::kDtype) {
+    p.bias16.resize(static_cast<size_t>(E) * cs.n);
+    for (auto& x : p.bias16)
+      x = from_f(4.0f * uni(rng), cs.dtype);
+  }
+  p.af.resize(p.a.size());
+  p.wf.resize(p.w.size());
+  for (size_t i = 0; i < p.a.size(); ++i)
+    p.af[i] = to_f(p.a[i], cs.dtype);
+  for (size_t i = 0; i < p.w.size(); ++i)
+    p.wf[i] = to_f(p.w[i], cs.dtype);
+  p.d_a = upload(p.a);
+  p.d_w = upload(p.w);
+  if (!p.bias32.empty()) p.d_bias = upload(p.bias32);
+  if (!p.bias16.empty()) p.d_bias = upload(p.bias16);
+  p.d_c = DeviceBuffer(static_cast<size_t>(p.num_rows * p.ldc * 2));
+  p.d_offsets = upload(p.offsets);
+  p.d_counts = upload(p.counts);
+  if (cs.gather) p.d_gather = upload(p.gather);
+
+  GroupedGemmArgs& g = p.args;
+  g.a = p.d_a.get();
+  g.lda = p.lda;
+  g.gather_rows = cs.gather ? p.d_gather.as<int32_t>() : nullptr;
+  g.w = p.d_w.get();
+  g.bias = p.d_bias.get();
+  g.bias_is_fp32 = cs.bias == BiasKind::kFp32;
+  g.c = p.d_c.get();
+  g.ldc = p.ldc;
+  g.expert_offsets = cs.batched ? nullptr : p.d_offsets.as<int32_t>();
+  g.expert_counts = cs.batched ? p.d_counts.as<int32_t>() : nullptr;
+  g.batched_stride = p.stride;
+  g.num_experts = E;
+  g.num_rows_upper_bound = scheduled_span;
+  g.n = cs.n;
+  g.k = cs.k;
+  g.dtype = cs.dtype;
+}
+
+// Compares C with the fp64 reference; checks poison where nothing may be written.
+void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& label) {
+  const Case& cs = p.cs;
+  const double rel_tol = cs.dtype == GemmDtype::kBF16 ? 1e-2 : 2e-3;
+  const double elem_rel = cs.dtype == GemmDtype::kBF16 ? 4.5e-3 : 6e-4;  // > half an ulp
+  double err2 = 0, ref2 = 0;
+  int64_t bad = 0, unwritten = 0, clobbered = 0, checked = 0;
+  std::vector<double> ref(cs.n);
+  for (int64_t r = 0; r < p.num_rows; ++r) {
+    const int e = p.row_expert[r];
+    if (e < 0) {
+      for (int64_t j = 0; j < p.ldc; ++j)
+        clobbered += c[r * p.ldc + j] != 0xFFFF;
+      continue;
+    }
+    const int64_t src = cs.gather ? p.gather[r] : r;
+    for (int j = 0; j < cs.n; ++j) {
+      double s = 0;
+      if (src >= 0) {
+        const float* arow = &p.af[src * p.lda];
+        const float* wrow = &p.wf[(static_cast<int64_t>(e) * cs.n + j) * cs.k];
+        for (int kk = 0; kk < cs.k; ++kk)
+          s += static_cast<double>(arow[kk]) * wrow[kk];
+      }
+      if (cs.bias == BiasKind::kFp32) s += p.bias32[static_cast<size_t>(e) * cs.n + j];
+      if (cs.bias == BiasKind::kDtype)
+        s += to_f(p.bias16[static_cast<size_t>(e) * cs.n + j], cs.dtype);
+      ref[j] = s;
+    }
+    const double rms_scale = std::sqrt(static_cast<double>(cs.k) / 9.0);
+    for (int j = 0; j < cs.n; ++j) {
+      const uint16_t bits = c[r * p.ldc + j];
+      if (bits == 0xFFFF) {
+        ++unwritten;
+        continue;
+      }
+      const double got = to_f(bits, cs.dtype);
+      const double d = got - ref[j];
+      err2 += d * d;
+      ref2 += ref[j] * ref[j];
+      ++checked;
+      if (!(std::fabs(d) <= elem_rel * std::fabs(ref[j]) + 1e-4 * rms_scale)) {
+        if (bad < 5) {
+          ADD_FAILURE() << label << ": C[" << r << "," << j << "] = " << got << ", reference "
+                        << ref[j] << " (expert " << e << ", A row " << src << ")";
+        }
+        ++bad;
+      }
+    }
+    for (int64_t j = cs.n; j < p.ldc; ++j)
+      clobbered += c[r * p.ldc + j] != 0xFFFF;
+  }
+  EXPECT_EQ(unwritten, 0) << label << ": scheduled elements left unwritten";
+  EXPECT_EQ(clobbered, 0) << label << ": elements outside the schedule were written";
+  EXPECT_EQ(bad, 0) << label << ": element mismatches out of " << checked;
+  const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : 0.0;
+  EXPECT_LT(rel, rel_tol) << label;
+  if (ref2 > 0) {
+    EXPECT_GT(rel, 0.0) << label << ": suspiciously exact (rounding expected)";
+  }
+}
+
+std::vector<uint16_t> run_and_fetch(Problem& p, GroupedGemmTile tile, cudaStream_t stream = 0) {
+  std::vector<uint16_t> c(p.num_rows * p.ldc);
+  EXPECT_EQ(cudaMemsetAsync(p.d_c.get(), 0xFF, p.d_c.bytes(), stream), cudaSuccess);
+  GroupedGemmParams params;
+  params.tile = tile;
+  const std::string why = moekit::cuda::can_implement(p.args, params);
+  EXPECT_EQ(why, "");
+  EXPECT_EQ(moekit::cuda::run_grouped_gemm(p.args, stream, params), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(c.data(), p.d_c.get(), c.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  return c;
+}
+
+void run_case(const Case& cs, const std::string& name) {
+  Problem p;
+  build(p, cs);
+  for (GroupedGemmTile tile : {GroupedGemmTile::k64x64, GroupedGemmTile::k128x256}) {
+    const std::string label = name + " tile " + moekit::cuda::grouped_gemm_tile_name(tile);
+    check(p, run_and_fetch(p, tile), label);
+  }
+}
+
+TEST(GroupedGemm, AwkwardScheduleGatherPaddingFp32Bias) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.counts = {0, 1, 130, 64, 257, 0, 128, 2};
+  cs.n = 200;  // not a multiple of either tile width
+  cs.k = 136;  // not a multiple of 64
+  cs.gather = true;
+  cs.bias = BiasKind::kFp32;
+  cs.lda_pad = 8;
+  cs.ldc_pad = 8;
+  run_case(cs, "awkward bf16");
+}
+
+TEST(GroupedGemm, Fp16DtypeBiasNoGather) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.dtype = GemmDtype::kF16;
+  cs.counts = {33, 0, 129, 7};
+  cs.n = 128;
+  cs.k = 72;
+  cs.bias = BiasKind::kDtype;
+  cs.seed = 2;
+  run_case(cs, "fp16");
+}
+
+TEST(GroupedGemm, BatchedCounts) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.counts = {0, 80, 17, 1, 64};
+  cs.batched = true;  // gaps between experts must stay poisoned
+  cs.n = 64;
+  cs.k = 256;
+  cs.ldc_pad = 16;
+  cs.seed = 3;
+  run_case(cs, "batched");
+}
+
+TEST(GroupedGemm, EveryRowOnOneExpert) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.counts = {0, 0, 0, 300, 0, 0, 0, 0};
+  cs.n = 136;
+  cs.k = 512;
+  cs.gather = true;
+  cs.seed = 4;
+  run_case(cs, "one expert");
+}
+
+TEST(GroupedGemm, Qwen3LikeGemm2) {
+  REQUIRE_GPU();
+  Case cs;
+  std::mt19937 rng(5);
+  for (int e = 0; e < 16; ++e)
+    cs.counts.push_back(static_cast<int>(rng() % 90));
+  cs.n = 512;
+  cs.k = 2048;  // a long K: many pipeline wraps
+  cs.gather = true;
+  cs.bias = BiasKind::kFp32;
+  cs.seed = 5;
+  run_case(cs, "qwen3-like");
+}
+
+TEST(GroupedGemm, EmptyScheduleWritesNothing) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.counts = {0, 0, 0};
+  cs.trailing_rows = 7;
+  Problem p;
+  build(p, cs);
+  p.args.num_rows_upper_bound = 0;
+  const auto c = run_and_fetch(p, GroupedGemmTile::kAuto);
+  EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](uint16_t v) { return v == 0xFFFF; }));
+}
+
+TEST(GroupedGemm, CapturedInCudaGraphMatchesDirectLaunch) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.counts = {5, 70, 0, 140};
+  cs.n = 192;
+  cs.k = 320;
+  cs.gather = true;
+  cs.seed = 6;
+  Problem p;
+  build(p, cs);
+  const auto direct = run_and_fetch(p, GroupedGemmTile::kAuto);
+
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaMemset(p.d_c.get(), 0xFF, p.d_c.bytes()));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const cudaError_t launched = moekit::cuda::run_grouped_gemm(p.args, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  CUDA_OK(launched);
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::vector<uint16_t> graphed(direct.size());
+  CUDA_OK(cudaMemcpy(graphed.data(), p.d_c.get(), graphed.size() * 2, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(0, std::memcmp(direct.data(), graphed.data(), direct.size() * 2));
+  check(p, graphed, "graph");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// Host-only: needs no GPU.
+TEST(GroupedGemm, CanImplementGivesReasons) {
+  alignas(16) static uint16_t dummy[64];
+  static int32_t offsets[3] = {0, 0, 0};
+  GroupedGemmArgs g;
+  g.a = dummy;
+  g.w = dummy;
+  g.c = dummy;
+  g.expert_offsets = offsets;
+  g.num_experts = 2;
+  g.n = 64;
+  g.k = 64;
+  g.lda = 64;
+  g.ldc = 64;
+  EXPECT_EQ(moekit::cuda::can_implement(g), "");
+  EXPECT_EQ(moekit::cuda::get_workspace_size(g), 0u);
+  auto bad = g;
+  bad.k = 12;
+  bad.lda = 16;
+  EXPECT_EQ(moekit::cuda::can_implement(bad), "k=12 is not a positive multiple of 8");
+  bad = g;
+  bad.n = 20;
+  EXPECT_NE(moekit::cuda::can_implement(bad).find("n=20"), std::string::npos);
+  bad = g;
+  bad.num_experts = 0;
+  EXPECT_NE(moekit::cuda::can_implement(bad).find("num_experts=0"), std::string::npos);
+  bad = g;
+  bad.a = reinterpret_cast<const uint8_t*>(dummy) + 2;
+  EXPECT_EQ(moekit::cuda::can_implement(bad), "a is not 16-byte aligned");
+  bad = g;
+  bad.expert_offsets = nullptr;
+  EXPECT_NE(moekit::cuda::can_implement(bad), "");
+  bad = g;
+  bad.lda = 60;
+  EXPECT_NE(moekit::cuda::can_implement(bad).find("lda=60"), std::string::npos);
+  EXPECT_EQ(moekit::cuda::run_grouped_gemm(bad, nullptr), cudaErrorInvalidValue);
+}
+
+// ---- benchmark (disabled by default) -----------------------------------------------------------
+
+struct ModelShape {
+  const char* name;
+  int experts, top_k, hidden, inter;
+};
+
+TEST(GroupedGemm, DISABLED_BenchGemm1) {
+  REQUIRE_GPU();
+  const ModelShape models[] = {{"qwen3-30b-a3b", 128, 8, 2048, 768},
+                               {"deepseek-v3", 256, 8, 7168, 2048}};
+  const int tokens[] = {1, 64, 1024, 16384};
+  constexpr int kRoutings = 4;  // distinct routings cycled so that weights are not L2-resident
+  constexpr int kLaunchesPerGraph = 8;
+  constexpr int kReplays = 7;
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::printf("| model | M | rows | tile | us | TFLOP/s | weight TB/s | all bytes TB/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const ModelShape& m : models) {
+    const int E = m.experts, K = m.hidden, N = 2 * m.inter;
+    const size_t w_bytes = static_cast<size_t>(E) * N * K * 2;
+    DeviceBuffer w(w_bytes);
+    ASSERT_NE(w.get(), nullptr);
+    {  // random bits, replicated on the device
+      std::mt19937 rng(7);
+      const size_t chunk = std::min<size_t>(w_bytes, size_t{64} << 20);
+      std::vector<uint16_t> host(chunk / 2);
+      for (auto& x : host)
+        x = moekit::float_to_bf16_bits(std::uniform_real_distribution<float>(-1, 1)(rng));
+      CUDA_OK(cudaMemcpy(w.get(), host.data(), chunk, cudaMemcpyHostToDevice));
+      for (size_t done = chunk; done < w_bytes;) {
+        const size_t n = std::min(done, w_bytes - done);
+        CUDA_OK(cudaMemcpy(w.as<uint8_t>() + done, w.get(), n, cudaMemcpyDeviceToDevice));
+        done += n;
+      }
+    }
+    for (int M : tokens) {
+      const int64_t rows = static_cast<int64_t>(M) * m.top_k;
+      std::vector<uint16_t> a_host(static_cast<size_t>(M) * K);
+      std::mt19937 rng(M);
+      for (auto& x : a_host)
+        x = moekit::float_to_bf16_bits(std::uniform_real_distribution<float>(-1, 1)(rng));
+      DeviceBuffer a = upload(a_host);
+      DeviceBuffer c(static_cast<size_t>(rows) * N * 2);
+      std::vector<DeviceBuffer> d_offsets, d_gather;
+      double touched_experts = 0;
+      for (int r = 0; r < kRoutings; ++r) {
+        std::vector<std::vector<int32_t>> per_expert(E);
+        std::vector<int> ids(E);
+        for (int t = 0; t < M; ++t) {
+          std::iota(ids.begin(), ids.end(), 0);
+          for (int j = 0; j < m.top_k; ++j) {  // k distinct experts, uniform
+            std::swap(ids[j], ids[j + rng() % (E - j)]);
+            per_expert[ids[j]].push_back(t);
+          }
+        }
+        std::vector<int32_t> offsets(E + 1, 0), gather;
+        for (int e = 0; e < E; ++e) {
+          offsets[e + 1] = offsets[e] + static_cast<int32_t>(per_expert[e].size());
+          gather.insert(gather.end(), per_expert[e].begin(), per_expert[e].end());
+          touched_experts += per_expert[e].empty() ? 0 : 1;
+        }
+        d_offsets.push_back(upload(offsets));
+        d_gather.push_back(upload(gather));
+      }
+      touched_experts /= kRoutings;
+      for (GroupedGemmTile tile : {GroupedGemmTile::k64x64, GroupedGemmTile::k128x256}) {
+        GroupedGemmArgs g;
+        g.a = a.get();
+        g.lda = K;
+        g.w = w.get();
+        g.c = c.get();
+        g.ldc = N;
+        g.num_experts = E;
+        g.num_rows_upper_bound = rows;
+        g.n = N;
+        g.k = K;
+        GroupedGemmParams params;
+        params.tile = tile;
+        auto launch = [&](int i) {
+          g.expert_offsets = d_offsets[i % kRoutings].as<int32_t>();
+          g.gather_rows = d_gather[i % kRoutings].as<int32_t>();
+          return moekit::cuda::run_grouped_gemm(g, stream, params);
+        };
+        for (int i = 0; i < kRoutings; ++i)
+          CUDA_OK(launch(i));
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        for (int i = 0; i < kLaunchesPerGraph; ++i)
+          CUDA_OK(launch(i));
+        CUDA_OK(cudaStreamEndCapture(stream, &graph));
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        CUDA_OK(cudaGraphLaunch(exec, stream));  // warm-up
+        cudaEvent_t start, stop;
+        cudaEventCreate(&start);
+        cudaEventCreate(&stop);
+        std::vector<float> ms(kReplays);
+        for (int i = 0; i < kReplays; ++i) {
+          cudaEventRecord(start, stream);
+          cudaGraphLaunch(exec, stream);
+          cudaEventRecord(stop, stream);
+          CUDA_OK(cudaEventSynchronize(stop));
+          cudaEventElapsedTime(&ms[i], start, stop);
+        }
+        std::sort(ms.begin(), ms.end());
+        const double us = 1e3 * ms[kReplays / 2] / kLaunchesPerGraph;
+        const double flops = 2.0 * rows * N * K;
+        const double wbytes = touched_experts * N * K * 2.0;
+        const double all_bytes = wbytes + rows * (K + N) * 2.0;
+        std::printf("| %s | %d | %lld | %s | %.1f | %.1f | %.2f | %.2f |\n", m.name, M,
+                    static_cast<long long>(rows), moekit::cuda::grouped_gemm_tile_name(tile), us,
+                    flops / us * 1e-6, wbytes / us * 1e-6, all_bytes / us * 1e-6);
+        std::fflush(stdout);
+        cudaEventDestroy(start);
+        cudaEventDestroy(stop);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+      {
+        GroupedGemmArgs g;
+        g.num_experts = E;
+        g.num_rows_upper_bound = rows;
+        std::string why;
+        const auto tile = moekit::cuda::select_grouped_gemm_tile(g, &why);
+        std::printf("|   auto picks %s: %s |\n", moekit::cuda::grouped_gemm_tile_name(tile),
+                    why.c_str());
+      }
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+#else  // !MOEKIT_WITH_CUDA
+
+TEST(GroupedGemm, RequiresCuda) {
+  GTEST_SKIP() << "moekit was built without CUDA";
+}
+
+#endif

@@ -1,0 +1,86 @@
+#include "cli_common.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+#include <cstdio>
+
+#include "moekit/core/error.h"
+
+namespace moekit::cli {
+
+void DeploymentOptions::add_to(CLI::App& app) {
+  app.add_option("--model", model,
+                 "model preset (mixtral-8x7b, qwen3-30b-a3b, deepseek-v3, "
+                 "gpt-oss-120b, llama4-scout, tiny, small, small-deepseek, "
+                 "small-gpt-oss)")
+      ->capture_default_str();
+  app.add_option("--config", config_json,
+                 "HuggingFace config.json (or its directory) instead of a preset");
+  app.add_option("--dtype", dtype, "activation/weight dtype: bf16, f16, f32")
+      ->check(CLI::IsMember({"bf16", "f16", "f32", "bfloat16", "float16", "float32"}))
+      ->capture_default_str();
+  app.add_option("--device", device, "cpu, auto (the GPU if present), h200, h100, a100, b200")
+      ->capture_default_str();
+  app.add_option("--backend", backend,
+                 "force an experts backend by name (auto: the oracle chooses; also "
+                 "MOEKIT_MOE_BACKEND)")
+      ->capture_default_str();
+  app.add_option("--tp", tp_size, "tensor-parallel size")->check(CLI::PositiveNumber);
+  app.add_option("--dp", dp_size, "data-parallel size")->check(CLI::PositiveNumber);
+  app.add_option("--dp-rank", dp_rank, "this rank's data-parallel index")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--ep", enable_ep, "expert parallelism across the tp*dp ranks");
+  app.add_option("--all2all", all2all,
+                 "EP token exchange: naive, allgather_reducescatter, nccl_all2all, "
+                 "batched_low_latency, megakernel")
+      ->capture_default_str();
+  app.add_option("--max-tokens", max_num_tokens, "max tokens per forward (sizes workspaces)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+}
+
+ModelPreset DeploymentOptions::model_preset() const {
+  return config_json.empty() ? find_preset(model) : preset_from_hf_config(config_json);
+}
+
+MoELayerOptions DeploymentOptions::layer_options() const {
+  MoELayerOptions o;
+  const auto parsed = parse_dtype(dtype);
+  MOEKIT_CHECK(parsed.has_value(), "unknown dtype '{}'", dtype);
+  o.dtype = *parsed;
+  o.device = device_info_by_name(device);
+  All2AllBackend a2a = All2AllBackend::kNaive;
+  MOEKIT_CHECK(parse_all2all_backend(all2all, &a2a), "unknown all2all backend '{}'", all2all);
+  o.parallel = ParallelConfig::make(tp_size, dp_size, dp_rank, 0, enable_ep, a2a);
+  o.backend = backend;
+  o.max_num_tokens = max_num_tokens;
+  return o;
+}
+
+Progress::Progress(std::string label)
+    : label_(std::move(label)), start_(std::chrono::steady_clock::now()) {}
+
+void Progress::update(double fraction) {
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const int percent = static_cast<int>(fraction * 100.0);
+  if (elapsed < 1.0 || percent == last_percent_) return;  // only for work that takes a while
+  last_percent_ = percent;
+  shown_ = true;
+  const int width = 30;
+  const int filled = percent * width / 100;
+  std::fprintf(stderr, "\r%-28s [%s%s] %3d%% %5.1fs", label_.c_str(),
+               std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), percent,
+               elapsed);
+  std::fflush(stderr);
+}
+
+void Progress::done() {
+  if (shown_) {
+    update(1.0);
+    std::fprintf(stderr, "\n");
+  }
+}
+
+}  // namespace moekit::cli

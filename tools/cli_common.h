@@ -1,0 +1,50 @@
+// Shared pieces of the moekit command line: the deployment options every command takes, and a
+// small progress display.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "moekit/layer/moe_layer.h"
+
+namespace moekit::cli {
+
+struct DeploymentOptions {
+  std::string model = "qwen3-30b-a3b";
+  std::string config_json;  // a HuggingFace config.json (or its directory) instead of a preset
+  std::string dtype = "bf16";
+  std::string device = "auto";  // cpu, auto (the GPU if present), h200, h100, ...
+  std::string backend = "auto";
+  int tp_size = 1;
+  int dp_size = 1;
+  int dp_rank = 0;
+  bool enable_ep = false;
+  std::string all2all = "naive";
+  int64_t max_num_tokens = 8192;
+
+  void add_to(CLI::App& app);
+  ModelPreset model_preset() const;
+  MoELayerOptions layer_options() const;
+};
+
+// Prints "label [#####.....] 50%" on stderr, redrawn in place; only when the work takes a while.
+class Progress {
+ public:
+  explicit Progress(std::string label);
+  void update(double fraction);
+  void done();
+
+ private:
+  std::string label_;
+  std::chrono::steady_clock::time_point start_;
+  int last_percent_ = -1;
+  bool shown_ = false;
+};
+
+int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t seed, int check_rows,
+                const std::string& routing_dist);
+int explain_command(const DeploymentOptions& deployment);
+
+}  // namespace moekit::cli
