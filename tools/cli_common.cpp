@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 #include <cstdio>
+#include <random>
 
 #include "moekit/core/error.h"
 
@@ -56,6 +57,25 @@ MoELayerOptions DeploymentOptions::layer_options() const {
   o.backend = backend;
   o.max_num_tokens = max_num_tokens;
   return o;
+}
+
+Tensor make_logits(int64_t M, int E, int k, const std::string& dist, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(M * E));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int e = 0; e < E; ++e) {
+      float x = normal(rng);
+      if (dist == "balanced") {
+        const int64_t offset = ((e - m * k) % E + E) % E;
+        if (offset < k) x += 8.f;
+      } else if (dist == "skewed") {
+        x -= 4.f * static_cast<float>(e) / static_cast<float>(E);
+      }
+      v[m * E + e] = x;
+    }
+  }
+  return Tensor::from_floats(v, {M, E}, DType::kF32);
 }
 
 Progress::Progress(std::string label)

@@ -43,8 +43,15 @@ class Progress {
   bool shown_ = false;
 };
 
+// Router logits (M, E) f32 on the CPU: random normal; balanced (token m prefers experts m*k ..
+// m*k+k-1); skewed (low expert ids much more likely).
+Tensor make_logits(int64_t M, int E, int k, const std::string& dist, uint64_t seed);
+
 int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t seed, int check_rows,
                 const std::string& routing_dist);
 int explain_command(const DeploymentOptions& deployment);
+int bench_command(const DeploymentOptions& deployment, const std::vector<std::string>& models,
+                  const std::vector<int64_t>& tokens, const std::string& routing_dist, int reps,
+                  const std::string& json_path);
 
 }  // namespace moekit::cli

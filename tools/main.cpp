@@ -35,10 +35,35 @@ int main(int argc, char** argv) {
       "explain", "Print the oracle's decision table for a deployment without running anything");
   explain_deployment.add_to(*explain);
 
+  DeploymentOptions bench_deployment;
+  std::vector<std::string> bench_models = {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3",
+                                           "gpt-oss-120b"};
+  std::vector<int64_t> bench_tokens = {1, 16, 64, 256, 1024, 4096, 16384};
+  std::string bench_routing = "random";
+  int bench_reps = 20;
+  std::string bench_json;
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "Time the layer and each stage on the GPU (CUDA events over CUDA-graph replays, "
+      "weights rotated past L2) and compare with the device's measured peaks");
+  bench_deployment.add_to(*bench);
+  bench->add_option("--models", bench_models, "model presets to time")->capture_default_str();
+  bench->add_option("--tokens", bench_tokens, "batch sizes M")->capture_default_str();
+  bench->add_option("--routing", bench_routing, "random, balanced or skewed")
+      ->check(CLI::IsMember({"random", "balanced", "skewed"}))
+      ->capture_default_str();
+  bench->add_option("--reps", bench_reps, "timed graph replays per case (median)")
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--json", bench_json, "also write the results as JSON to this file");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*run) return run_command(run_deployment, tokens, seed, check_rows, routing);
     if (*explain) return explain_command(explain_deployment);
+    if (*bench) {
+      return bench_command(bench_deployment, bench_models, bench_tokens, bench_routing, bench_reps,
+                           bench_json);
+    }
   } catch (const moekit::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -19,27 +19,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Router logits (M, E) f32: random normal; balanced (token m prefers experts m*k.. m*k+k-1);
-// skewed (low expert ids much more likely).
-Tensor make_logits(int64_t M, int E, int k, const std::string& dist, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> v(static_cast<size_t>(M * E));
-  for (int64_t m = 0; m < M; ++m) {
-    for (int e = 0; e < E; ++e) {
-      float x = normal(rng);
-      if (dist == "balanced") {
-        const int64_t offset = ((e - m * k) % E + E) % E;
-        if (offset < k) x += 8.f;
-      } else if (dist == "skewed") {
-        x -= 4.f * static_cast<float>(e) / static_cast<float>(E);
-      }
-      v[m * E + e] = x;
-    }
-  }
-  return Tensor::from_floats(v, {M, E}, DType::kF32);
-}
-
 double act_gated(Activation a, double g, double u, const ActivationParams& p) {
   auto silu = [](double x) { return x / (1.0 + std::exp(-x)); };
   auto gelu = [](double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); };
@@ -144,7 +123,9 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
   const Tensor logits = device.is_cpu() ? logits_host : logits_host.to(device);
 
   // Route once (the check reuses this routing), then time the layer.
-  const RoutingResult routing = layer.router().select_experts(x, logits);
+  const RunContext route_ctx{layer.default_stream(), nullptr};
+  const RoutingResult routing = layer.router().select_experts(x, logits, route_ctx);
+  synchronize(route_ctx.stream);
   t0 = std::chrono::steady_clock::now();
   Progress progress("forward");
   const int64_t chunk =

@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "moekit/core/device.h"
 #include "moekit/core/error.h"
 
 #define MOEKIT_CUDA_CHECK(call)                                                                   \

@@ -65,4 +65,19 @@ void memset_async(void* dst, int value, size_t bytes, Stream stream) {
   MOEKIT_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, to_cuda(stream)));
 }
 
+void* create_stream(int device_index) {
+  MOEKIT_CUDA_CHECK(cudaSetDevice(device_index));
+  cudaStream_t stream = nullptr;
+  MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+void destroy_stream(void* stream) noexcept {
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+void synchronize_stream(void* stream) {
+  MOEKIT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
 }  // namespace moekit::cuda_rt

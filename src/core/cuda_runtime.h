@@ -20,4 +20,8 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
 void copy_async(void* dst, const void* src, size_t bytes, Stream stream);
 void memset_async(void* dst, int value, size_t bytes, Stream stream);
 
+void* create_stream(int device_index);
+void destroy_stream(void* stream) noexcept;
+void synchronize_stream(void* stream);
+
 }  // namespace moekit::cuda_rt

@@ -95,4 +95,31 @@ DeviceInfo device_info_by_name(const std::string& name) {
   return info;
 }
 
+CudaStream::CudaStream(int device_index) {
+#ifdef MOEKIT_WITH_CUDA
+  handle_ = cuda_rt::create_stream(device_index);
+#else
+  (void)device_index;
+  throw Error("moekit: cannot create a CUDA stream: moekit was built without CUDA");
+#endif
+}
+
+CudaStream::~CudaStream() {
+#ifdef MOEKIT_WITH_CUDA
+  if (handle_ != nullptr) cuda_rt::destroy_stream(handle_);
+#endif
+}
+
+void CudaStream::synchronize() const {
+  moekit::synchronize(get());
+}
+
+void synchronize(Stream stream) {
+#ifdef MOEKIT_WITH_CUDA
+  if (stream.handle != nullptr) cuda_rt::synchronize_stream(stream.handle);
+#else
+  (void)stream;
+#endif
+}
+
 }  // namespace moekit

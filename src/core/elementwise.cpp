@@ -27,6 +27,31 @@ void add_inplace(Tensor& out, const Tensor& other, Stream stream) {
   }
 }
 
+float hashed_uniform(uint64_t seed, uint64_t index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream) {
+  expect_contiguous(t, "fill_uniform target");
+  MOEKIT_CHECK(is_floating(t.dtype()), "fill_uniform: dtype {} is not a float type",
+               dtype_name(t.dtype()));
+  if (t.device().is_cuda()) {
+#ifdef MOEKIT_WITH_CUDA
+    fill_uniform_cuda(t, seed, scale, stream);
+    return;
+#endif
+  }
+  const int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    store_float(t.data(), t.dtype(), i, scale * hashed_uniform(seed, static_cast<uint64_t>(i)));
+  }
+}
+
 void convert_ids_to_int32(const Tensor& ids64, Tensor& ids32, Stream stream) {
   expect_dtype(ids64, "topk_ids", {DType::kInt64});
   expect_dtype(ids32, "topk_ids (int32)", {DType::kInt32});

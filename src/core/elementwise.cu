@@ -51,6 +51,22 @@ __global__ void ids_kernel(const int64_t* src, int32_t* dst, int64_t n) {
   }
 }
 
+__device__ float hashed_uniform_dev(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+template <typename T>
+__global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = from_f<T>(scale * hashed_uniform_dev(seed, static_cast<uint64_t>(i)));
+  }
+}
+
 int grid_for(int64_t n) {
   return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
 }
@@ -79,6 +95,37 @@ void add_inplace_cuda(Tensor& out, const Tensor& other, Stream stream) {
                    dtype_name(out.dtype()));
   }
   MOEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_uniform_cuda(Tensor& t, uint64_t seed, float scale, Stream stream) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  // A null stream means "synchronous": use a private stream and wait for it.
+  cudaStream_t s = to_cuda(stream);
+  cudaStream_t own = nullptr;
+  if (s == nullptr) {
+    MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+    s = own;
+  }
+  switch (t.dtype()) {
+    case DType::kBF16:
+      fill_uniform_kernel<<<grid_for(n), 256, 0, s>>>(t.data_as<__nv_bfloat16>(), n, seed, scale);
+      break;
+    case DType::kF16:
+      fill_uniform_kernel<<<grid_for(n), 256, 0, s>>>(t.data_as<__half>(), n, seed, scale);
+      break;
+    case DType::kF32:
+      fill_uniform_kernel<<<grid_for(n), 256, 0, s>>>(t.data_as<float>(), n, seed, scale);
+      break;
+    default:
+      MOEKIT_CHECK(false, "fill_uniform: dtype {} is not supported on the GPU (bf16, f16, f32)",
+                   dtype_name(t.dtype()));
+  }
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+  if (own != nullptr) {
+    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(own));
+    MOEKIT_CUDA_CHECK(cudaStreamDestroy(own));
+  }
 }
 
 void convert_ids_to_int32_cuda(const Tensor& ids64, Tensor& ids32, Stream stream) {

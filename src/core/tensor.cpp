@@ -314,6 +314,27 @@ void Tensor::copy_from(const Tensor& src) {
 #endif
 }
 
+void Tensor::copy_from_async(const Tensor& src, Stream stream) {
+  if (device_.is_cpu() && src.device().is_cpu()) {
+    copy_from(src);
+    return;
+  }
+  MOEKIT_CHECK(src.shape() == shape_ && src.dtype() == dtype_,
+               "copy_from_async: source {} does not match destination {}", src.describe(),
+               describe());
+  MOEKIT_CHECK(is_contiguous() && src.is_contiguous() && src.device() == device_,
+               "copy_from_async: {} and {} must be contiguous and on one device", src.describe(),
+               describe());
+#ifdef MOEKIT_WITH_CUDA
+  MOEKIT_CHECK(stream.handle != nullptr, "copy_from_async on {} needs a CUDA stream",
+               device_.to_string());
+  cuda_rt::copy_async(data_, src.data(), nbytes(), stream);
+#else
+  (void)stream;
+  throw Error("moekit: copy_from_async on a GPU needs CUDA; moekit was built without CUDA");
+#endif
+}
+
 Tensor Tensor::to_dtype(DType dtype) const {
   MOEKIT_CHECK(device_.is_cpu(), "to_dtype: tensor {} must be on the CPU", describe());
   const Tensor src = is_contiguous() ? *this : clone();

@@ -35,9 +35,12 @@ const Tolerance& tolerance(std::string_view name) {
 
 const Tolerance& tolerance_for(DType dtype) {
   switch (dtype) {
-    case DType::kF16: return tolerance("f16");
-    case DType::kBF16: return tolerance("bf16");
-    default: return tolerance("f32");
+    case DType::kF16:
+      return tolerance("f16");
+    case DType::kBF16:
+      return tolerance("bf16");
+    default:
+      return tolerance("f32");
   }
 }
 

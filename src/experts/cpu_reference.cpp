@@ -138,7 +138,7 @@ void run_rows_typed(const ExpertWeights& w, const void* in, DType in_dtype, void
         if (!w.b1.empty()) v += w.b1[static_cast<size_t>(e * N + n)];
         g[static_cast<size_t>(n)] = v;
       }
-      // MUT
+      detail::round_row(g.data(), N, w.act_dtype);
       apply_activation_row(w.activation, w.params, g.data(), a.data(), D);
       detail::round_row(a.data(), D, w.act_dtype);
       const WT* w2e = w2 + e * K * D;

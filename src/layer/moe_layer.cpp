@@ -8,27 +8,17 @@
 #include "moekit/core/checks.h"
 #include "moekit/core/logging.h"
 #include "moekit/experts/cpu_reference.h"
+#include "moekit/experts/sm90_experts.h"
 #include "moekit/oracle/unquantized.h"
 
 namespace moekit {
 namespace {
 
-// Deterministic uniform value in [-1, 1) for element `i` of stream `seed` (splitmix64).
-float hashed_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + i + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
-}
-
-Tensor random_host(const Shape& shape, DType dtype, uint64_t seed, float scale) {
-  Tensor t = Tensor::empty(shape, dtype);
-  const int64_t n = t.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    store_float(t.data(), dtype, i, scale * hashed_uniform(seed, static_cast<uint64_t>(i)));
-  }
+// Seeded uniform values in [-scale, scale), generated where the tensor lives (the same values on
+// the CPU and the GPU).
+Tensor random_on(Device device, const Shape& shape, DType dtype, uint64_t seed, float scale) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  fill_uniform(t, seed, scale, Stream{});
   return t;
 }
 
@@ -103,23 +93,22 @@ MoELayerWeights MoELayer::random_weights(const ModelPreset& model, const MoELaye
   // Scaled so that GEMM outputs stay O(1) for O(1) inputs.
   const float s1 = 1.0f / std::sqrt(static_cast<float>(H));
   const float s2 = 1.0f / std::sqrt(static_cast<float>(I));
-  w.w13 = on_device(random_host({E, N, H}, options.dtype, rank_seed + 1, 2.0f * s1), device);
-  w.w2 = on_device(random_host({E, H, I}, options.dtype, rank_seed + 2, 2.0f * s2), device);
+  w.w13 = random_on(device, {E, N, H}, options.dtype, rank_seed + 1, 2.0f * s1);
+  w.w2 = random_on(device, {E, H, I}, options.dtype, rank_seed + 2, 2.0f * s2);
   if (model.has_bias) {
-    w.w13_bias = on_device(random_host({E, N}, options.dtype, rank_seed + 3, 0.1f), device);
-    w.w2_bias = on_device(random_host({E, H}, options.dtype, rank_seed + 4, 0.1f), device);
+    w.w13_bias = random_on(device, {E, N}, options.dtype, rank_seed + 3, 0.1f);
+    w.w2_bias = random_on(device, {E, H}, options.dtype, rank_seed + 4, 0.1f);
   }
   if (model.has_e_score_correction_bias) {
     w.e_score_correction_bias =
-        on_device(random_host({model.num_experts}, DType::kF32, seed + 5, 0.05f), device);
+        random_on(device, {model.num_experts}, DType::kF32, seed + 5, 0.05f);
   }
   if (model.num_shared_experts > 0) {
     const int64_t Is = model.shared_intermediate_size * model.num_shared_experts;
     const int64_t Ns = is_gated(model.activation) ? 2 * Is : Is;
-    w.shared_w13 = on_device(random_host({Ns, H}, options.dtype, seed + 6, 2.0f * s1), device);
-    w.shared_w2 = on_device(
-        random_host({H, Is}, options.dtype, seed + 7, 2.0f / std::sqrt(static_cast<float>(Is))),
-        device);
+    w.shared_w13 = random_on(device, {Ns, H}, options.dtype, seed + 6, 2.0f * s1);
+    w.shared_w2 = random_on(device, {H, Is}, options.dtype, seed + 7,
+                            2.0f / std::sqrt(static_cast<float>(Is)));
   }
   return w;
 }
@@ -179,35 +168,83 @@ MoELayer::MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOp
                                 : QuantConfig::unquantized();
   kernel_ = oracle.make_kernel(quant, moe_, selection.backend, *selection.experts, shared);
 
-  workspace_ = std::make_unique<WorkspaceManager>(device);
+  if (options_.workspace == nullptr) workspace_ = std::make_unique<WorkspaceManager>(device);
+  WorkspaceManager& ws = workspace();
+  MOEKIT_CHECK(ws.device() == device, "the workspace manager is on {} but the layer on {}",
+               ws.device().to_string(), device.to_string());
   const auto [b0, b1] =
       kernel_->workspace_bytes(options_.max_num_tokens, N, H, model_.top_k, moe_.num_experts, E,
                                moe_.activation, options_.dtype);
-  workspace_->reserve(b0, b1);
-  workspace_->set_growth_locked(device.is_cuda());
+  const bool locked = ws.growth_locked();
+  ws.set_growth_locked(false);
+  ws.reserve(b0, b1);
+  ws.set_growth_locked(locked || device.is_cuda());
+  if (device.is_cuda()) stream_ = std::make_unique<CudaStream>(device.index);
+  routing_ids_ = Tensor::empty({options_.max_num_tokens, model_.top_k}, DType::kInt32, device);
+  routing_weights_ = Tensor::empty({options_.max_num_tokens, model_.top_k}, DType::kF32, device);
+}
+
+RunContext MoELayer::complete(RunContext ctx) const {
+  if (ctx.workspace == nullptr)
+    ctx.workspace = options_.workspace ? options_.workspace : workspace_.get();
+  if (ctx.stream.handle == nullptr && stream_) ctx.stream = stream_->get();
+  return ctx;
 }
 
 Tensor MoELayer::forward(const Tensor& hidden_states, const Tensor& router_logits, RunContext ctx) {
-  expect_shape(router_logits, "router_logits",
-               {hidden_states.defined() ? hidden_states.size(0) : kAnyDim, moe_.num_experts});
-  const RoutingResult routing = router_->select_experts(hidden_states, router_logits, ctx);
-  return forward_routed(hidden_states, routing.topk_ids, routing.topk_weights, ctx);
+  expect_dim(hidden_states, "hidden_states", 2);
+  Tensor output =
+      Tensor::empty(hidden_states.shape(), hidden_states.dtype(), hidden_states.device());
+  ctx = complete(ctx);
+  forward_into(output, hidden_states, router_logits, ctx);
+  if (stream_ && ctx.stream.handle == stream_->get().handle) synchronize(ctx.stream);
+  return output;
+}
+
+void MoELayer::forward_into(Tensor& output, const Tensor& hidden_states,
+                            const Tensor& router_logits, RunContext ctx) {
+  ctx = complete(ctx);
+  expect_dim(hidden_states, "hidden_states", 2);
+  const int64_t M = hidden_states.size(0);
+  expect_shape(router_logits, "router_logits", {M, moe_.num_experts});
+  MOEKIT_CHECK(M <= options_.max_num_tokens,
+               "hidden_states has M={} tokens but the layer was built for max_num_tokens={}", M,
+               options_.max_num_tokens);
+  const Tensor weights = routing_weights_.slice(0, 0, M);
+  const Tensor ids = routing_ids_.slice(0, 0, M);
+  router_->select_experts_into(hidden_states, router_logits, weights, ids, ctx);
+  ctx.stage_done("router");
+  forward_routed_into(output, hidden_states, ids, weights, ctx);
 }
 
 Tensor MoELayer::forward_routed(const Tensor& hidden_states, const Tensor& topk_ids,
                                 const Tensor& topk_weights, RunContext ctx) {
+  expect_dim(hidden_states, "hidden_states", 2);
+  Tensor output =
+      Tensor::empty(hidden_states.shape(), hidden_states.dtype(), hidden_states.device());
+  ctx = complete(ctx);
+  forward_routed_into(output, hidden_states, topk_ids, topk_weights, ctx);
+  if (stream_ && ctx.stream.handle == stream_->get().handle) synchronize(ctx.stream);
+  return output;
+}
+
+void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
+                                   const Tensor& topk_ids, const Tensor& topk_weights,
+                                   RunContext ctx) {
+  ctx = complete(ctx);
   expect_shape(hidden_states, "hidden_states", {kAnyDim, moe_.hidden_dim});
   expect_dtype(hidden_states, "hidden_states", {options_.dtype});
   expect_device(hidden_states, "hidden_states", options_.device.device());
-  MOEKIT_CHECK(hidden_states.size(0) <= options_.max_num_tokens,
-               "hidden_states has M={} tokens but the layer was built for max_num_tokens={}",
-               hidden_states.size(0), options_.max_num_tokens);
+  const int64_t M = hidden_states.size(0);
+  MOEKIT_CHECK(M <= options_.max_num_tokens,
+               "hidden_states has M={} tokens but the layer was built for max_num_tokens={}", M,
+               options_.max_num_tokens);
   Tensor ids = topk_ids;
   if (topk_ids.defined() && topk_ids.dtype() == DType::kInt64) {
-    ids = Tensor::empty(topk_ids.shape(), DType::kInt32, topk_ids.device());
-    convert_ids_to_int32(topk_ids, ids, ctx.stream);
+    expect_shape(topk_ids, "topk_ids", {M, model_.top_k});
+    ids = routing_ids_.slice(0, 0, M);
+    if (ids.data() != topk_ids.data()) convert_ids_to_int32(topk_ids, ids, ctx.stream);
   }
-  if (ctx.workspace == nullptr) ctx.workspace = workspace_.get();
   ModularApplyArgs args;
   args.hidden_states = hidden_states;
   args.w1 = weights_.w13;
@@ -218,9 +255,12 @@ Tensor MoELayer::forward_routed(const Tensor& hidden_states, const Tensor& topk_
   args.global_num_experts = moe_.num_experts;
   args.expert_map = expert_map_;
   args.apply_router_weight_on_input = router_->apply_router_weight_on_input();
+  args.output = output;
   MoEOutput out = kernel_->apply(args, ctx);
-  if (out.shared_output.defined()) add_inplace(out.output, out.shared_output, ctx.stream);
-  return out.output;
+  if (out.shared_output.defined()) {
+    add_inplace(output, out.shared_output, ctx.stream);
+    ctx.stage_done("shared_add");
+  }
 }
 
 }  // namespace moekit

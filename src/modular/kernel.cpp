@@ -155,7 +155,8 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
   const ProblemSize p = experts.moe_problem_size(prepared.a1q, args.w1, args.w2, topk_ids);
   Tensor fused_out;
   if (p.M == 0) {
-    fused_out = Tensor::empty({0, p.topk, p.K}, x.dtype(), x.device());
+    // A zero-size view: nothing to allocate (M = 0 must not touch the allocator in a forward).
+    fused_out = Tensor::from_blob(x.data(), {0, p.topk, p.K}, x.dtype(), x.device());
   } else {
     WorkspaceManager fallback(x.device());
     WorkspaceManager& ws = ctx.workspace ? *ctx.workspace : fallback;
@@ -206,8 +207,10 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
     handle.receiver();
   } else {
     pf.finalize(finalize_args, ctx);
+    ctx.stage_done("finalize");
     if (shared_experts_) result.shared_output = shared_experts_->forward(shared_in, ctx);
   }
+  if (shared_experts_) ctx.stage_done("shared_experts");
   result.output = output;
   return result;
 }

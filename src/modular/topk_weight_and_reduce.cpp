@@ -94,7 +94,7 @@ Tensor TopKWeightAndReduceNoOp::apply(Tensor output, const Tensor& fused_expert_
   MOEKIT_CHECK(output.dtype() == fused_expert_output.dtype(),
                "TopKWeightAndReduceNoOp: output dtype {} differs from fused_expert_output dtype {}",
                dtype_name(output.dtype()), dtype_name(fused_expert_output.dtype()));
-  output.copy_from(fused_expert_output);
+  output.copy_from_async(fused_expert_output, ctx.stream);  // stream-ordered on the GPU
   return output;
 }
 

@@ -1,6 +1,7 @@
 #include "moekit/oracle/unquantized.h"
 
 #include "moekit/experts/cpu_reference.h"
+#include "moekit/experts/sm90_experts.h"
 
 namespace moekit {
 
@@ -8,10 +9,9 @@ KernelRegistry<UnquantizedMoeBackend>& UnquantizedMoEKernelOracle::registry() {
   // NOTE: the documented registry of this oracle (KernelRegistry guards it with its mutex).
   static KernelRegistry<UnquantizedMoeBackend> instance(
       KernelRegistry<UnquantizedMoeBackend>::Table{
-          // The CUDA experts (Sm90GroupedExperts::klass(), its batched sibling) register here;
-          // until
-          // then these backends are rejected with kNoKernelRegisteredReason.
-          {UnquantizedMoeBackend::kSm90Grouped, {}},
+          // The batched Hopper experts are not written yet: sm90_batched is rejected with
+          // kNoKernelRegisteredReason until they register here.
+          {UnquantizedMoeBackend::kSm90Grouped, {&Sm90GroupedExperts::klass()}},
           {UnquantizedMoeBackend::kSm90Batched, {}},
           {UnquantizedMoeBackend::kCpu, {&CpuReferenceExperts::klass()}},
           {UnquantizedMoeBackend::kCpuBatched, {&CpuBatchedReferenceExperts::klass()}},

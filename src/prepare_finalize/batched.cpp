@@ -82,10 +82,13 @@ PrepareResult PrepareFinalizeBatched::prepare(const PrepareArgs& args, RunContex
   PrepareResult result;
   QuantizedInput q = detail::maybe_quantize_input(b_a1.view({E * T, K}), args.quant_config,
                                                   args.defer_input_quant, ctx);
-  result.a1q = q.data.dim() == 2 && q.data.size(0) == E * T ? q.data.view({E, T, K}) : q.data;
+  // Per-row layouts (data and per-token / per-group scales) regain the expert dimension; packed
+  // formats keep their own row width.
+  result.a1q =
+      q.data.dim() == 2 && q.data.size(0) == E * T ? q.data.view({E, T, q.data.size(1)}) : q.data;
   result.a1q_scale = q.scale;
   if (q.scale.defined() && q.scale.dim() == 2 && q.scale.size(0) == E * T) {
-    result.a1q_scale = q.scale.view({E, T, q.scale.size(1)});  // per-token or per-group scales
+    result.a1q_scale = q.scale.view({E, T, q.scale.size(1)});
   }
   result.expert_tokens_meta = ExpertTokensMetadata::make_from_list(layout.counts, a1.device());
   return result;

@@ -746,6 +746,33 @@ TEST_F(OracleTest, MakeMoeKernelRejectsUnavailableParallelDeployments) {
   EXPECT_EQ(fake.made, 0);
 }
 
+TEST_F(OracleTest, PrepareFinalizeChoice) {
+  const MoEConfig moe = cpu_moe();
+  const QuantConfig q = QuantConfig::unquantized();
+  EXPECT_EQ(maybe_make_prepare_finalize(moe, q, ActivationFormat::kStandard, false)->name(),
+            "PrepareFinalizeNoEP");
+  auto mono = maybe_make_prepare_finalize(moe, q, ActivationFormat::kStandard, true);
+  EXPECT_EQ(mono->name(), "PrepareFinalizeMonolithicNoEP");
+  EXPECT_TRUE(mono->is_monolithic());
+  EXPECT_EQ(maybe_make_prepare_finalize(moe, q, ActivationFormat::kBatchedExperts, false)->name(),
+            "PrepareFinalizeBatched");
+  EXPECT_THROW((void)maybe_make_prepare_finalize(moe, q, ActivationFormat::kBatchedExperts, true),
+               Error);
+  // TP=2 without DP: no dispatch, NoEP.
+  MoEConfig tp = moe;
+  tp.parallel.tp_size = 2;
+  EXPECT_EQ(maybe_make_prepare_finalize(tp, q, ActivationFormat::kStandard, false)->name(),
+            "PrepareFinalizeNoEP");
+  // The batched-format parallel config: the batched P/F, even for standard-wanting experts, with
+  // this rank's expert range.
+  auto batched = maybe_make_prepare_finalize(batched_moe(), q, ActivationFormat::kStandard, false);
+  const auto* b = dynamic_cast<const PrepareFinalizeBatched*>(batched.get());
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->num_local_experts(), 6);
+  EXPECT_EQ(b->rank(), 1);
+  EXPECT_EQ(b->num_dispatchers(), 1);
+}
+
 // ---- the rest of the seed's surface
 // ----------------------------------------------------------------
 
@@ -823,7 +850,14 @@ TEST_F(OracleTest, ExplainNeverThrowsForUnsupportedOrUnknown) {
   UnquantizedMoEKernelOracle oracle(moe);
   moe.moe_backend = "sm90_grouped";
   OracleReport report;
-  EXPECT_NO_THROW(report = oracle.explain(moe, std::nullopt, std::nullopt));
+  {
+    LogCapture logs;
+    EXPECT_NO_THROW(report = oracle.explain(moe, std::nullopt, std::nullopt));
+    EXPECT_EQ(logs.dump(), "") << "explain logs nothing";
+  }
+  // The same error select_backend throws.
+  EXPECT_EQ(report.error,
+            error_message([&] { (void)oracle.select_backend(moe, std::nullopt, std::nullopt); }));
   EXPECT_FALSE(report.ok());
   EXPECT_EQ(report.forced_by, "config");
   EXPECT_EQ(report.chosen_backend, "");

@@ -58,4 +58,21 @@ struct Stream {
   void* handle = nullptr;
 };
 
+// An owned CUDA stream (non-blocking, so it never serializes with the legacy default stream).
+class CudaStream {
+ public:
+  explicit CudaStream(int device_index = 0);
+  ~CudaStream();
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  Stream get() const { return {handle_}; }
+  void synchronize() const;
+
+ private:
+  void* handle_ = nullptr;
+};
+
+// Waits for all work queued on `stream` (no-op for a null stream on the CPU path).
+void synchronize(Stream stream);
+
 }  // namespace moekit

@@ -95,6 +95,9 @@ class Tensor {
   Tensor to(Device device) const;
   Tensor clone() const;
   void copy_from(const Tensor& src);
+  // Stream-ordered copy between two contiguous tensors of the same shape and dtype on the same CUDA
+  // device (no host synchronization); plain copy_from on the CPU.
+  void copy_from_async(const Tensor& src, Stream stream);
   // CPU only: converts to another dtype (float formats round to nearest even).
   Tensor to_dtype(DType dtype) const;
   // CPU only: every element as float / double / int64, in row-major order.

@@ -36,6 +36,9 @@ struct MoELayerOptions {
   ParallelConfig parallel;                // EP rank / size (the expert_map follows from it)
   std::string backend = "auto";           // force an experts backend by name ("auto": the oracle)
   int64_t max_num_tokens = 8192;          // per forward; sizes the workspaces once
+  // Caller-owned workspaces shared by several layers (grown to this layer's worst case at
+  // construction); when null the layer owns its own.
+  WorkspaceManager* workspace = nullptr;
 };
 
 class MoELayer {
@@ -52,9 +55,15 @@ class MoELayer {
   // hidden_states (M, H) in the layer dtype, router_logits (M, E) f32/bf16/f16 -> (M, H).
   // Adds the shared experts' output when the layer has shared experts.
   Tensor forward(const Tensor& hidden_states, const Tensor& router_logits, RunContext ctx = {});
+  // Graph-capturable form: writes into a caller-provided output (M, H) and allocates nothing on the
+  // device (routing buffers and workspaces were sized at construction). Needs ctx.stream on a GPU.
+  void forward_into(Tensor& output, const Tensor& hidden_states, const Tensor& router_logits,
+                    RunContext ctx);
   // Same with routing already done: topk_ids (M, k) int32 or int64, topk_weights (M, k) f32.
   Tensor forward_routed(const Tensor& hidden_states, const Tensor& topk_ids,
                         const Tensor& topk_weights, RunContext ctx = {});
+  void forward_routed_into(Tensor& output, const Tensor& hidden_states, const Tensor& topk_ids,
+                           const Tensor& topk_weights, RunContext ctx);
 
   const ModelPreset& model() const { return model_; }
   const MoEConfig& moe_config() const { return moe_; }
@@ -65,7 +74,9 @@ class MoELayer {
   const OracleReport& selection() const { return report_; }
   const Tensor& expert_map() const { return expert_map_; }  // (E,) int32, undefined without EP
   int first_local_expert() const { return first_local_expert_; }
-  WorkspaceManager& workspace() { return *workspace_; }
+  WorkspaceManager& workspace() { return options_.workspace ? *options_.workspace : *workspace_; }
+  // The layer's own stream, used when a forward's RunContext has none (GPU layers only).
+  Stream default_stream() const { return stream_ ? stream_->get() : Stream{}; }
 
   // The MoEConfig a layer of this model gets under these options (also used by `moekit explain`).
   static MoEConfig make_moe_config(const ModelPreset& model, const MoELayerOptions& options);
@@ -82,6 +93,10 @@ class MoELayer {
   Tensor expert_map_;
   int first_local_expert_ = 0;
   std::unique_ptr<WorkspaceManager> workspace_;
+  std::unique_ptr<CudaStream> stream_;
+  Tensor routing_ids_;      // (max_num_tokens, k) int32: router output / converted int64 ids
+  Tensor routing_weights_;  // (max_num_tokens, k) f32
+  RunContext complete(RunContext ctx) const;
 };
 
 }  // namespace moekit

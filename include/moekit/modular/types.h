@@ -27,10 +27,23 @@ struct ExpertTokensMetadata {
   static ExpertTokensMetadata make_from_list(const std::vector<int32_t>& counts, Device device);
 };
 
+// Told when each stage of a forward has been queued (benchmarks record events here to time the
+// router, align, GEMM1, activation, GEMM2 and reduce separately). Must not block.
+class StageObserver {
+ public:
+  virtual ~StageObserver() = default;
+  virtual void stage_done(std::string_view stage, Stream stream) const = 0;
+};
+
 // What every forward needs besides its tensors: the stream and the caller-owned workspaces.
 struct RunContext {
   Stream stream;
   WorkspaceManager* workspace = nullptr;
+  const StageObserver* observer = nullptr;  // optional
+
+  void stage_done(std::string_view stage) const {
+    if (observer != nullptr) observer->stage_done(stage, stream);
+  }
 };
 
 // The problem size the experts see: E local experts, M tokens (max_tokens in batched format),

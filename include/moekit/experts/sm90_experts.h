@@ -1,0 +1,53 @@
+// Experts on Hopper (sm_90a): the unquantized bf16/f16 MoE pipeline on the GPU.
+//
+// Sm90GroupedExperts (Standard format) does, on one stream and without host synchronization:
+//   1. align: count the (token, k) slots per local expert (expert_map applied, -1 / out-of-range
+//   ids
+//      skipped), prefix-sum them and sort the slots by expert (stable, deterministic);
+//   2. GEMM1 on tensor cores (wgmma), gathering the token rows: g = x[token] @ W13[e]^T (+ b13);
+//   3. the activation (every activation of the library), rounded to the activation dtype;
+//   4. GEMM2: y = act @ W2[e]^T (+ b2), in expert-sorted order;
+//   5. the weighted unpermute and top-k reduction, j = 0..k-1 in order, fp32 accumulation.
+// It applies the top-k weights itself, so its finalize is NoOp.
+//
+// Sm90SharedExperts runs the shared dense MLP with the same GEMM (one "expert", every token).
+// The capability records are compiled in every build, so a CPU-only build can say why they are
+// not chosen; constructing them without CUDA throws.
+#pragma once
+
+#include <memory>
+
+#include "moekit/modular/experts.h"
+#include "moekit/modular/kernel.h"
+
+namespace moekit {
+
+class Sm90GroupedExperts final : public ExpertsModular {
+ public:
+  static const ExpertsClass& klass();
+  Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& quant);
+
+  WorkspaceShapes workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
+                                   int64_t global_num_experts, int64_t local_num_experts,
+                                   const ExpertTokensMetadata* expert_tokens_meta,
+                                   Activation activation) const override;
+  std::shared_ptr<const TopKWeightAndReduce> finalize_weight_and_reduce_impl() const override;
+  void apply(const ExpertsApplyArgs& args, RunContext ctx) override;
+};
+
+class Sm90SharedExperts final : public SharedExperts {
+ public:
+  // w13 (2*I_s or I_s, H), w2 (H, I_s), bf16/f16 on a CUDA device. Buffers for max_num_tokens are
+  // allocated here, once; forward allocates nothing.
+  Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation, ActivationParams params,
+                    int64_t max_num_tokens);
+  Tensor forward(const Tensor& x, RunContext ctx) override;
+
+ private:
+  Tensor w13_, w2_, hidden_, act_, out_;
+  Tensor offsets_;  // (2,) int32 on the device: {0, M} of the single "expert"
+  Activation activation_;
+  ActivationParams params_;
+};
+
+}  // namespace moekit

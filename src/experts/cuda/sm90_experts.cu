@@ -1,0 +1,353 @@
+// Sm90GroupedExperts / Sm90SharedExperts: the launch sequence of the unquantized GPU pipeline (see
+// include/moekit/experts/sm90_experts.h). Every buffer comes from the workspaces; nothing here
+// allocates or synchronizes.
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.cuh"
+#include "experts/cuda/moe_activation.h"
+#include "experts/cuda/moe_permute.h"
+#include "experts/cuda/moe_unpermute.h"
+#include "experts/cuda/sm90_experts_common.h"
+#include "experts/cuda/sm90_grouped_gemm.h"
+#include "moekit/core/checks.h"
+#include "moekit/experts/sm90_experts.h"
+
+namespace moekit {
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
+
+// Byte layout of workspace2: the activation output, the GEMM2 output (expert-sorted rows), then
+// the int32 routing tables of the align step.
+struct Ws2Layout {
+  size_t act = 0, gemm2 = 0, counts = 0, offsets = 0, permuted = 0, slot_to_row = 0, total = 0,
+         token_rows = 0, align_ws = 0, align_ws_bytes = 0, bytes = 0;
+};
+
+Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, Activation act,
+                     size_t es) {
+  const int64_t rows = M * topk;
+  const int64_t d = activation_output_dim(act, N);
+  const int64_t capacity =
+      cuda::moe_align_capacity(M, static_cast<int>(topk), static_cast<int>(E), 1);
+  Ws2Layout l;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t here = at;
+    at = align_up(at + bytes);
+    return here;
+  };
+  l.act = take(static_cast<size_t>(rows * d) * es);
+  l.gemm2 = take(static_cast<size_t>(rows * K) * es);
+  l.counts = take(static_cast<size_t>(E) * 4);
+  l.offsets = take(static_cast<size_t>(E + 1) * 4);
+  l.permuted = take(static_cast<size_t>(capacity) * 4);
+  l.slot_to_row = take(static_cast<size_t>(rows) * 4);
+  l.total = take(4);
+  l.token_rows = take(static_cast<size_t>(capacity) * 4);
+  l.align_ws_bytes =
+      cuda::moe_align_workspace_bytes(M, static_cast<int>(topk), static_cast<int>(E));
+  l.align_ws = take(l.align_ws_bytes);
+  l.bytes = at;
+  return l;
+}
+
+__global__ void slots_to_tokens_kernel(const int32_t* permuted, int32_t* token_rows,
+                                       int64_t capacity, int top_k) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < capacity;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t slot = permuted[r];
+    token_rows[r] = slot < 0 ? -1 : slot / top_k;
+  }
+}
+
+__global__ void set_single_expert_offsets(int32_t* offsets, int32_t rows) {
+  offsets[0] = 0;
+  offsets[1] = rows;
+}
+
+template <typename T>
+T* at(const Tensor& base, size_t byte_offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base.data()) + byte_offset);
+}
+
+}  // namespace
+
+cuda::GemmDtype gemm_dtype_of(DType dtype) {
+  MOEKIT_CHECK(dtype == DType::kBF16 || dtype == DType::kF16,
+               "the Hopper GEMM takes bf16 or f16, got {}", dtype_name(dtype));
+  return dtype == DType::kBF16 ? cuda::GemmDtype::kBF16 : cuda::GemmDtype::kF16;
+}
+
+cuda::ElemType elem_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return cuda::ElemType::kBF16;
+    case DType::kF16:
+      return cuda::ElemType::kF16;
+    case DType::kF32:
+      return cuda::ElemType::kF32;
+    default:
+      MOEKIT_CHECK(false, "dtype {} is not an activation dtype (bf16, f16, f32)",
+                   dtype_name(dtype));
+  }
+  return cuda::ElemType::kF32;
+}
+
+cuda::ActKind act_kind_of(Activation a) {
+  switch (a) {
+    case Activation::kSilu:
+      return cuda::ActKind::kSilu;
+    case Activation::kGelu:
+      return cuda::ActKind::kGelu;
+    case Activation::kGeluTanh:
+      return cuda::ActKind::kGeluTanh;
+    case Activation::kSwigluOai:
+      return cuda::ActKind::kSwigluOai;
+    case Activation::kSwigluStep:
+      return cuda::ActKind::kSwigluStep;
+    case Activation::kRelu2:
+      return cuda::ActKind::kRelu2;
+    case Activation::kSiluNoMul:
+      return cuda::ActKind::kSiluNoMul;
+    case Activation::kGeluNoMul:
+      return cuda::ActKind::kGeluNoMul;
+    case Activation::kGeluTanhNoMul:
+      return cuda::ActKind::kGeluTanhNoMul;
+    case Activation::kRelu2NoMul:
+      return cuda::ActKind::kRelu2NoMul;
+  }
+  return cuda::ActKind::kSilu;
+}
+
+void run_gemm(const cuda::GroupedGemmArgs& args, Stream stream, const char* what) {
+  const std::string why = cuda::can_implement(args);
+  MOEKIT_CHECK(why.empty(), "{}: the grouped GEMM cannot run this problem: {}", what, why);
+  MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream)));
+}
+
+void run_activation(Activation act, const ActivationParams& params, const void* in, void* out,
+                    DType dtype, int64_t rows, int64_t n, const int32_t* valid_rows,
+                    const int32_t* permuted_rows, Stream stream) {
+  cuda::MoeActivationParams p;
+  p.kind = act_kind_of(act);
+  p.in = in;
+  p.in_type = elem_type_of(dtype);
+  p.in_row_stride = n;
+  p.d = activation_output_dim(act, n);
+  p.out = out;
+  p.out_type = p.in_type;
+  p.out_row_stride = p.d;
+  p.rows = rows;
+  p.has_clamp_limit = params.clamp_limit.has_value();
+  if (params.clamp_limit) p.clamp_limit = *params.clamp_limit;
+  p.alpha = params.alpha;
+  p.valid_rows = valid_rows;
+  p.permuted_rows = permuted_rows;
+  if (const char* why = cuda::moe_activation_unsupported_reason(p)) {
+    MOEKIT_CHECK(false, "activation {}: {}", activation_name(act), why);
+  }
+  MOEKIT_CUDA_CHECK(cuda::launch_moe_activation(p, to_cuda(stream)));
+}
+
+WorkspaceShapes Sm90GroupedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
+                                                     int64_t, int64_t local_num_experts,
+                                                     const ExpertTokensMetadata*,
+                                                     Activation activation) const {
+  const size_t es = element_size(moe_config().in_dtype);
+  const Ws2Layout l = ws2_layout(M, N, K, topk, local_num_experts, activation, es);
+  return {{M * topk, N}, {static_cast<int64_t>((l.bytes + es - 1) / es)}, {M, K}};
+}
+
+std::shared_ptr<const TopKWeightAndReduce> Sm90GroupedExperts::finalize_weight_and_reduce_impl()
+    const {
+  return std::make_shared<TopKWeightAndReduceNoOp>();
+}
+
+void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+  MOEKIT_CHECK(ctx.stream.handle != nullptr,
+               "Sm90GroupedExperts needs a CUDA stream in RunContext");
+  const Tensor& x = args.hidden_states;
+  expect_dim(x, "hidden_states", 2);
+  expect_contiguous(x, "hidden_states");
+  expect_contiguous(args.w1, "w1");
+  expect_contiguous(args.w2, "w2");
+  expect_contiguous(args.topk_ids, "topk_ids");
+  expect_contiguous(args.topk_weights, "topk_weights");
+  const int64_t M = x.size(0), K = x.size(1), topk = args.topk_ids.size(1);
+  const int64_t E = args.w1.size(0), N = args.w1.size(1);
+  const int64_t d = activation_output_dim(args.activation, N);
+  MOEKIT_CHECK(args.w2.size(2) == d, "w2 has I={} but the activation of w1 (N={}) gives {}",
+               args.w2.size(2), N, d);
+  const DType dtype = x.dtype();
+  expect_dtype(args.w1, "w1", {dtype});
+  expect_dtype(args.w2, "w2", {dtype});
+  const size_t es = element_size(dtype);
+  const Ws2Layout l = ws2_layout(M, N, K, topk, E, args.activation, es);
+  MOEKIT_CHECK(args.workspace2.nbytes() >= l.bytes, "workspace2 holds {} bytes, needs {}",
+               args.workspace2.nbytes(), l.bytes);
+  const Tensor& ws2 = args.workspace2;
+  int32_t* counts = at<int32_t>(ws2, l.counts);
+  int32_t* offsets = at<int32_t>(ws2, l.offsets);
+  int32_t* permuted = at<int32_t>(ws2, l.permuted);
+  int32_t* slot_to_row = at<int32_t>(ws2, l.slot_to_row);
+  int32_t* total = at<int32_t>(ws2, l.total);
+  int32_t* token_rows = at<int32_t>(ws2, l.token_rows);
+  const cudaStream_t stream = to_cuda(ctx.stream);
+
+  // 1. align: sort the slots by local expert.
+  cuda::MoeAlignParams align;
+  align.topk_ids = args.topk_ids.data_as<const int32_t>();
+  align.num_tokens = M;
+  align.top_k = static_cast<int>(topk);
+  align.expert_map = args.expert_map.defined() ? args.expert_map.data_as<const int32_t>() : nullptr;
+  align.num_global_experts = static_cast<int>(args.global_num_experts);
+  align.num_local_experts = static_cast<int>(E);
+  align.row_align = 1;
+  align.expert_counts = counts;
+  align.expert_offsets = offsets;
+  align.permuted_rows = permuted;
+  align.slot_to_row = slot_to_row;
+  align.total_rows = total;
+  align.workspace = at<void>(ws2, l.align_ws);
+  align.workspace_bytes = l.align_ws_bytes;
+  if (const char* why = cuda::moe_align_unsupported_reason(align)) {
+    MOEKIT_CHECK(false, "moe align: {}", why);
+  }
+  MOEKIT_CUDA_CHECK(cuda::launch_moe_align(align, stream));
+  const int64_t capacity = M * topk;
+  slots_to_tokens_kernel<<<static_cast<int>(std::min<int64_t>((capacity + 255) / 256, 1024)), 256,
+                           0, stream>>>(permuted, token_rows, capacity, static_cast<int>(topk));
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+  ctx.stage_done("align");
+
+  // 2. GEMM1 with the token gather: (rows, N) into workspace13.
+  const Tensor& b1 = quant_config().w1_bias();
+  const Tensor& b2 = quant_config().w2_bias();
+  cuda::GroupedGemmArgs g1;
+  g1.a = x.data();
+  g1.lda = K;
+  g1.gather_rows = token_rows;
+  g1.w = args.w1.data();
+  g1.bias = b1.defined() ? b1.data() : nullptr;
+  g1.bias_is_fp32 = b1.defined() && b1.dtype() == DType::kF32;
+  g1.c = args.workspace13.data();
+  g1.ldc = N;
+  g1.expert_offsets = offsets;
+  g1.num_experts = static_cast<int>(E);
+  g1.num_rows_upper_bound = capacity;
+  g1.n = static_cast<int>(N);
+  g1.k = static_cast<int>(K);
+  g1.dtype = gemm_dtype_of(dtype);
+  run_gemm(g1, ctx.stream, "GEMM1");
+  ctx.stage_done("gemm1");
+
+  // 3. activation on the valid rows.
+  void* act = at<void>(ws2, l.act);
+  run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(), act,
+                 dtype, capacity, N, total, permuted, ctx.stream);
+  ctx.stage_done("activation");
+
+  // 4. GEMM2: (rows, K) into workspace2's second region.
+  cuda::GroupedGemmArgs g2 = g1;
+  g2.a = act;
+  g2.lda = d;
+  g2.gather_rows = nullptr;
+  g2.w = args.w2.data();
+  g2.bias = b2.defined() ? b2.data() : nullptr;
+  g2.bias_is_fp32 = b2.defined() && b2.dtype() == DType::kF32;
+  g2.c = at<void>(ws2, l.gemm2);
+  g2.ldc = K;
+  g2.n = static_cast<int>(K);
+  g2.k = static_cast<int>(d);
+  run_gemm(g2, ctx.stream, "GEMM2");
+  ctx.stage_done("gemm2");
+
+  // 5. weighted unpermute + reduce into the (M, K) output (workspace13 is dead by now).
+  cuda::MoeUnpermuteParams u;
+  u.layout = cuda::UnpermuteLayout::kStandard;
+  u.y = g2.c;
+  u.y_type = elem_type_of(dtype);
+  u.y_row_stride = K;
+  u.slot_to_row = slot_to_row;
+  u.topk_weights = args.topk_weights.data_as<const float>();
+  u.apply_router_weight_on_input = args.apply_router_weight_on_input;
+  u.num_tokens = M;
+  u.top_k = static_cast<int>(topk);
+  u.hidden = K;
+  expect_shape(args.output, "experts output", {M, K});
+  u.out = args.output.data();
+  u.out_type = elem_type_of(args.output.dtype());
+  u.out_row_stride = K;
+  if (const char* why = cuda::moe_unpermute_unsupported_reason(u)) {
+    MOEKIT_CHECK(false, "unpermute: {}", why);
+  }
+  MOEKIT_CUDA_CHECK(cuda::launch_moe_unpermute(u, stream));
+  ctx.stage_done("reduce");
+}
+
+Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
+                                     ActivationParams params, int64_t max_num_tokens)
+    : w13_(std::move(w13)), w2_(std::move(w2)), activation_(activation), params_(params) {
+  expect_dim(w13_, "shared_w13", 2);
+  expect_dim(w2_, "shared_w2", 2);
+  MOEKIT_CHECK(w13_.device().is_cuda() && w2_.device() == w13_.device(),
+               "Sm90SharedExperts: weights must be on one CUDA device, got {} and {}",
+               w13_.describe(), w2_.describe());
+  const int64_t n = w13_.size(0), h = w13_.size(1), i = w2_.size(1);
+  MOEKIT_CHECK(activation_output_dim(activation, n) == i && w2_.size(0) == h,
+               "Sm90SharedExperts: shared_w13 {} and shared_w2 {} do not form an MLP with {}",
+               w13_.describe(), w2_.describe(), activation_name(activation));
+  hidden_ = Tensor::empty({max_num_tokens, n}, w13_.dtype(), w13_.device());
+  act_ = Tensor::empty({max_num_tokens, i}, w13_.dtype(), w13_.device());
+  out_ = Tensor::empty({max_num_tokens, h}, w13_.dtype(), w13_.device());
+  offsets_ = Tensor::empty({2}, DType::kInt32, w13_.device());
+}
+
+Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
+  MOEKIT_CHECK(ctx.stream.handle != nullptr, "Sm90SharedExperts needs a CUDA stream in RunContext");
+  expect_dim(x, "shared_experts_input", 2);
+  expect_contiguous(x, "shared_experts_input");
+  const int64_t M = x.size(0), H = x.size(1), N = w13_.size(0), I = w2_.size(1);
+  MOEKIT_CHECK(M <= hidden_.size(0), "shared experts: M={} > max_num_tokens={}", M,
+               hidden_.size(0));
+  MOEKIT_CHECK(H == w13_.size(1) && x.dtype() == w13_.dtype(),
+               "shared experts: input {} does not match shared_w13 {}", x.describe(),
+               w13_.describe());
+  Tensor out = out_.slice(0, 0, M);
+  if (M == 0) return out;
+  // One "expert" holding every token: offsets {0, M} live in a tiny device constant table.
+  int32_t* offsets = offsets_.data_as<int32_t>();
+  set_single_expert_offsets<<<1, 1, 0, to_cuda(ctx.stream)>>>(offsets, static_cast<int32_t>(M));
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+  cuda::GroupedGemmArgs g1;
+  g1.a = x.data();
+  g1.lda = H;
+  g1.w = w13_.data();
+  g1.c = hidden_.data();
+  g1.ldc = N;
+  g1.expert_offsets = offsets;
+  g1.num_experts = 1;
+  g1.num_rows_upper_bound = M;
+  g1.n = static_cast<int>(N);
+  g1.k = static_cast<int>(H);
+  g1.dtype = gemm_dtype_of(x.dtype());
+  run_gemm(g1, ctx.stream, "shared GEMM1");
+  run_activation(activation_, params_, hidden_.data(), act_.data(), x.dtype(), M, N, nullptr,
+                 nullptr, ctx.stream);
+  cuda::GroupedGemmArgs g2 = g1;
+  g2.a = act_.data();
+  g2.lda = I;
+  g2.w = w2_.data();
+  g2.c = out_.data();
+  g2.ldc = H;
+  g2.n = static_cast<int>(H);
+  g2.k = static_cast<int>(I);
+  run_gemm(g2, ctx.stream, "shared GEMM2");
+  return out;
+}
+
+}  // namespace moekit

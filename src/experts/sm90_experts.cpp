@@ -1,0 +1,82 @@
+// Capability records of the Hopper experts (compiled in every build; see sm90_experts.h).
+#include "moekit/experts/sm90_experts.h"
+
+#include <fmt/format.h>
+
+#include "moekit/core/error.h"
+
+namespace moekit {
+namespace {
+
+// Shapes the Hopper kernels take: the GEMMs need K and N multiples of 8, the align kernel at most
+// 512 local experts, the router and unpermute at most 32 experts per token.
+std::string sm90_shape_check(const MoEConfig& moe) {
+  const int64_t I = moe.intermediate_size_per_partition();
+  if (moe.hidden_dim % 8 != 0)
+    return fmt::format("(hidden {} is not a multiple of 8)", moe.hidden_dim);
+  if (I % 8 != 0) return fmt::format("(intermediate {} is not a multiple of 8)", I);
+  if (moe.num_local_experts > 512) {
+    return fmt::format("({} local experts > 512)", moe.num_local_experts);
+  }
+  if (moe.experts_per_token > 32) return fmt::format("(top_k {} > 32)", moe.experts_per_token);
+  return {};
+}
+
+}  // namespace
+
+const ExpertsClass& Sm90GroupedExperts::klass() {
+  static const ExpertsClass k(
+      [] {
+        ExpertsCapabilities c;
+        c.name = "Sm90GroupedExperts";
+        c.format = ActivationFormat::kStandard;
+        c.device_types = {DeviceType::kCUDA};
+        c.min_compute_capability = 90;
+        c.max_compute_capability = 90;  // wgmma: sm_90a only
+        c.activations.assign(all_activations().begin(), all_activations().end());
+        c.quant_schemes = {QuantScheme{}};
+        c.in_dtypes = {DType::kBF16, DType::kF16};
+        return c;
+      }(),
+      [](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
+         std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
+        MOEKIT_CHECK(!max_tokens && !dispatchers,
+                     "Sm90GroupedExperts: max_num_tokens and num_dispatchers should only be set "
+                     "for the BatchedExperts activation format");
+        return std::make_unique<Sm90GroupedExperts>(moe, quant);
+      },
+      sm90_shape_check);
+  return k;
+}
+
+Sm90GroupedExperts::Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& quant)
+    : ExpertsModular(klass(), moe, quant, std::nullopt, std::nullopt) {
+#ifndef MOEKIT_WITH_CUDA
+  throw Error("moekit: Sm90GroupedExperts needs CUDA; moekit was built without CUDA");
+#endif
+  MOEKIT_CHECK(!quant.is_quantized(), "Sm90GroupedExperts runs unquantized layers only, got {}",
+               quant.describe());
+}
+
+#ifndef MOEKIT_WITH_CUDA
+WorkspaceShapes Sm90GroupedExperts::workspace_shapes(int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                     int64_t, const ExpertTokensMetadata*,
+                                                     Activation) const {
+  throw Error("moekit: Sm90GroupedExperts needs CUDA");
+}
+std::shared_ptr<const TopKWeightAndReduce> Sm90GroupedExperts::finalize_weight_and_reduce_impl()
+    const {
+  return std::make_shared<TopKWeightAndReduceNoOp>();
+}
+void Sm90GroupedExperts::apply(const ExpertsApplyArgs&, RunContext) {
+  throw Error("moekit: Sm90GroupedExperts needs CUDA");
+}
+Sm90SharedExperts::Sm90SharedExperts(Tensor, Tensor, Activation, ActivationParams, int64_t) {
+  throw Error("moekit: Sm90SharedExperts needs CUDA; moekit was built without CUDA");
+}
+Tensor Sm90SharedExperts::forward(const Tensor&, RunContext) {
+  throw Error("moekit: Sm90SharedExperts needs CUDA");
+}
+#endif
+
+}  // namespace moekit

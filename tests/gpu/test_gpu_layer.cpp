@@ -1,0 +1,317 @@
+// The unquantized MoE layer on the GPU against the CPU reference: presets, dtypes, activations,
+// expert maps, shared experts, awkward M, garbage ids, CUDA-graph capture/replay, routers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "moekit/core/tolerance.h"
+#include "moekit/layer/moe_layer.h"
+#include "testing.h"
+
+#ifdef MOEKIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace moekit {
+namespace {
+
+bool gpu_ready(std::string* why) {
+  if (cuda_device_count() == 0) {
+    *why = "no GPU: " + cuda_unavailable_reason();
+    return false;
+  }
+  const DeviceInfo d = default_device_info();
+  if (d.compute_capability != 90) {
+    *why = "needs sm_90 (Hopper), found " + d.to_string();
+    return false;
+  }
+  return true;
+}
+
+#define REQUIRE_GPU()                            \
+  do {                                           \
+    std::string why_;                            \
+    if (!gpu_ready(&why_)) GTEST_SKIP() << why_; \
+  } while (false)
+
+MoELayerWeights to_device(const MoELayerWeights& w, Device d) {
+  auto mv = [d](const Tensor& t) { return t.defined() ? t.to(d) : Tensor{}; };
+  return {mv(w.w13),
+          mv(w.w2),
+          mv(w.w13_bias),
+          mv(w.w2_bias),
+          mv(w.e_score_correction_bias),
+          mv(w.shared_w13),
+          mv(w.shared_w2)};
+}
+
+struct Pair {
+  std::unique_ptr<MoELayer> cpu, gpu;
+};
+
+Pair make_pair(const ModelPreset& model, DType dtype, int64_t max_tokens,
+               ParallelConfig parallel = {}, uint64_t seed = 7) {
+  MoELayerOptions cpu_opt;
+  cpu_opt.dtype = dtype;
+  cpu_opt.max_num_tokens = max_tokens;
+  cpu_opt.parallel = parallel;
+  MoELayerOptions gpu_opt = cpu_opt;
+  gpu_opt.device = default_device_info();
+  const MoELayerWeights w = MoELayer::random_weights(model, cpu_opt, seed);
+  Pair p;
+  p.cpu = std::make_unique<MoELayer>(model, w, cpu_opt);
+  p.gpu = std::make_unique<MoELayer>(model, to_device(w, gpu_opt.device.device()), gpu_opt);
+  return p;
+}
+
+// Routes on the CPU (so both layers see the same experts) and compares the two layers.
+double compare_routed(Pair& p, int64_t M, uint64_t seed, std::string* detail = nullptr) {
+  const ModelPreset& model = p.cpu->model();
+  const DType dtype = p.cpu->moe_config().in_dtype;
+  const Tensor x = testing::random_tensor({M, model.hidden_size}, dtype, seed);
+  const Tensor logits =
+      testing::random_tensor({M, model.num_experts}, DType::kF32, seed + 1, -3, 3);
+  const RoutingResult r = p.cpu->router().select_experts(x, logits);
+  const Tensor ref = p.cpu->forward_routed(x, r.topk_ids, r.topk_weights);
+  const Device gd = p.gpu->moe_config().device.device();
+  Tensor out = Tensor::empty({M, model.hidden_size}, dtype, gd);
+  out.fill_bytes(0xFF);  // poison: an unwritten element stays NaN
+  const Tensor xg = x.to(gd), ids = r.topk_ids.to(gd), w = r.topk_weights.to(gd);
+  RunContext ctx{p.gpu->default_stream(), nullptr};
+  p.gpu->forward_routed_into(out, xg, ids, w, ctx);
+  synchronize(ctx.stream);
+  const Tensor got = out.to(Device::cpu());
+  EXPECT_FALSE(testing::has_nan(got)) << "unwritten (poisoned) output elements";
+  const std::vector<float> rv = ref.to_float_vector();
+  const double err = testing::relative_l2_error(got, std::vector<double>(rv.begin(), rv.end()));
+  if (detail) *detail = model.summary();
+  return err;
+}
+
+struct PresetCase {
+  std::string preset;
+  DType dtype;
+  int64_t M;
+};
+
+class GpuVsCpu : public ::testing::TestWithParam<PresetCase> {};
+
+TEST_P(GpuVsCpu, MatchesReference) {
+  REQUIRE_GPU();
+  const PresetCase c = GetParam();
+  Pair p = make_pair(find_preset(c.preset), c.dtype, std::max<int64_t>(c.M, 1));
+  EXPECT_EQ(p.gpu->kernel().fused_experts().name(), "Sm90GroupedExperts");
+  const double err = compare_routed(p, c.M, 11);
+  EXPECT_LE(err, tolerance_for(c.dtype).rel_l2) << c.preset;
+}
+
+std::vector<PresetCase> preset_cases() {
+  std::vector<PresetCase> v;
+  for (const char* preset : {"tiny", "small", "small-deepseek", "small-gpt-oss"}) {
+    for (DType d : {DType::kBF16, DType::kF16}) {
+      for (int64_t M : {1, 33, 257})
+        v.push_back({preset, d, M});
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, GpuVsCpu, ::testing::ValuesIn(preset_cases()),
+                         [](const auto& info) {
+                           std::string n = info.param.preset + "_" +
+                                           std::string(dtype_name(info.param.dtype)) + "_M" +
+                                           std::to_string(info.param.M);
+                           for (char& ch : n) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return n;
+                         });
+
+TEST(GpuLayer, EveryActivation) {
+  REQUIRE_GPU();
+  for (Activation a : all_activations()) {
+    ModelPreset m = find_preset("tiny");
+    m.activation = a;
+    m.name = std::string("tiny-") + std::string(activation_name(a));
+    Pair p = make_pair(m, DType::kBF16, 64);
+    const double err = compare_routed(p, 40, 3);
+    EXPECT_LE(err, tolerance("bf16").rel_l2) << activation_name(a);
+  }
+}
+
+TEST(GpuLayer, ExpertMapRanksSumToTheWholeLayer) {
+  REQUIRE_GPU();
+  const ModelPreset m = find_preset("small");
+  for (int rank = 0; rank < 2; ++rank) {
+    const ParallelConfig par = ParallelConfig::make(2, 1, 0, rank, /*enable_ep=*/true);
+    ASSERT_TRUE(par.use_ep);
+    Pair p = make_pair(m, DType::kBF16, 64, par);
+    ASSERT_TRUE(p.gpu->expert_map().defined());
+    EXPECT_LE(compare_routed(p, 50, 5), tolerance("bf16").rel_l2) << "rank " << rank;
+  }
+}
+
+TEST(GpuLayer, AwkwardTokenCounts) {
+  REQUIRE_GPU();
+  const ModelPreset m = find_preset("tiny");
+  Pair p = make_pair(m, DType::kBF16, 65537);
+  for (int64_t M : {0, 1, 33, 8192, 65537}) {
+    if (M == 0) {
+      const Device gd = p.gpu->moe_config().device.device();
+      Tensor out = Tensor::empty({0, m.hidden_size}, DType::kBF16, gd);
+      const Tensor x = Tensor::empty({0, m.hidden_size}, DType::kBF16, gd);
+      const Tensor logits = Tensor::empty({0, m.num_experts}, DType::kF32, gd);
+      RunContext ctx{p.gpu->default_stream(), nullptr};
+      EXPECT_NO_THROW(p.gpu->forward_into(out, x, logits, ctx));
+      synchronize(ctx.stream);
+      continue;
+    }
+    EXPECT_LE(compare_routed(p, M, 100 + M), tolerance("bf16").rel_l2) << "M=" << M;
+  }
+}
+
+TEST(GpuLayer, OneExpertTakesEveryTokenAndOthersNone) {
+  REQUIRE_GPU();
+  const ModelPreset m = find_preset("tiny");
+  Pair p = make_pair(m, DType::kBF16, 64);
+  const int64_t M = 64;
+  std::vector<int64_t> ids(M * m.top_k);
+  std::vector<float> w(ids.size());
+  for (int64_t i = 0; i < M; ++i) {
+    ids[i * m.top_k] = 3;      // every token on expert 3
+    ids[i * m.top_k + 1] = 5;  // and on expert 5; the others get none
+    w[i * m.top_k] = 0.75f;
+    w[i * m.top_k + 1] = 0.25f;
+  }
+  const Tensor tid = Tensor::from_ints(ids, {M, m.top_k}, DType::kInt32);
+  const Tensor tw = Tensor::from_floats(w, {M, m.top_k}, DType::kF32);
+  const Tensor x = testing::random_tensor({M, m.hidden_size}, DType::kBF16, 9);
+  const Tensor ref = p.cpu->forward_routed(x, tid, tw);
+  const Device gd = p.gpu->moe_config().device.device();
+  const Tensor got = p.gpu->forward_routed(x.to(gd), tid.to(gd), tw.to(gd)).to(Device::cpu());
+  const std::vector<float> rv = ref.to_float_vector();
+  EXPECT_LE(testing::relative_l2_error(got, std::vector<double>(rv.begin(), rv.end())),
+            tolerance("bf16").rel_l2);
+}
+
+TEST(GpuLayer, GarbageIdsAreSkipped) {
+  REQUIRE_GPU();
+  const ModelPreset m = find_preset("tiny");
+  Pair p = make_pair(m, DType::kBF16, 64);
+  const int64_t M = 33;
+  std::mt19937 rng(1);
+  std::vector<int64_t> garbage(M * m.top_k), clean(M * m.top_k);
+  std::vector<float> w(garbage.size());
+  const int64_t bad[] = {-1, -7, 8, 1000, 1 << 30};
+  for (size_t i = 0; i < garbage.size(); ++i) {
+    w[i] = 0.5f;
+    if (rng() % 3 == 0) {
+      garbage[i] = bad[rng() % 5];
+      clean[i] = -1;  // the CPU's checked path rejects out-of-range ids: -1 means "no expert"
+    } else {
+      garbage[i] = clean[i] = static_cast<int64_t>(rng() % 8);
+    }
+  }
+  const Tensor x = testing::random_tensor({M, m.hidden_size}, DType::kBF16, 4);
+  const Tensor tw = Tensor::from_floats(w, {M, m.top_k}, DType::kF32);
+  const Tensor ref =
+      p.cpu->forward_routed(x, Tensor::from_ints(clean, {M, m.top_k}, DType::kInt32), tw);
+  const Device gd = p.gpu->moe_config().device.device();
+  Tensor out = Tensor::empty({M, m.hidden_size}, DType::kBF16, gd);
+  out.fill_bytes(0xFF);
+  RunContext ctx{p.gpu->default_stream(), nullptr};
+  p.gpu->forward_routed_into(out, x.to(gd),
+                             Tensor::from_ints(garbage, {M, m.top_k}, DType::kInt32).to(gd),
+                             tw.to(gd), ctx);
+  synchronize(ctx.stream);
+  const Tensor got = out.to(Device::cpu());
+  EXPECT_FALSE(testing::has_nan(got));
+  const std::vector<float> rv = ref.to_float_vector();
+  EXPECT_LE(testing::relative_l2_error(got, std::vector<double>(rv.begin(), rv.end())),
+            tolerance("bf16").rel_l2);
+}
+
+TEST(GpuLayer, RouterMatchesCpu) {
+  REQUIRE_GPU();
+  for (const char* preset : {"qwen3-30b-a3b", "deepseek-v3", "small-deepseek", "gpt-oss-120b"}) {
+    const ModelPreset m = find_preset(preset);
+    const int64_t M = 200;
+    const Tensor logits = testing::random_tensor({M, m.num_experts}, DType::kF32, 21, -4, 4);
+    Tensor bias;
+    if (m.has_e_score_correction_bias) {
+      bias = testing::random_tensor({m.num_experts}, DType::kF32, 22, -0.1f, 0.1f);
+    }
+    const auto cpu_router = make_router(MoELayer::make_router_config(m, bias));
+    const Device gd = default_device_info().device();
+    const auto gpu_router =
+        make_router(MoELayer::make_router_config(m, bias.defined() ? bias.to(gd) : Tensor{}));
+    const RoutingResult rc = cpu_router->select_experts(Tensor{}, logits);
+    CudaStream stream;
+    const RoutingResult rg =
+        gpu_router->select_experts(Tensor{}, logits.to(gd), {stream.get(), nullptr});
+    stream.synchronize();
+    const auto ic = rc.topk_ids.to_int_vector(), ig = rg.topk_ids.to(Device::cpu()).to_int_vector();
+    const auto wc = rc.topk_weights.to_float_vector(),
+               wg = rg.topk_weights.to(Device::cpu()).to_float_vector();
+    int mismatched_rows = 0;
+    for (int64_t r = 0; r < M; ++r) {
+      std::set<int64_t> a(ic.begin() + r * m.top_k, ic.begin() + (r + 1) * m.top_k);
+      std::set<int64_t> b(ig.begin() + r * m.top_k, ig.begin() + (r + 1) * m.top_k);
+      if (a != b) {
+        ++mismatched_rows;
+        continue;
+      }
+      for (int j = 0; j < m.top_k; ++j) {
+        // Same id -> same weight (ids are in decreasing score on both paths).
+        for (int j2 = 0; j2 < m.top_k; ++j2) {
+          if (ic[r * m.top_k + j] == ig[r * m.top_k + j2]) {
+            EXPECT_NEAR(wc[r * m.top_k + j], wg[r * m.top_k + j2],
+                        1e-5 * std::max(1.0f, std::fabs(wc[r * m.top_k + j])));
+          }
+        }
+      }
+    }
+    // Random continuous logits: exact ties are practically impossible; allow none.
+    EXPECT_EQ(mismatched_rows, 0) << preset;
+  }
+}
+
+#ifdef MOEKIT_WITH_CUDA
+TEST(GpuLayer, CudaGraphReplayIsBitwiseIdentical) {
+  REQUIRE_GPU();
+  const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph
+  MoELayerOptions opt;
+  opt.device = default_device_info();
+  opt.max_num_tokens = 128;
+  MoELayer layer(m, MoELayer::random_weights(m, opt, 3), opt);
+  const Device gd = opt.device.device();
+  const int64_t M = 77;
+  const Tensor x = testing::random_tensor({M, m.hidden_size}, DType::kBF16, 1).to(gd);
+  const Tensor logits = testing::random_tensor({M, m.num_experts}, DType::kF32, 2).to(gd);
+  Tensor direct = Tensor::empty({M, m.hidden_size}, DType::kBF16, gd);
+  Tensor replayed = Tensor::empty({M, m.hidden_size}, DType::kBF16, gd);
+  RunContext ctx{layer.default_stream(), nullptr};
+  layer.forward_into(direct, x, logits, ctx);
+  synchronize(ctx.stream);
+  replayed.fill_bytes(0xFF);
+  auto s = static_cast<cudaStream_t>(ctx.stream.handle);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  layer.forward_into(replayed, x, logits, ctx);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  const auto a = direct.to(Device::cpu()), b = replayed.to(Device::cpu());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+#endif
+
+}  // namespace
+}  // namespace moekit

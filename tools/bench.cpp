@@ -1,0 +1,322 @@
+// `moekit bench`: the whole MoE layer and each of its stages timed with CUDA events over CUDA-graph
+// replays, weight sets rotated past L2, the device's copy bandwidth and dense bf16 GEMM rate
+// measured in the same run. Reports µs, TB/s on the unique expert-weight bytes touched, TFLOP/s on
+// the real tokens, and fractions of the measured peaks, as a table and as JSON.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "cli_common.h"
+#include "core/elementwise.h"
+#include "moekit/core/error.h"
+
+#ifdef MOEKIT_WITH_CUDA
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace moekit::cli {
+
+#ifdef MOEKIT_WITH_CUDA
+namespace {
+
+#define BENCH_CUDA(call)                                                                       \
+  do {                                                                                         \
+    const cudaError_t e_ = (call);                                                             \
+    MOEKIT_CHECK(e_ == cudaSuccess, "CUDA call {} failed: {}", #call, cudaGetErrorString(e_)); \
+  } while (false)
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times `body` (which queues work on `stream`) captured once into a CUDA graph: median of `reps`
+// replays, in ms per replay.
+template <typename Body>
+double time_graph(cudaStream_t stream, int warmup, int reps, Body body) {
+  cudaGraph_t graph = nullptr;
+  BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  body();
+  BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < warmup; ++i)
+    BENCH_CUDA(cudaGraphLaunch(exec, stream));
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    BENCH_CUDA(cudaEventRecord(start, stream));
+    BENCH_CUDA(cudaGraphLaunch(exec, stream));
+    BENCH_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return median(ms);
+}
+
+// Device-to-device copy of 2 GiB: (bytes read + written) / time, TB/s.
+double measure_copy_tbps(cudaStream_t stream) {
+  const size_t bytes = size_t(2) << 30;
+  Tensor a = Tensor::empty({static_cast<int64_t>(bytes / 2)}, DType::kBF16, Device::cuda());
+  Tensor b = Tensor::empty({static_cast<int64_t>(bytes / 2)}, DType::kBF16, Device::cuda());
+  b.fill_bytes(0x3c);
+  const double ms = time_graph(stream, 2, 10, [&] {
+    BENCH_CUDA(cudaMemcpyAsync(a.data(), b.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e12;
+}
+
+// Dense bf16 GEMM 8192^3 through cuBLASLt, TFLOP/s.
+double measure_gemm_tflops(cudaStream_t stream) {
+  const int64_t n = 8192;
+  Tensor a = Tensor::empty({n, n}, DType::kBF16, Device::cuda());
+  Tensor b = Tensor::empty({n, n}, DType::kBF16, Device::cuda());
+  Tensor c = Tensor::empty({n, n}, DType::kBF16, Device::cuda());
+  a.fill(0.01);
+  b.fill(-0.02);
+  cublasLtHandle_t lt = nullptr;
+  MOEKIT_CHECK(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate failed");
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  cublasLtMatrixLayout_t la, lb, lc;
+  cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, n, n);
+  cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, n, n);
+  cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n);
+  const size_t ws_bytes = size_t(64) << 20;
+  Tensor ws = Tensor::empty({static_cast<int64_t>(ws_bytes)}, DType::kUInt8, Device::cuda());
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulPreferenceCreate(&pref);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                       sizeof(ws_bytes));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &heur, &found);
+  MOEKIT_CHECK(found > 0, "cuBLASLt found no bf16 GEMM algorithm");
+  const float alpha = 1.f, beta = 0.f;
+  const double ms = time_graph(stream, 3, 10, [&] {
+    const cublasStatus_t st =
+        cublasLtMatmul(lt, desc, &alpha, a.data(), la, b.data(), lb, &beta, c.data(), lc, c.data(),
+                       lc, &heur.algo, ws.data(), ws_bytes, stream);
+    MOEKIT_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasLtMatmul failed: {}", static_cast<int>(st));
+  });
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(lt);
+  return 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+}
+
+// Records an event after each stage; the graph replays them, so elapsed times between consecutive
+// events are the stage times of the last replay.
+class EventObserver final : public StageObserver {
+ public:
+  void stage_done(std::string_view stage, Stream stream) const override {
+    cudaEvent_t e = nullptr;
+    BENCH_CUDA(cudaEventCreate(&e));
+    BENCH_CUDA(cudaEventRecord(e, static_cast<cudaStream_t>(stream.handle)));
+    events_.push_back({std::string(stage), e});
+  }
+  void start(cudaStream_t stream) const { stage_done("start", Stream{stream}); }
+  mutable std::vector<std::pair<std::string, cudaEvent_t>> events_;
+  ~EventObserver() override {
+    for (auto& [n, e] : events_)
+      cudaEventDestroy(e);
+  }
+};
+
+struct Case {
+  std::string model;
+  int64_t M = 0;
+  double us = 0, tbps = 0, tflops = 0, frac_bw = 0, frac_flops = 0;
+  double touched_bytes = 0, flops = 0;
+  int sets = 0, experts_touched = 0;
+  std::map<std::string, double> stage_us;
+};
+
+}  // namespace
+#endif
+
+int bench_command(const DeploymentOptions& deployment, const std::vector<std::string>& models,
+                  const std::vector<int64_t>& tokens, const std::string& routing_dist, int reps,
+                  const std::string& json_path) {
+#ifndef MOEKIT_WITH_CUDA
+  std::cerr << "moekit bench times the GPU path: moekit was built without CUDA\n";
+  return 2;
+#else
+  if (cuda_device_count() == 0) {
+    std::cerr << "moekit bench needs a GPU: " << cuda_unavailable_reason() << "\n";
+    return 2;
+  }
+  const DeviceInfo dev = default_device_info();
+  CudaStream stream_owner(0);
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_owner.get().handle);
+  std::cout << "device  " << dev.to_string() << ", " << dev.num_sms << " SMs\n";
+  const double copy_tbps = measure_copy_tbps(stream);
+  const double gemm_tflops = measure_gemm_tflops(stream);
+  std::cout << fmt::format(
+      "peaks   copy {:.2f} TB/s (read+write), dense bf16 GEMM {:.0f} TFLOP/s "
+      "(cuBLASLt 8192^3)\n",
+      copy_tbps, gemm_tflops);
+  int l2_bytes = 0;
+  cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0);
+  const int64_t max_m = *std::max_element(tokens.begin(), tokens.end());
+
+  std::vector<Case> cases;
+  for (const std::string& name : models) {
+    DeploymentOptions d = deployment;
+    d.model = name;
+    const ModelPreset model = d.model_preset();
+    MoELayerOptions options = d.layer_options();
+    options.device = dev;
+    options.max_num_tokens = max_m;
+    WorkspaceManager workspace(Device::cuda());
+    options.workspace = &workspace;
+    const int64_t H = model.hidden_size, I = model.intermediate_size;
+    const int64_t N = is_gated(model.activation) ? 2 * I : I;
+    const double expert_bytes = static_cast<double>((N * H + H * I) * element_size(options.dtype));
+    const double total_weight_bytes = expert_bytes * model.num_experts;
+    // Enough weight sets that each replay reads weights not left in L2 by the previous one, within
+    // 60 GB of weights.
+    const int max_sets = std::max(1, std::min(8, static_cast<int>(60e9 / total_weight_bytes)));
+    std::vector<std::unique_ptr<MoELayer>> layers;
+    for (int s = 0; s < max_sets; ++s) {
+      layers.push_back(std::make_unique<MoELayer>(
+          model, MoELayer::random_weights(model, options, 1000 + s), options));
+    }
+    std::cout << "\n"
+              << model.summary() << "\n  experts: " << layers[0]->kernel().fused_experts().name()
+              << ", " << max_sets << " weight set(s) of "
+              << fmt::format("{:.2f}", total_weight_bytes / 1e9) << " GB\n";
+    std::cout << fmt::format("  {:>6} {:>10} {:>8} {:>9} {:>7} {:>7}  {}\n", "M", "us", "TB/s",
+                             "TFLOP/s", "%bw", "%flops", "stages (us)");
+    for (int64_t M : tokens) {
+      // Inputs for every set; routing from the logits of set 0 gives the touched experts.
+      std::vector<Tensor> xs, logits, outs;
+      for (int s = 0; s < max_sets; ++s) {
+        const Tensor lg = make_logits(M, model.num_experts, model.top_k, routing_dist, 77 + s);
+        Tensor x = Tensor::empty({M, H}, options.dtype, Device::cuda());
+        fill_uniform(x, 555 + s, 1.0f, Stream{stream});
+        xs.push_back(x);
+        logits.push_back(lg.to(Device::cuda()));
+        outs.push_back(Tensor::empty({M, H}, options.dtype, Device::cuda()));
+      }
+      const RoutingResult r =
+          layers[0]->router().select_experts(xs[0], logits[0], {Stream{stream}, nullptr});
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      std::set<int64_t> touched;
+      for (int64_t id : r.topk_ids.to_int_vector())
+        touched.insert(id);
+      double bytes = expert_bytes * static_cast<double>(touched.size());
+      double flops =
+          2.0 * static_cast<double>(M * model.top_k) * static_cast<double>(N * H + H * I);
+      if (model.num_shared_experts > 0) {
+        const int64_t Is = model.shared_intermediate_size * model.num_shared_experts;
+        const int64_t Ns = is_gated(model.activation) ? 2 * Is : Is;
+        bytes += static_cast<double>((Ns * H + H * Is) * element_size(options.dtype));
+        flops += 2.0 * static_cast<double>(M) * static_cast<double>(Ns * H + H * Is);
+      }
+      const int sets = std::clamp(
+          static_cast<int>(std::ceil(3.0 * l2_bytes / std::max(bytes, 1.0))), 1, max_sets);
+      RunContext ctx{Stream{stream}, &workspace, nullptr};
+      const double ms = time_graph(stream, 3, reps, [&] {
+        for (int s = 0; s < sets; ++s)
+          layers[s]->forward_into(outs[s], xs[s], logits[s], ctx);
+      });
+      Case c;
+      c.model = model.name;
+      c.M = M;
+      c.sets = sets;
+      c.experts_touched = static_cast<int>(touched.size());
+      c.us = ms * 1e3 / sets;
+      c.touched_bytes = bytes;
+      c.flops = flops;
+      c.tbps = bytes / (c.us * 1e-6) / 1e12;
+      c.tflops = flops / (c.us * 1e-6) / 1e12;
+      c.frac_bw = c.tbps / copy_tbps;
+      c.frac_flops = c.tflops / gemm_tflops;
+      // Stages: one forward with an event after each stage, captured once, replayed.
+      {
+        EventObserver obs;
+        RunContext sctx{Stream{stream}, &workspace, &obs};
+        std::map<std::string, std::vector<double>> per_stage;
+        cudaGraph_t graph = nullptr;
+        BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        obs.start(stream);
+        layers[0]->forward_into(outs[0], xs[0], logits[0], sctx);
+        BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+        cudaGraphExec_t exec = nullptr;
+        BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        for (int i = 0; i < reps; ++i) {
+          BENCH_CUDA(cudaGraphLaunch(exec, stream));
+          BENCH_CUDA(cudaStreamSynchronize(stream));
+          for (size_t e = 1; e < obs.events_.size(); ++e) {
+            float t = 0;
+            if (cudaEventElapsedTime(&t, obs.events_[e - 1].second, obs.events_[e].second) ==
+                cudaSuccess) {
+              per_stage[obs.events_[e].first].push_back(t * 1e3);
+            }
+          }
+        }
+        cudaGetLastError();
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        for (auto& [stage, v] : per_stage)
+          c.stage_us[stage] = median(v);
+      }
+      std::string stages;
+      for (const char* s : {"router", "align", "gemm1", "activation", "gemm2", "reduce", "finalize",
+                            "shared_experts", "shared_add"}) {
+        if (c.stage_us.count(s)) stages += fmt::format("{} {:.1f}  ", s, c.stage_us[s]);
+      }
+      std::cout << fmt::format("  {:>6} {:>10.1f} {:>8.2f} {:>9.1f} {:>6.0f}% {:>6.0f}%  {}\n", M,
+                               c.us, c.tbps, c.tflops, 100 * c.frac_bw, 100 * c.frac_flops, stages);
+      cases.push_back(c);
+    }
+  }
+
+  if (!json_path.empty()) {
+    nlohmann::json j;
+    j["device"] = dev.to_string();
+    j["routing"] = routing_dist;
+    j["dtype"] = deployment.dtype;
+    j["peaks"] = {{"copy_tbps", copy_tbps}, {"bf16_gemm_tflops", gemm_tflops}};
+    for (const Case& c : cases) {
+      j["cases"].push_back({{"model", c.model},
+                            {"M", c.M},
+                            {"us", c.us},
+                            {"tbps", c.tbps},
+                            {"tflops", c.tflops},
+                            {"frac_copy_bw", c.frac_bw},
+                            {"frac_gemm_flops", c.frac_flops},
+                            {"touched_bytes", c.touched_bytes},
+                            {"flops", c.flops},
+                            {"experts_touched", c.experts_touched},
+                            {"weight_sets", c.sets},
+                            {"stages_us", c.stage_us}});
+    }
+    std::ofstream(json_path) << j.dump(2) << "\n";
+    std::cout << "\nwrote " << json_path << "\n";
+  }
+  return 0;
+#endif
+}
+
+}  // namespace moekit::cli
