@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 cd build
+# Spinning OpenMP workers oversubscribe the cores when ctest runs tests in parallel.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 ctest --output-on-failure -j"$(nproc)" --timeout 900 "$@"

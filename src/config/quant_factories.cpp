@@ -211,10 +211,10 @@ QuantConfig fp8_w8a8_moe_quant_config(const MoEWeightShape& shape, const Fp8W8A8
                  "a2_scale {})",
                  kScheme, p.a1_scale.defined() ? "set" : "unset",
                  p.a2_scale.defined() ? "set" : "unset");
-    Tensor a1 = p.a1_scale.defined() ? reduce_static_scale(p.a1_scale, kScheme, "a1_scale", E)
-                                     : Tensor{};
-    Tensor a2 = p.a2_scale.defined() ? reduce_static_scale(p.a2_scale, kScheme, "a2_scale", E)
-                                     : Tensor{};
+    Tensor a1 =
+        p.a1_scale.defined() ? reduce_static_scale(p.a1_scale, kScheme, "a1_scale", E) : Tensor{};
+    Tensor a2 =
+        p.a2_scale.defined() ? reduce_static_scale(p.a2_scale, kScheme, "a2_scale", E) : Tensor{};
     c.a1 = act_desc(QuantDType::kFp8E4M3, GroupShape::per_tensor(), a1);
     c.a2 = act_desc(QuantDType::kFp8E4M3, GroupShape::per_tensor(), a2);
   }
@@ -264,12 +264,12 @@ QuantConfig int8_w8a8_moe_quant_config(const MoEWeightShape& shape, const Int8W8
   } else {
     MOEKIT_CHECK(p.a1_scale.defined() == p.a2_scale.defined(),
                  "{}: static activation scales need both a1_scale and a2_scale", kScheme);
-    c.a1 = act_desc(QuantDType::kInt8, GroupShape::per_tensor(),
-                    p.a1_scale.defined() ? reduce_static_scale(p.a1_scale, kScheme, "a1_scale", E)
-                                         : Tensor{});
-    c.a2 = act_desc(QuantDType::kInt8, GroupShape::per_tensor(),
-                    p.a2_scale.defined() ? reduce_static_scale(p.a2_scale, kScheme, "a2_scale", E)
-                                         : Tensor{});
+    c.a1 = act_desc(
+        QuantDType::kInt8, GroupShape::per_tensor(),
+        p.a1_scale.defined() ? reduce_static_scale(p.a1_scale, kScheme, "a1_scale", E) : Tensor{});
+    c.a2 = act_desc(
+        QuantDType::kInt8, GroupShape::per_tensor(),
+        p.a2_scale.defined() ? reduce_static_scale(p.a2_scale, kScheme, "a2_scale", E) : Tensor{});
   }
   apply_common(c, shape, p.bias, p.swiglu, kScheme);
   return c;
@@ -307,8 +307,8 @@ QuantConfig int_wna16_moe_quant_config(const MoEWeightShape& shape, const IntWna
     for (const auto& [t, name] : {std::pair{&p.w1_zp, "w1_zp"}, std::pair{&p.w2_zp, "w2_zp"}}) {
       const std::vector<int64_t> zp = t->to_int_vector();
       for (size_t i = 0; i < zp.size(); ++i) {
-        MOEKIT_CHECK(zp[i] <= zmax, "{}: {}[{}] = {} must be in [0, {}] for int{} weights",
-                     kScheme, name, i, zp[i], zmax, p.weight_bits);
+        MOEKIT_CHECK(zp[i] <= zmax, "{}: {}[{}] = {} must be in [0, {}] for int{} weights", kScheme,
+                     name, i, zp[i], zmax, p.weight_bits);
       }
     }
     c.w1.zp = p.w1_zp;
@@ -339,9 +339,9 @@ QuantConfig gptq_marlin_moe_quant_config(const MoEWeightShape& shape, int weight
 
 QuantConfig ocp_mx_moe_quant_config(const MoEWeightShape& shape, OcpMxDType activation_dtype,
                                     OcpMxDType weight_dtype, const MxParams& p) {
-  const std::string scheme = fmt::format("ocp_mx_moe_quant_config(w={}, a={})",
-                                         ocp_mx_dtype_name(weight_dtype),
-                                         ocp_mx_dtype_name(activation_dtype));
+  const std::string scheme =
+      fmt::format("ocp_mx_moe_quant_config(w={}, a={})", ocp_mx_dtype_name(weight_dtype),
+                  ocp_mx_dtype_name(activation_dtype));
   check_shape(shape, scheme);
   MOEKIT_CHECK(weight_dtype == OcpMxDType::kMxfp4 || weight_dtype == OcpMxDType::kMxfp6E3M2 ||
                    weight_dtype == OcpMxDType::kMxfp6E2M3,
@@ -359,12 +359,12 @@ QuantConfig ocp_mx_moe_quant_config(const MoEWeightShape& shape, OcpMxDType acti
   if (activation_dtype == OcpMxDType::kFp8) {
     MOEKIT_CHECK(p.a1_scale.defined() == p.a2_scale.defined(),
                  "{}: static fp8 activation scales need both a1_scale and a2_scale", scheme);
-    c.a1 = act_desc(QuantDType::kFp8E4M3, GroupShape::per_tensor(),
-                    p.a1_scale.defined() ? reduce_static_scale(p.a1_scale, scheme, "a1_scale", E)
-                                         : Tensor{});
-    c.a2 = act_desc(QuantDType::kFp8E4M3, GroupShape::per_tensor(),
-                    p.a2_scale.defined() ? reduce_static_scale(p.a2_scale, scheme, "a2_scale", E)
-                                         : Tensor{});
+    c.a1 = act_desc(
+        QuantDType::kFp8E4M3, GroupShape::per_tensor(),
+        p.a1_scale.defined() ? reduce_static_scale(p.a1_scale, scheme, "a1_scale", E) : Tensor{});
+    c.a2 = act_desc(
+        QuantDType::kFp8E4M3, GroupShape::per_tensor(),
+        p.a2_scale.defined() ? reduce_static_scale(p.a2_scale, scheme, "a2_scale", E) : Tensor{});
   } else {
     expect_unset(p.a1_scale, scheme, "a1_scale",
                  "only fp8 activations of OCP MX schemes take static scales");

@@ -27,6 +27,30 @@ void add_inplace(Tensor& out, const Tensor& other, Stream stream) {
   }
 }
 
+void scale_rows(Tensor& out, const Tensor& in, const Tensor& weights, Stream stream) {
+  expect_dim(in, "scale_rows input", 2);
+  const int64_t M = in.size(0), K = in.size(1);
+  expect_shape(out, "scale_rows output", {M, K});
+  expect_shape(weights, "topk_weights", {M, 1});
+  expect_dtype(weights, "topk_weights", {DType::kF32});
+  expect_contiguous(in, "scale_rows input");
+  expect_contiguous(out, "scale_rows output");
+  expect_contiguous(weights, "topk_weights");
+  if (in.device().is_cuda()) {
+#ifdef MOEKIT_WITH_CUDA
+    scale_rows_cuda(out, in, weights, stream);
+    return;
+#endif
+  }
+  const float* w = weights.data_as<const float>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) {
+      store_float(out.data(), out.dtype(), m * K + k,
+                  load_float(in.data(), in.dtype(), m * K + k) * w[m]);
+    }
+  }
+}
+
 float hashed_uniform(uint64_t seed, uint64_t index) {
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + index + 0x632BE59BD9B4E019ull;  // splitmix64
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -67,6 +67,14 @@ __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float scal
   }
 }
 
+template <typename T>
+__global__ void scale_rows_kernel(T* out, const T* in, const float* w, int64_t M, int64_t K) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < M * K;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = from_f<T>(to_f(in[i]) * w[i / K]);
+  }
+}
+
 int grid_for(int64_t n) {
   return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
 }
@@ -93,6 +101,31 @@ void add_inplace_cuda(Tensor& out, const Tensor& other, Stream stream) {
     default:
       MOEKIT_CHECK(false, "add_inplace: dtype {} is not supported (bf16, f16, f32)",
                    dtype_name(out.dtype()));
+  }
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale_rows_cuda(Tensor& out, const Tensor& in, const Tensor& weights, Stream stream) {
+  const int64_t M = in.size(0), K = in.size(1);
+  if (M * K == 0) return;
+  MOEKIT_CHECK(stream.handle != nullptr, "scale_rows: a CUDA stream is required");
+  MOEKIT_CHECK(out.dtype() == in.dtype(), "scale_rows: {} vs {}", out.describe(), in.describe());
+  const float* w = weights.data_as<const float>();
+  switch (in.dtype()) {
+    case DType::kBF16:
+      scale_rows_kernel<<<grid_for(M * K), 256, 0, to_cuda(stream)>>>(
+          out.data_as<__nv_bfloat16>(), in.data_as<const __nv_bfloat16>(), w, M, K);
+      break;
+    case DType::kF16:
+      scale_rows_kernel<<<grid_for(M * K), 256, 0, to_cuda(stream)>>>(
+          out.data_as<__half>(), in.data_as<const __half>(), w, M, K);
+      break;
+    case DType::kF32:
+      scale_rows_kernel<<<grid_for(M * K), 256, 0, to_cuda(stream)>>>(
+          out.data_as<float>(), in.data_as<const float>(), w, M, K);
+      break;
+    default:
+      MOEKIT_CHECK(false, "scale_rows: dtype {} is not supported", dtype_name(in.dtype()));
   }
   MOEKIT_CUDA_CHECK(cudaGetLastError());
 }

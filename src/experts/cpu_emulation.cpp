@@ -68,8 +68,8 @@ quant::QuantScheme weight_scheme(const QuantDesc& d) {
     case QuantDType::kInt8:
     case QuantDType::kInt4: {
       const int64_t group = s.is_per_channel() || s.is_per_tensor() ? -1 : s.col;
-      quant::QuantScheme scheme = quant::QuantScheme::int_weight_groups(d.dtype, group,
-                                                                        !d.zp.defined());
+      quant::QuantScheme scheme =
+          quant::QuantScheme::int_weight_groups(d.dtype, group, !d.zp.defined());
       if (s.is_per_tensor()) scheme.block = quant::BlockShape::per_tensor();
       return scheme;
     }
@@ -202,10 +202,10 @@ std::vector<float> dequantize_expert_weight(const Tensor& w, const QuantDesc& de
       }
     }
   } else {
-    throw Error(fmt::format(
-        "weight {} must be (E, {}, {}) {} codes (packed){}", w.describe(), rows, row_bytes,
-        quant_dtype_name(desc.dtype),
-        is_sub_byte(desc.dtype) ? fmt::format(" or (E, {}, {}) one code per byte", rows, cols)
+    throw Error(fmt::format("weight {} must be (E, {}, {}) {} codes (packed){}", w.describe(), rows,
+                            row_bytes, quant_dtype_name(desc.dtype),
+                            is_sub_byte(desc.dtype)
+                                ? fmt::format(" or (E, {}, {}) one code per byte", rows, cols)
                                 : std::string()));
   }
 
@@ -258,8 +258,7 @@ CpuEmulationExperts::CpuEmulationExperts(const ExpertsClass& klass, const MoECon
 }
 
 ProblemSize CpuEmulationExperts::moe_problem_size(const Tensor& a1, const Tensor& w1,
-                                                  const Tensor& w2,
-                                                  const Tensor& topk_ids) const {
+                                                  const Tensor& w2, const Tensor& topk_ids) const {
   expect_dim(a1, "hidden_states", 2);
   expect_dim(w1, "w1", 3);
   expect_dim(w2, "w2", 3);
@@ -303,8 +302,8 @@ void CpuEmulationExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
                "w1 {} has N = {} rows per expert, which must be even for the gated activation {}",
                args.w1.describe(), N, activation_name(args.activation));
   const int64_t D = activation_output_dim(args.activation, N);
-  MOEKIT_CHECK(args.w2.size(0) == E, "w2 {} must have {} experts like w1 {}", args.w2.describe(),
-               E, args.w1.describe());
+  MOEKIT_CHECK(args.w2.size(0) == E, "w2 {} must have {} experts like w1 {}", args.w2.describe(), E,
+               args.w1.describe());
   const int64_t M = args.hidden_states.size(0);
   expect_defined(args.topk_ids, "topk_ids");
   expect_shape(args.topk_ids, "topk_ids", {M, kAnyDim});
@@ -451,9 +450,9 @@ void CpuEmulationExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
 
 // ---- the classes --------------------------------------------------------------------------------
 
-#define MOEKIT_EMULATION_CTOR(Class)                                                          \
-  Class::Class(const MoEConfig& moe, const QuantConfig& quant,                                \
-               std::optional<int64_t> max_num_tokens, std::optional<int> num_dispatchers)     \
+#define MOEKIT_EMULATION_CTOR(Class)                                                      \
+  Class::Class(const MoEConfig& moe, const QuantConfig& quant,                            \
+               std::optional<int64_t> max_num_tokens, std::optional<int> num_dispatchers) \
       : CpuEmulationExperts(klass(), moe, quant, max_num_tokens, num_dispatchers) {}
 
 MOEKIT_EMULATION_CTOR(CpuFp8Experts)
@@ -532,19 +531,18 @@ const ExpertsClass& CpuMxfp4Experts::klass() {
 }
 
 const ExpertsClass& CpuOcpMxExperts::klass() {
-  static const ExpertsClass k(
-      emulation_caps("CpuOcpMxExperts",
-                     {
-                         {qk::kMxfp4Static, qk::kMxfp4Dynamic},
-                         {qk::kMxfp4Static, qk::kMxfp6E3M2Dynamic},
-                         {qk::kMxfp4Static, qk::kMxfp6E2M3Dynamic},
-                         {qk::kMxfp4Static, qk::kFp8StaticTensorSym},
-                         {qk::kMxfp4Static, std::nullopt},
-                         {qk::kMxfp6E3M2Static, qk::kMxfp6E3M2Dynamic},
-                         {qk::kMxfp6E2M3Static, qk::kMxfp6E2M3Dynamic},
-                     },
-                     /*deferred=*/true),
-      factory_of<CpuOcpMxExperts>());
+  static const ExpertsClass k(emulation_caps("CpuOcpMxExperts",
+                                             {
+                                                 {qk::kMxfp4Static, qk::kMxfp4Dynamic},
+                                                 {qk::kMxfp4Static, qk::kMxfp6E3M2Dynamic},
+                                                 {qk::kMxfp4Static, qk::kMxfp6E2M3Dynamic},
+                                                 {qk::kMxfp4Static, qk::kFp8StaticTensorSym},
+                                                 {qk::kMxfp4Static, std::nullopt},
+                                                 {qk::kMxfp6E3M2Static, qk::kMxfp6E3M2Dynamic},
+                                                 {qk::kMxfp6E2M3Static, qk::kMxfp6E2M3Dynamic},
+                                             },
+                                             /*deferred=*/true),
+                              factory_of<CpuOcpMxExperts>());
   return k;
 }
 

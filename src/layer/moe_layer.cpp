@@ -159,9 +159,14 @@ MoELayer::MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOp
     MOEKIT_CHECK(weights_.shared_w13.defined() && weights_.shared_w2.defined(),
                  "model {} has {} shared expert(s) but shared_w13/shared_w2 were not given",
                  model_.name, model_.num_shared_experts);
-    MOEKIT_CHECK(device.is_cpu(), "shared experts on {} are not available yet", device.to_string());
-    shared = std::make_shared<CpuReferenceSharedExperts>(
-        weights_.shared_w13, weights_.shared_w2, model_.activation, moe_.activation_params());
+    if (device.is_cuda()) {
+      shared = std::make_shared<Sm90SharedExperts>(weights_.shared_w13, weights_.shared_w2,
+                                                   model_.activation, moe_.activation_params(),
+                                                   options_.max_num_tokens);
+    } else {
+      shared = std::make_shared<CpuReferenceSharedExperts>(
+          weights_.shared_w13, weights_.shared_w2, model_.activation, moe_.activation_params());
+    }
   }
   const QuantConfig quant = model_.has_bias
                                 ? QuantConfig::biased(weights_.w13_bias, weights_.w2_bias)
@@ -257,7 +262,11 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
   args.apply_router_weight_on_input = router_->apply_router_weight_on_input();
   args.output = output;
   MoEOutput out = kernel_->apply(args, ctx);
-  if (out.shared_output.defined()) {
+  // With EP inside one data-parallel group every rank sees the same tokens and the ranks' outputs
+  // are summed (all-reduce): the (unsharded) shared experts are added on rank 0 only.
+  const bool add_shared =
+      !(moe_.parallel.use_ep && moe_.parallel.dp_size == 1) || moe_.parallel.ep_rank == 0;
+  if (out.shared_output.defined() && add_shared) {
     add_inplace(output, out.shared_output, ctx.stream);
     ctx.stage_done("shared_add");
   }

@@ -28,8 +28,16 @@ void check_routing(const ModularApplyArgs& args, int64_t global_experts, int64_t
                "apply_router_weight_on_input needs top_k == 1 but top_k={}", topk);
   expect_dim(args.w1, "w1", 3);
   expect_dim(args.w2, "w2", 3);
-  MOEKIT_CHECK(args.w1.size(2) == x.size(1), "w1 has K={} but hidden_states has hidden size {}",
-               args.w1.size(2), x.size(1));
+  // Float weights have K columns; packed quantized weights (fp4, int4, fp6 bytes) have fewer, and
+  // their experts check the packing.
+  if (is_floating(args.w1.dtype()) && element_size(args.w1.dtype()) >= 2) {
+    // Unquantized weights must be in the activations' dtype: mixing formats is never silent.
+    MOEKIT_CHECK(args.w1.dtype() == x.dtype() && args.w2.dtype() == x.dtype(),
+                 "w1 ({}) and w2 ({}) must have the dtype of hidden_states ({})",
+                 dtype_name(args.w1.dtype()), dtype_name(args.w2.dtype()), dtype_name(x.dtype()));
+    MOEKIT_CHECK(args.w1.size(2) == x.size(1), "w1 has K={} but hidden_states has hidden size {}",
+                 args.w1.size(2), x.size(1));
+  }
   MOEKIT_CHECK(args.w2.size(0) == local_experts && args.w2.size(1) == x.size(1),
                "w2 has shape {} but must be [{}, {}, *]", shape_to_string(args.w2.shape()),
                local_experts, x.size(1));
@@ -155,8 +163,12 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
   const ProblemSize p = experts.moe_problem_size(prepared.a1q, args.w1, args.w2, topk_ids);
   Tensor fused_out;
   if (p.M == 0) {
-    // A zero-size view: nothing to allocate (M = 0 must not touch the allocator in a forward).
-    fused_out = Tensor::from_blob(x.data(), {0, p.topk, p.K}, x.dtype(), x.device());
+    // A zero-size view of the experts' output shape: nothing to allocate or compute, but finalize
+    // still runs (it may take part in collectives).
+    const WorkspaceShapes shapes = experts.workspace_shapes(
+        0, p.N, p.K, p.topk, global_experts, local_experts,
+        prepared.expert_tokens_meta ? &*prepared.expert_tokens_meta : nullptr, args.activation);
+    fused_out = Tensor::from_blob(x.data(), shapes.output, x.dtype(), x.device());
   } else {
     WorkspaceManager fallback(x.device());
     WorkspaceManager& ws = ctx.workspace ? *ctx.workspace : fallback;

@@ -26,7 +26,8 @@ PrepareResult PrepareFinalizeNoEP::prepare(const PrepareArgs& args, RunContext c
   detail::check_prepare_args(args, kWho);
   Tensor a1 = args.a1;
   if (args.apply_router_weight_on_input) {
-    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho);
+    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho, &weighted_input_,
+                                              ctx.stream);
   }
   QuantizedInput q =
       detail::maybe_quantize_input(a1, args.quant_config, args.defer_input_quant, ctx);

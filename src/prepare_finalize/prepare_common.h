@@ -2,9 +2,11 @@
 // weight on the input (top-1 only) and quantizing the activations.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "core/elementwise.h"
 #include "modular/cpu_rows.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
@@ -35,20 +37,29 @@ inline PrepareDims check_prepare_args(const PrepareArgs& args, const char* who) 
   return dims;
 }
 
-// a1[m, :] * topk_weights[m, 0], rounded to a1's dtype (a new tensor). The weight can only be
-// folded into the input when each token goes to a single expert.
+// a1[m, :] * topk_weights[m, 0], rounded to a1's dtype. The weight can only be folded into the
+// input when each token goes to a single expert. On the CPU the result is a new tensor; on a GPU it
+// is written into *device_buffer, which is allocated on first use (a warm-up forward) and reused,
+// so later forwards (and CUDA-graph captures) allocate nothing.
 inline Tensor apply_router_weight_to_input(const Tensor& a1, const Tensor& topk_weights,
-                                           const char* who) {
+                                           const char* who, Tensor* device_buffer = nullptr,
+                                           Stream stream = {}) {
   MOEKIT_CHECK(topk_weights.size(1) == 1,
                "{}: apply_router_weight_on_input needs topk == 1 (the weight multiplies the input "
                "before the experts), got topk = {}",
                who, topk_weights.size(1));
-  if (!a1.device().is_cpu()) {
-    throw UnsupportedError(
-        fmt::format("{}: apply_router_weight_on_input is implemented on the CPU only; a1 is on {}",
-                    who, a1.device().to_string()));
-  }
   const int64_t M = a1.size(0), K = a1.size(1);
+  if (!a1.device().is_cpu()) {
+    MOEKIT_CHECK(device_buffer != nullptr, "{}: no device buffer for the router-weighted input",
+                 who);
+    if (!device_buffer->defined() || device_buffer->dtype() != a1.dtype() ||
+        device_buffer->device() != a1.device() || device_buffer->numel() < M * K) {
+      *device_buffer = Tensor::empty({std::max<int64_t>(M * K, 1)}, a1.dtype(), a1.device());
+    }
+    Tensor out = device_buffer->reinterpret({M, K}, a1.dtype());
+    scale_rows(out, a1, topk_weights, stream);
+    return out;
+  }
   const Tensor src = a1.is_contiguous() ? a1 : a1.clone();
   Tensor out = Tensor::empty({M, K}, a1.dtype());
   const float* w = topk_weights.is_contiguous() ? topk_weights.data_as<const float>() : nullptr;

@@ -20,9 +20,10 @@ bool is_nvfp4(const QuantDesc& desc) {
 }
 
 [[noreturn]] void throw_unsupported(const QuantDesc& desc, std::string_view why) {
-  throw UnsupportedError(fmt::format("MoE activation quantization to {} with scale shape {} is not "
-                                     "supported: {}",
-                                     quant_dtype_name(desc.dtype), desc.shape.to_string(), why));
+  throw UnsupportedError(
+      fmt::format("MoE activation quantization to {} with scale shape {} is not "
+                  "supported: {}",
+                  quant_dtype_name(desc.dtype), desc.shape.to_string(), why));
 }
 
 // The one static per-tensor scale of desc (checked).
@@ -45,8 +46,10 @@ float nvfp4_global(const QuantDesc& desc) {
                "per-expert global scales need experts that quantize after the permutation",
                desc.alpha_or_gscale.describe());
   const float g = desc.alpha_or_gscale.to_float_vector()[0];
-  MOEKIT_CHECK(std::isfinite(g) && g > 0.0f, "NVFP4 activation global scale = {} must be finite "
-               "and > 0", g);
+  MOEKIT_CHECK(std::isfinite(g) && g > 0.0f,
+               "NVFP4 activation global scale = {} must be finite "
+               "and > 0",
+               g);
   return g;
 }
 
@@ -155,9 +158,9 @@ QuantizedInput quantize_moe_input(const Tensor& a, const QuantDesc& desc, RunCon
   expect_dim(a, "a1", 2);
   expect_dtype(a, "a1", {DType::kBF16, DType::kF16, DType::kF32});
   if (!a.device().is_cpu()) {
-    throw UnsupportedError(fmt::format(
-        "quantize_moe_input: quantizing the MoE input {} to {} runs on the CPU only", a.describe(),
-        quant_dtype_name(desc.dtype)));
+    throw UnsupportedError(
+        fmt::format("quantize_moe_input: quantizing the MoE input {} to {} runs on the CPU only",
+                    a.describe(), quant_dtype_name(desc.dtype)));
   }
   if (has_static_scale(desc)) {
     MOEKIT_CHECK(desc.shape.is_per_tensor(),
@@ -233,8 +236,8 @@ std::vector<float> dequantize_moe_input(const QuantizedInput& q, const QuantDesc
   return quant::dequantize(t);
 }
 
-void quant_dequant_rows(std::span<float> values, int64_t rows, int64_t cols,
-                        const QuantDesc& desc, std::optional<float> nvfp4_global_scale) {
+void quant_dequant_rows(std::span<float> values, int64_t rows, int64_t cols, const QuantDesc& desc,
+                        std::optional<float> nvfp4_global_scale) {
   if (desc.dtype == QuantDType::kNone || rows == 0) return;
   MOEKIT_CHECK(static_cast<int64_t>(values.size()) == rows * cols,
                "quant_dequant_rows: {} values, expected {} x {}", values.size(), rows, cols);

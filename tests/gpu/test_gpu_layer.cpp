@@ -96,6 +96,10 @@ struct PresetCase {
   int64_t M;
 };
 
+void PrintTo(const PresetCase& c, std::ostream* os) {
+  *os << c.preset << "/" << dtype_name(c.dtype) << "/M=" << c.M;
+}
+
 class GpuVsCpu : public ::testing::TestWithParam<PresetCase> {};
 
 TEST_P(GpuVsCpu, MatchesReference) {

@@ -143,7 +143,8 @@ std::optional<std::string> prune_reason(const Combo& c) {
   if (pf->activation_format() == klass.activation_format()) return std::nullopt;
   return "format mismatch: " + pf->name() + " produces " +
          std::string(activation_format_name(pf->activation_format())) + " activations but " +
-         klass.name() + " expects " + std::string(activation_format_name(klass.activation_format()));
+         klass.name() + " expects " +
+         std::string(activation_format_name(klass.activation_format()));
 }
 
 struct Sweep {
@@ -395,8 +396,8 @@ struct Case {
     if (combo.shared) {
       shared = std::make_shared<CpuReferenceSharedExperts>(shared_w13, shared_w2, combo.act);
     }
-    return assemble_moe_kernel(quant, moe, experts_class(combo.experts),
-                               make_pf(combo.pf, E_local), shared);
+    return assemble_moe_kernel(quant, moe, experts_class(combo.experts), make_pf(combo.pf, E_local),
+                               shared);
   }
 
   // (routed, shared) float64 references; routed holds only this rank's experts.
@@ -476,46 +477,84 @@ void expect_close(const Tensor& out, const std::vector<double>& ref, DType dtype
     const std::vector<float> o = out.to_float_vector();
     ADD_FAILURE() << what << ": element " << bad << " (token " << bad / kH << ", column "
                   << bad % kH << ") is " << o[static_cast<size_t>(bad)] << ", float64 reference "
-                  << ref[static_cast<size_t>(bad)] << " (tolerance " << tol.name
-                  << ": abs " << tol.abs_elem << " + rel " << tol.rel_elem << ")";
+                  << ref[static_cast<size_t>(bad)] << " (tolerance " << tol.name << ": abs "
+                  << tol.abs_elem << " + rel " << tol.rel_elem << ")";
   }
 }
 
 // ---- the sweep --------------------------------------------------------------------------------
 
-class CombinationTest : public ::testing::TestWithParam<Combo> {};
+// One test instance per (prepare/finalize, experts, activation, routing method); each runs its
+// dtype x expert-map x shared-experts combinations at every token count, and a failure names the
+// full combination. (One instance per combination would mean ~1200 processes under ctest.)
+struct Group {
+  PF pf = PF::kNoEP;
+  Exp experts = Exp::kStandard;
+  Activation act = Activation::kSilu;
+  Routing routing = Routing::kSoftmaxRenorm;
+  std::vector<Combo> combos;
+};
 
-TEST_P(CombinationTest, MatchesFloat64Recomputation) {
-  const Combo& combo = GetParam();
-  for (int64_t M : kTokenCounts) {
-    const std::string what = combo_name(combo) + " M=" + std::to_string(M);
-    const Case c(combo, M);
-    std::unique_ptr<FusedMoEKernel> kernel = c.kernel();
-    ASSERT_EQ(kernel->has_shared_experts(), combo.shared) << what;
-    WorkspaceManager ws;
-    reserve_poisoned(ws, *kernel, c);
-    Tensor out = Tensor::empty({M, kH}, combo.dtype);
-    out.fill_bytes(0xFF);
-    const MoEOutput result = kernel->apply(apply_args(c, out), RunContext{{}, &ws});
+std::string group_name(const Group& g) {
+  return std::string(pf_name(g.pf)) + "_" + experts_name(g.experts) + "_" +
+         std::string(activation_name(g.act)) + "_" + routing_name(g.routing);
+}
 
-    ASSERT_EQ(result.output.data(), out.data()) << what << ": the preallocated output was not used";
-    ASSERT_EQ(result.output.shape(), (Shape{M, kH})) << what;
-    ASSERT_EQ(result.output.dtype(), combo.dtype) << what;
-    const auto [ref, shared_ref] = c.reference();
-    expect_close(result.output, ref, combo.dtype, what + " routed output");
-    if (combo.shared) {
-      ASSERT_TRUE(result.shared_output.defined()) << what << ": no shared experts output";
-      ASSERT_EQ(result.shared_output.shape(), (Shape{M, kH})) << what;
-      expect_close(result.shared_output, shared_ref, combo.dtype, what + " shared output");
-    } else {
-      EXPECT_FALSE(result.shared_output.defined()) << what;
+const std::vector<Group>& groups() {
+  static const std::vector<Group> out = [] {
+    std::vector<Group> gs;
+    for (const Combo& c : sweep().runnable) {
+      if (gs.empty() || gs.back().pf != c.pf || gs.back().experts != c.experts ||
+          gs.back().act != c.act || gs.back().routing != c.routing) {
+        gs.push_back(Group{c.pf, c.experts, c.act, c.routing, {}});
+      }
+      gs.back().combos.push_back(c);
     }
+    return gs;
+  }();
+  return out;
+}
+
+void run_combo(const Combo& combo, int64_t M) {
+  const std::string what = combo_name(combo) + " M=" + std::to_string(M);
+  SCOPED_TRACE(what);
+  const Case c(combo, M);
+  std::unique_ptr<FusedMoEKernel> kernel = c.kernel();
+  ASSERT_EQ(kernel->has_shared_experts(), combo.shared);
+  WorkspaceManager ws;
+  reserve_poisoned(ws, *kernel, c);
+  Tensor out = Tensor::empty({M, kH}, combo.dtype);
+  out.fill_bytes(0xFF);
+  const MoEOutput result = kernel->apply(apply_args(c, out), RunContext{{}, &ws});
+
+  ASSERT_EQ(result.output.data(), out.data()) << "the preallocated output was not used";
+  ASSERT_EQ(result.output.shape(), (Shape{M, kH}));
+  ASSERT_EQ(result.output.dtype(), combo.dtype);
+  const auto [ref, shared_ref] = c.reference();
+  expect_close(result.output, ref, combo.dtype, what + " routed output");
+  if (combo.shared) {
+    ASSERT_TRUE(result.shared_output.defined()) << "no shared experts output";
+    ASSERT_EQ(result.shared_output.shape(), (Shape{M, kH}));
+    expect_close(result.shared_output, shared_ref, combo.dtype, what + " shared output");
+  } else {
+    EXPECT_FALSE(result.shared_output.defined());
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Sweep, CombinationTest, ::testing::ValuesIn(sweep().runnable),
-                         [](const ::testing::TestParamInfo<Combo>& info) {
-                           return combo_name(info.param);
+class CombinationTest : public ::testing::TestWithParam<Group> {};
+
+TEST_P(CombinationTest, MatchesFloat64Recomputation) {
+  const Group& g = GetParam();
+  ASSERT_EQ(g.combos.size(), kDTypes.size() * 2 * 2) << group_name(g);
+  for (const Combo& combo : g.combos) {
+    for (int64_t M : kTokenCounts)
+      run_combo(combo, M);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CombinationTest, ::testing::ValuesIn(groups()),
+                         [](const ::testing::TestParamInfo<Group>& info) {
+                           return group_name(info.param);
                          });
 
 // The pruned set is exactly the format-mismatch set, and the library itself refuses exactly those
@@ -562,69 +601,73 @@ TEST(CombinationSweep, PrunedSetIsExactlyTheFormatMismatchSet) {
   std::string summary;
   for (const auto& [why, n] : reasons)
     summary += "\n    " + std::to_string(n) + " x " + why;
+  size_t grouped = 0;
+  for (const Group& g : groups())
+    grouped += g.combos.size();
+  EXPECT_EQ(grouped, s.runnable.size()) << "every runnable combination belongs to a test instance";
   std::printf(
-      "[combinations] %zu combinations: %zu ran (x %zu token counts = %zu forwards), %zu pruned:%s\n",
-      s.all.size(), s.runnable.size(), kTokenCounts.size(), s.runnable.size() * kTokenCounts.size(),
-      s.pruned.size(), summary.c_str());
+      "[combinations] %zu combinations: %zu ran (in %zu test instances, x %zu token counts = %zu "
+      "forwards), %zu pruned:%s\n",
+      s.all.size(), s.runnable.size(), groups().size(), kTokenCounts.size(),
+      s.runnable.size() * kTokenCounts.size(), s.pruned.size(), summary.c_str());
 }
 
 // ---- standard vs batched: bitwise ---------------------------------------------------------------
 
-using PipelineParam = std::tuple<Activation, DType, bool>;  // activation, dtype, ep
-
-class StandardVsBatchedTest : public ::testing::TestWithParam<PipelineParam> {};
+class StandardVsBatchedTest : public ::testing::TestWithParam<Activation> {};
 
 // The header promises that the batched pipeline (PrepareFinalizeBatched + CpuBatchedReference
 // Experts) and the standard one (PrepareFinalizeNoEP + CpuReferenceExperts) agree bitwise.
 TEST_P(StandardVsBatchedTest, AgreeBitwise) {
-  const auto [act, dtype, ep] = GetParam();
-  Combo standard{PF::kNoEP, Exp::kStandard, act, Routing::kSoftmaxRenorm, dtype, ep, false, 77};
-  Combo batched = standard;
-  batched.pf = PF::kBatched;
-  batched.experts = Exp::kBatched;
-  const int64_t M = 7;
-  const Case a(standard, M);
-  const Case b(batched, M);  // same seed: same inputs, weights and routing
-  Tensor out_a = Tensor::empty({M, kH}, dtype);
-  Tensor out_b = Tensor::empty({M, kH}, dtype);
-  out_a.fill_bytes(0xFF);
-  out_b.fill_bytes(0xFF);
-  a.kernel()->apply(apply_args(a, out_a), {});
-  b.kernel()->apply(apply_args(b, out_b), {});
-  ASSERT_FALSE(has_nan(out_a));
-  ASSERT_EQ(out_a.nbytes(), out_b.nbytes());
-  const auto* pa = static_cast<const uint8_t*>(out_a.data());
-  const auto* pb = static_cast<const uint8_t*>(out_b.data());
-  for (size_t i = 0; i < out_a.nbytes(); ++i) {
-    ASSERT_EQ(pa[i], pb[i]) << "byte " << i << " differs between the standard and batched pipelines";
+  const Activation act = GetParam();
+  for (DType dtype : kDTypes) {
+    for (bool ep : {false, true}) {
+      Combo standard{PF::kNoEP, Exp::kStandard, act, Routing::kSoftmaxRenorm, dtype, ep, false, 77};
+      SCOPED_TRACE(combo_name(standard));
+      Combo batched = standard;
+      batched.pf = PF::kBatched;
+      batched.experts = Exp::kBatched;
+      const int64_t M = 7;
+      const Case a(standard, M);
+      const Case b(batched, M);  // same seed: same inputs, weights and routing
+      Tensor out_a = Tensor::empty({M, kH}, dtype);
+      Tensor out_b = Tensor::empty({M, kH}, dtype);
+      out_a.fill_bytes(0xFF);
+      out_b.fill_bytes(0xFF);
+      a.kernel()->apply(apply_args(a, out_a), {});
+      b.kernel()->apply(apply_args(b, out_b), {});
+      ASSERT_FALSE(has_nan(out_a));
+      ASSERT_EQ(out_a.nbytes(), out_b.nbytes());
+      const auto* pa = static_cast<const uint8_t*>(out_a.data());
+      const auto* pb = static_cast<const uint8_t*>(out_b.data());
+      for (size_t i = 0; i < out_a.nbytes(); ++i) {
+        ASSERT_EQ(pa[i], pb[i]) << "byte " << i
+                                << " differs between the standard and batched pipelines";
+      }
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sweep, StandardVsBatchedTest,
-    ::testing::Combine(::testing::ValuesIn(all_activations().begin(), all_activations().end()),
-                       ::testing::ValuesIn(kDTypes), ::testing::Bool()),
-    [](const ::testing::TestParamInfo<PipelineParam>& info) {
-      return std::string(activation_name(std::get<0>(info.param))) + "_" +
-             std::string(dtype_name(std::get<1>(info.param))) +
-             (std::get<2>(info.param) ? "_ep" : "_noep");
-    });
+INSTANTIATE_TEST_SUITE_P(Sweep, StandardVsBatchedTest,
+                         ::testing::ValuesIn(all_activations().begin(), all_activations().end()),
+                         [](const ::testing::TestParamInfo<Activation>& info) {
+                           return std::string(activation_name(info.param));
+                         });
 
 // ---- documented rounding points -----------------------------------------------------------------
 
-using RoundingParam = std::tuple<Activation, DType, PF>;
-
-class RoundingPointsTest : public ::testing::TestWithParam<RoundingParam> {};
+class RoundingPointsTest : public ::testing::TestWithParam<Activation> {};
 
 // cpu_reference.h documents the numerics: g = W1 @ h (+ b1) rounded to the activation dtype,
 // a = act(g) rounded, y = W2 @ a (+ b2) rounded, then the fp32 top-k reduce rounded once. This
 // emulation follows those steps (float64 dot products; the library's activation row in fp32), so
 // with fp32 accumulation in the kernel almost every output matches bitwise. A missing or extra
 // rounding step moves a large fraction of the outputs by an ulp or more.
-TEST_P(RoundingPointsTest, FollowsTheDocumentedRoundingPoints) {
-  const auto [act, dtype, pf] = GetParam();
-  Combo combo{pf, pf == PF::kNoEP ? Exp::kStandard : Exp::kBatched, act, Routing::kSoftmaxRenorm,
-              dtype, false, false, 4242};
+void check_rounding_points(Activation act, DType dtype, PF pf) {
+  Combo combo{pf,    pf == PF::kNoEP ? Exp::kStandard : Exp::kBatched,
+              act,   Routing::kSoftmaxRenorm,
+              dtype, false,
+              false, 4242};
   const int64_t M = 7;  // kMaxTokens bounds the batched path
   const Case c(combo, M);
   Tensor out = Tensor::empty({M, kH}, dtype);
@@ -669,7 +712,8 @@ TEST_P(RoundingPointsTest, FollowsTheDocumentedRoundingPoints) {
         }
       }
       for (int64_t h = 0; h < kH; ++h)
-        result[static_cast<size_t>(m * kH + h)] = round_to_dtype(acc[static_cast<size_t>(h)], dtype);
+        result[static_cast<size_t>(m * kH + h)] =
+            round_to_dtype(acc[static_cast<size_t>(h)], dtype);
     }
     return result;
   };
@@ -697,17 +741,22 @@ TEST_P(RoundingPointsTest, FollowsTheDocumentedRoundingPoints) {
       << without_gemm1_rounding << " — is the GEMM1 output rounded to the activation dtype?";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sweep, RoundingPointsTest,
-    ::testing::Combine(::testing::Values(Activation::kSilu, Activation::kGeluTanh,
-                                         Activation::kSwigluOai, Activation::kRelu2NoMul),
-                       ::testing::Values(DType::kBF16, DType::kF16),
-                       ::testing::Values(PF::kNoEP, PF::kBatched)),
-    [](const ::testing::TestParamInfo<RoundingParam>& info) {
-      return std::string(activation_name(std::get<0>(info.param))) + "_" +
-             std::string(dtype_name(std::get<1>(info.param))) + "_" +
-             pf_name(std::get<2>(info.param));
-    });
+TEST_P(RoundingPointsTest, FollowsTheDocumentedRoundingPoints) {
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (PF pf : kPFs) {
+      SCOPED_TRACE(std::string(activation_name(GetParam())) + " " + std::string(dtype_name(dtype)) +
+                   " " + pf_name(pf));
+      check_rounding_points(GetParam(), dtype, pf);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, RoundingPointsTest,
+                         ::testing::Values(Activation::kSilu, Activation::kGeluTanh,
+                                           Activation::kSwigluOai, Activation::kRelu2NoMul),
+                         [](const ::testing::TestParamInfo<Activation>& info) {
+                           return std::string(activation_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace moekit

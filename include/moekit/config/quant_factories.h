@@ -66,7 +66,8 @@ struct SwigluParams {
   std::optional<float> limit;
 };
 
-// ---- fp8 (e4m3) weights ---------------------------------------------------------------------------
+// ---- fp8 (e4m3) weights
+// ---------------------------------------------------------------------------
 
 struct Fp8W8A8Params {
   // Weight scales, f32. Per tensor: (E,) (or (E, 1), (E, 1, 1)). Per output channel
@@ -112,10 +113,11 @@ struct Int8W8A8Params {
 // kInt8DynamicTokenSym | kInt8DynamicTensorSym | kInt8StaticTensorSym).
 QuantConfig int8_w8a8_moe_quant_config(const MoEWeightShape& shape, const Int8W8A8Params& p);
 
-// ---- int4 / int8 weight-only (GPTQ / AWQ style) ---------------------------------------------------
+// ---- int4 / int8 weight-only (GPTQ / AWQ style)
+// ---------------------------------------------------
 
 struct IntWna16Params {
-  int weight_bits = 4;     // 4 or 8
+  int weight_bits = 4;       // 4 or 8
   int64_t group_size = 128;  // along K; -1 = one group per output channel
   // Group scales in the activation dtype (bf16 / f16 / f32): w1 (E, N1, G1), w2 (E, H, G2),
   // G1 = ceil(H / group), G2 = ceil(I / group) (1 when group_size = -1).
@@ -138,16 +140,17 @@ QuantConfig int8_w8a16_moe_quant_config(const MoEWeightShape& shape, IntWna16Par
 QuantConfig gptq_marlin_moe_quant_config(const MoEWeightShape& shape, int weight_bits,
                                          int64_t group_size, IntWna16Params p);
 
-// ---- OCP MX (mxfp4 / mxfp6 weights) ---------------------------------------------------------------
+// ---- OCP MX (mxfp4 / mxfp6 weights)
+// ---------------------------------------------------------------
 
 // Element types of OCP MX configs.
 enum class OcpMxDType {
-  kNone,        // unquantized activations (weight-only)
-  kFp8,         // fp8 e4m3 per tensor: static (a1_scale) or dynamic
-  kMxfp4,       // fp4 e2m1, e8m0 scale per 32
-  kMxfp6E3M2,   // fp6 e3m2, e8m0 scale per 32
-  kMxfp6E2M3,   // fp6 e2m3, e8m0 scale per 32
-  kMxfp8,       // fp8 e4m3, e8m0 scale per 32
+  kNone,       // unquantized activations (weight-only)
+  kFp8,        // fp8 e4m3 per tensor: static (a1_scale) or dynamic
+  kMxfp4,      // fp4 e2m1, e8m0 scale per 32
+  kMxfp6E3M2,  // fp6 e3m2, e8m0 scale per 32
+  kMxfp6E2M3,  // fp6 e2m3, e8m0 scale per 32
+  kMxfp8,      // fp8 e4m3, e8m0 scale per 32
 };
 std::string_view ocp_mx_dtype_name(OcpMxDType dtype);  // "none", "fp8", "mxfp4", ...
 
@@ -199,7 +202,8 @@ QuantConfig nvfp4_moe_quant_config(const MoEWeightShape& shape, const Nvfp4Param
 // NVFP4 weights, bf16 activations: a1_gscale / a2_gscale must be unset. Keys (kNvfp4Static, None).
 QuantConfig nvfp4_w4a16_moe_quant_config(const MoEWeightShape& shape, const Nvfp4Params& p);
 
-// ---- W4A8: int4 weights, fp8 activations ----------------------------------------------------------
+// ---- W4A8: int4 weights, fp8 activations
+// ----------------------------------------------------------
 
 struct W4A8Fp8Params {
   // f32 int4 weight scales: per output channel w1 (E, N1), w2 (E, H); or (group_size = 128)

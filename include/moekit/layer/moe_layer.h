@@ -53,7 +53,8 @@ class MoELayer {
                                         uint64_t seed);
 
   // hidden_states (M, H) in the layer dtype, router_logits (M, E) f32/bf16/f16 -> (M, H).
-  // Adds the shared experts' output when the layer has shared experts.
+  // Adds the shared experts' output when the layer has shared experts (under EP within one
+  // data-parallel group, on EP rank 0 only, since the ranks' outputs are summed).
   Tensor forward(const Tensor& hidden_states, const Tensor& router_logits, RunContext ctx = {});
   // Graph-capturable form: writes into a caller-provided output (M, H) and allocates nothing on the
   // device (routing buffers and workspaces were sized at construction). Needs ctx.stream on a GPU.

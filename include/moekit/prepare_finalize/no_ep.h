@@ -28,6 +28,10 @@ class PrepareFinalizeNoEP final : public PrepareFinalizeModular {
   bool supports_async() const override { return true; }
   AsyncHandle<PrepareResult> prepare_async(const PrepareArgs& args, RunContext ctx) override;
   AsyncHandle<void> finalize_async(const FinalizeArgs& args, RunContext ctx) override;
+
+ private:
+  // GPU only: the router-weighted input (apply_router_weight_on_input), allocated on first use.
+  Tensor weighted_input_;
 };
 
 // Monolithic counterpart: prepare passes a1 (quantized like the modular one, unless deferred or

@@ -77,8 +77,7 @@ std::vector<float> dequantize_moe_input(const QuantizedInput& q, const QuantDesc
 // dequantize_moe_input(quantize_moe_input(values)) gives. `nvfp4_global_scale` replaces
 // desc.alpha_or_gscale for NVFP4 (per-expert global scales of experts that quantize after the
 // permutation). kNone leaves the values unchanged.
-void quant_dequant_rows(std::span<float> values, int64_t rows, int64_t cols,
-                        const QuantDesc& desc,
+void quant_dequant_rows(std::span<float> values, int64_t rows, int64_t cols, const QuantDesc& desc,
                         std::optional<float> nvfp4_global_scale = std::nullopt);
 
 }  // namespace moekit

@@ -1,0 +1,152 @@
+#include "moekit/oracle/nvfp4.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "moekit/core/checks.h"
+#include "moekit/experts/cpu_emulation.h"
+
+namespace moekit {
+namespace {
+
+// Per-expert values of a (1,), (E,) or (E, C) f32 scale: column 0 (`first_column`) or the row max.
+std::vector<float> per_expert(const Tensor& t, std::string_view name, int64_t E,
+                              bool first_column) {
+  MOEKIT_CHECK(t.defined(), "nvfp4 make_quant_config: {} is required", name);
+  expect_dtype(t, name, {DType::kF32});
+  const std::vector<float> v = t.to_float_vector();
+  if (t.numel() == 1) return std::vector<float>(static_cast<size_t>(E), v[0]);
+  MOEKIT_CHECK(t.size(0) == E && (t.dim() == 1 || t.dim() == 2),
+               "nvfp4 make_quant_config: {} {} must be (1,), ({},) or ({}, C)", name, t.describe(),
+               E, E);
+  const int64_t cols = t.dim() == 2 ? t.size(1) : 1;
+  std::vector<float> out(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    float m = v[static_cast<size_t>(e * cols)];
+    if (!first_column) {
+      for (int64_t c = 1; c < cols; ++c)
+        m = std::max(m, v[static_cast<size_t>(e * cols + c)]);
+    }
+    out[static_cast<size_t>(e)] = m;
+  }
+  return out;
+}
+
+Tensor f32_tensor(const std::vector<float>& v) {
+  return Tensor::from_floats(v, {static_cast<int64_t>(v.size())}, DType::kF32);
+}
+
+}  // namespace
+
+KernelRegistry<NvFp4MoeBackend>& Nvfp4MoEKernelOracle::registry() {
+  // NOTE: the documented registry of this oracle.
+  static KernelRegistry<NvFp4MoeBackend> instance(KernelRegistry<NvFp4MoeBackend>::Table{
+      {NvFp4MoeBackend::kEmulation, {&CpuNvfp4Experts::klass()}},
+  });
+  return instance;
+}
+
+std::vector<NvFp4MoeBackend> Nvfp4MoEKernelOracle::backend_values() const {
+  return {Backend::kB12x,
+          Backend::kFlashinferTrtllm,
+          Backend::kFlashinferCutlass,
+          Backend::kFlashinferCutedsl,
+          Backend::kFlashinferCutedslBatched,
+          Backend::kFlashinferB12x,
+          Backend::kVllmCutlass,
+          Backend::kMarlin,
+          Backend::kHumming,
+          Backend::kEmulation};
+}
+
+std::string Nvfp4MoEKernelOracle::backend_name(Backend backend) const {
+  switch (backend) {
+    case Backend::kB12x:
+      return "b12x";
+    case Backend::kFlashinferTrtllm:
+      return "flashinfer_trtllm";
+    case Backend::kFlashinferCutlass:
+      return "flashinfer_cutlass";
+    case Backend::kFlashinferCutedsl:
+      return "flashinfer_cutedsl";
+    case Backend::kFlashinferCutedslBatched:
+      return "flashinfer_cutedsl_batched";
+    case Backend::kFlashinferB12x:
+      return "flashinfer_b12x";
+    case Backend::kVllmCutlass:
+      return "vllm_cutlass";
+    case Backend::kMarlin:
+      return "marlin";
+    case Backend::kHumming:
+      return "humming";
+    case Backend::kEmulation:
+      return "emulation";
+  }
+  return "unknown";
+}
+
+std::vector<NvFp4MoeBackend> Nvfp4MoEKernelOracle::priority_backends(const MoEConfig&) const {
+  return {
+      Backend::kFlashinferTrtllm,  Backend::kFlashinferCutedsl, Backend::kFlashinferCutedslBatched,
+      Backend::kFlashinferCutlass, Backend::kVllmCutlass,       Backend::kMarlin,
+      Backend::kHumming,           Backend::kEmulation};
+}
+
+std::optional<NvFp4MoeBackend> Nvfp4MoEKernelOracle::batched_variant(Backend backend) const {
+  if (backend == Backend::kFlashinferCutedsl) return Backend::kFlashinferCutedslBatched;
+  return std::nullopt;
+}
+
+QuantConfig Nvfp4MoEKernelOracle::make_quant_config(Backend backend, const MoEWeightShape& shape,
+                                                    const Nvfp4CheckpointScales& s) const {
+  const int64_t E = shape.num_experts;
+  const std::vector<float> ws13 = per_expert(s.w13_weight_scale_2, "w13_weight_scale_2", E, true);
+  const std::vector<float> ws2 = per_expert(s.w2_weight_scale_2, "w2_weight_scale_2", E, true);
+  Nvfp4Params p;
+  p.w1_scale = s.w13_weight_scale;
+  p.w2_scale = s.w2_weight_scale;
+  p.bias = s.bias;
+  p.swiglu = s.swiglu;
+  MOEKIT_CHECK(s.w13_input_scale.defined() == s.w2_input_scale.defined(),
+               "nvfp4 make_quant_config: w13_input_scale and w2_input_scale must both be set "
+               "(W4A4) or both unset (W4A16)");
+  if (!s.w13_input_scale.defined()) {
+    p.g1_alphas = f32_tensor(ws13);
+    p.g2_alphas = f32_tensor(ws2);
+    return nvfp4_w4a16_moe_quant_config(shape, p);
+  }
+  std::vector<float> in13 = per_expert(s.w13_input_scale, "w13_input_scale", E, false);
+  std::vector<float> in2 = per_expert(s.w2_input_scale, "w2_input_scale", E, false);
+  const bool per_expert_gscale = backend == Backend::kEmulation || backend == Backend::kVllmCutlass;
+  if (!per_expert_gscale) {
+    const float m13 = *std::max_element(in13.begin(), in13.end());
+    const float m2 = *std::max_element(in2.begin(), in2.end());
+    std::fill(in13.begin(), in13.end(), m13);
+    std::fill(in2.begin(), in2.end(), m2);
+  }
+  std::vector<float> g1(static_cast<size_t>(E)), g2(static_cast<size_t>(E));
+  for (size_t e = 0; e < g1.size(); ++e) {
+    MOEKIT_CHECK(in13[e] > 0.0f && in2[e] > 0.0f,
+                 "nvfp4 make_quant_config: input scales of expert {} must be > 0 (got {}, {})", e,
+                 in13[e], in2[e]);
+    g1[e] = in13[e] * ws13[e];
+    g2[e] = in2[e] * ws2[e];
+  }
+  p.g1_alphas = f32_tensor(g1);
+  p.g2_alphas = f32_tensor(g2);
+  auto inverse = [&](const std::vector<float>& in) {
+    std::vector<float> out;
+    if (per_expert_gscale) {
+      for (float v : in)
+        out.push_back(1.0f / v);
+    } else {
+      out.push_back(1.0f / in[0]);
+    }
+    return f32_tensor(out);
+  };
+  p.a1_gscale = inverse(in13);
+  p.a2_gscale = inverse(in2);
+  return nvfp4_moe_quant_config(shape, p);
+}
+
+}  // namespace moekit
