@@ -49,6 +49,35 @@ const ExpertsClass& Sm90GroupedExperts::klass() {
   return k;
 }
 
+const ExpertsClass& Sm90BatchedExperts::klass() {
+  static const ExpertsClass k(
+      [] {
+        ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
+        c.name = "Sm90BatchedExperts";
+        c.format = ActivationFormat::kBatchedExperts;
+        return c;
+      }(),
+      [](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
+         std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
+        MOEKIT_CHECK(max_tokens && dispatchers,
+                     "Sm90BatchedExperts: max_num_tokens and num_dispatchers must be set for the "
+                     "BatchedExperts activation format");
+        return std::make_unique<Sm90BatchedExperts>(moe, quant, *max_tokens, *dispatchers);
+      },
+      sm90_shape_check);
+  return k;
+}
+
+Sm90BatchedExperts::Sm90BatchedExperts(const MoEConfig& moe, const QuantConfig& quant,
+                                       int64_t max_num_tokens, int num_dispatchers)
+    : ExpertsModular(klass(), moe, quant, max_num_tokens, num_dispatchers) {
+#ifndef MOEKIT_WITH_CUDA
+  throw Error("moekit: Sm90BatchedExperts needs CUDA; moekit was built without CUDA");
+#endif
+  MOEKIT_CHECK(!quant.is_quantized(), "Sm90BatchedExperts runs unquantized layers only, got {}",
+               quant.describe());
+}
+
 Sm90GroupedExperts::Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& quant)
     : ExpertsModular(klass(), moe, quant, std::nullopt, std::nullopt) {
 #ifndef MOEKIT_WITH_CUDA
@@ -70,6 +99,18 @@ std::shared_ptr<const TopKWeightAndReduce> Sm90GroupedExperts::finalize_weight_a
 }
 void Sm90GroupedExperts::apply(const ExpertsApplyArgs&, RunContext) {
   throw Error("moekit: Sm90GroupedExperts needs CUDA");
+}
+WorkspaceShapes Sm90BatchedExperts::workspace_shapes(int64_t, int64_t, int64_t, int64_t, int64_t,
+                                                     int64_t, const ExpertTokensMetadata*,
+                                                     Activation) const {
+  throw Error("moekit: Sm90BatchedExperts needs CUDA");
+}
+std::shared_ptr<const TopKWeightAndReduce> Sm90BatchedExperts::finalize_weight_and_reduce_impl()
+    const {
+  return std::make_shared<TopKWeightAndReduceDelegate>();
+}
+void Sm90BatchedExperts::apply(const ExpertsApplyArgs&, RunContext) {
+  throw Error("moekit: Sm90BatchedExperts needs CUDA");
 }
 Sm90SharedExperts::Sm90SharedExperts(Tensor, Tensor, Activation, ActivationParams, int64_t) {
   throw Error("moekit: Sm90SharedExperts needs CUDA; moekit was built without CUDA");

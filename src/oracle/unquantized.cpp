@@ -9,10 +9,8 @@ KernelRegistry<UnquantizedMoeBackend>& UnquantizedMoEKernelOracle::registry() {
   // NOTE: the documented registry of this oracle (KernelRegistry guards it with its mutex).
   static KernelRegistry<UnquantizedMoeBackend> instance(
       KernelRegistry<UnquantizedMoeBackend>::Table{
-          // The batched Hopper experts are not written yet: sm90_batched is rejected with
-          // kNoKernelRegisteredReason until they register here.
           {UnquantizedMoeBackend::kSm90Grouped, {&Sm90GroupedExperts::klass()}},
-          {UnquantizedMoeBackend::kSm90Batched, {}},
+          {UnquantizedMoeBackend::kSm90Batched, {&Sm90BatchedExperts::klass()}},
           {UnquantizedMoeBackend::kCpu, {&CpuReferenceExperts::klass()}},
           {UnquantizedMoeBackend::kCpuBatched, {&CpuBatchedReferenceExperts::klass()}},
       });

@@ -8,6 +8,7 @@
 #include "modular/batched_layout.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "prepare_finalize/batched_cuda.h"
 #include "prepare_finalize/prepare_common.h"
 
 namespace moekit {
@@ -41,11 +42,19 @@ PrepareFinalizeBatched::PrepareFinalizeBatched(int64_t max_num_tokens, int num_l
 
 PrepareResult PrepareFinalizeBatched::prepare(const PrepareArgs& args, RunContext ctx) {
   const detail::PrepareDims dims = detail::check_prepare_args(args, kWho);
-  MOEKIT_CHECK(args.a1.device().is_cpu(), "{} runs on the CPU only; a1 is on {}", kWho,
-               args.a1.device().to_string());
   Tensor a1 = args.a1;
   if (args.apply_router_weight_on_input) {
-    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho);
+    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho, &weighted_input_,
+                                              ctx.stream);
+  }
+  if (a1.device().is_cuda()) {
+    MOEKIT_CHECK(args.defer_input_quant || args.quant_config == nullptr ||
+                     args.quant_config->a1.dtype == QuantDType::kNone,
+                 "{}: quantized activations are not dispatched on the GPU yet", kWho);
+    expert_map_ = args.expert_map;
+    return detail::batched_prepare_device(device_state_, a1, args.topk_ids, args.expert_map,
+                                          args.num_experts, num_local_experts_,
+                                          max_num_tokens_ * num_dispatchers_, rank_, ctx);
   }
   if (!a1.is_contiguous()) a1 = a1.clone();
 
@@ -97,7 +106,14 @@ PrepareResult PrepareFinalizeBatched::prepare(const PrepareArgs& args, RunContex
 void PrepareFinalizeBatched::finalize(const FinalizeArgs& args, RunContext ctx) {
   expect_defined(args.output, "output");
   std::shared_ptr<const TopKWeightAndReduce> impl = args.weight_and_reduce;
-  if (impl == nullptr || dynamic_cast<const TopKWeightAndReduceDelegate*>(impl.get()) != nullptr) {
+  const bool delegate =
+      impl == nullptr || dynamic_cast<const TopKWeightAndReduceDelegate*>(impl.get()) != nullptr;
+  if (args.output.device().is_cuda() && delegate) {
+    detail::batched_finalize_device(device_state_, args.output, args.fused_expert_output,
+                                    args.topk_weights, args.apply_router_weight_on_input, ctx);
+    return;
+  }
+  if (delegate) {
     impl =
         std::make_shared<TopKWeightAndReduceNaiveBatched>(rank_, num_local_experts_, expert_map_);
   }

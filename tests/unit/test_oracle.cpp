@@ -455,6 +455,10 @@ TEST_F(OracleTest, ForcedUnsupportedBackendThrowsAndNeverFallsBack) {
   MoEConfig moe = cpu_moe();
   moe.moe_backend = "sm90_grouped";
   UnquantizedMoEKernelOracle oracle(moe);
+  // First with no kernel at the forced backend at all.
+  std::optional<ScopedKernelRegistration<Backend>> empty_sm90(
+      std::in_place, UnquantizedMoEKernelOracle::registry(), Backend::kSm90Grouped,
+      std::vector<const ExpertsClass*>{}, RegistrationMode::kReplace);
   LogCapture logs;
   try {
     (void)oracle.select_backend();
@@ -471,6 +475,7 @@ TEST_F(OracleTest, ForcedUnsupportedBackendThrowsAndNeverFallsBack) {
     EXPECT_FALSE(contains(msg, "CpuReferenceExperts")) << msg;
   }
   EXPECT_EQ(logs.count_containing("Using "), 0) << logs.dump();
+  empty_sm90.reset();
 
   // A registered class that rejects the CPU: its device reason is in the error.
   ExpertsCapabilities cuda_caps = cpu_caps("FakeSm90Experts");
@@ -500,6 +505,9 @@ TEST_F(OracleTest, EnvVarForcesBackend) {
   const MoEConfig moe = cpu_moe();
   UnquantizedMoEKernelOracle oracle(moe);
   {
+    ScopedKernelRegistration<Backend> empty(
+        UnquantizedMoEKernelOracle::registry(), Backend::kSm90Batched,
+        std::vector<const ExpertsClass*>{}, RegistrationMode::kReplace);
     ScopedEnv env(kMoeBackendEnvVar, "sm90_batched");
     const std::string msg = error_message([&] { (void)oracle.select_backend(); });
     EXPECT_EQ(msg.substr(0, msg.find('\n')),
@@ -837,8 +845,8 @@ TEST_F(OracleTest, ExplainOnCpuShowsDeviceReasonForCudaOnlyBackend) {
   EXPECT_FALSE(report.candidates[2].considered);
   EXPECT_EQ(report.candidates[2].reason, "kernel does not support current device cpu");
   EXPECT_EQ(report.candidates[3].backend, "sm90_batched");
-  EXPECT_EQ(report.candidates[3].experts_class, "");
-  EXPECT_EQ(report.candidates[3].reason, kNoKernelRegisteredReason);
+  EXPECT_EQ(report.candidates[3].experts_class, "Sm90BatchedExperts");
+  EXPECT_EQ(report.candidates[3].reason, "kernel does not support current device cpu");
   const std::string table = report.to_string();
   EXPECT_TRUE(contains(table, "CHOSEN")) << table;
   EXPECT_TRUE(contains(table, "kernel does not support current device cpu")) << table;

@@ -35,6 +35,24 @@ class Sm90GroupedExperts final : public ExpertsModular {
   void apply(const ExpertsApplyArgs& args, RunContext ctx) override;
 };
 
+// BatchedExperts format: hidden_states (E_local, T, K) with per-expert token counts on the device
+// (ExpertTokensMetadata); the same GEMM on the batched schedule (expert e's rows are
+// [e*T, e*T + count_e)), the activation, GEMM2 into (E_local, T, K). The prepare/finalize's batched
+// combine applies the weights (finalize: Delegate).
+class Sm90BatchedExperts final : public ExpertsModular {
+ public:
+  static const ExpertsClass& klass();
+  Sm90BatchedExperts(const MoEConfig& moe, const QuantConfig& quant, int64_t max_num_tokens,
+                     int num_dispatchers);
+
+  WorkspaceShapes workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
+                                   int64_t global_num_experts, int64_t local_num_experts,
+                                   const ExpertTokensMetadata* expert_tokens_meta,
+                                   Activation activation) const override;
+  std::shared_ptr<const TopKWeightAndReduce> finalize_weight_and_reduce_impl() const override;
+  void apply(const ExpertsApplyArgs& args, RunContext ctx) override;
+};
+
 class Sm90SharedExperts final : public SharedExperts {
  public:
   // w13 (2*I_s or I_s, H), w2 (H, I_s), bf16/f16 on a CUDA device. Buffers for max_num_tokens are

@@ -3,12 +3,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "moekit/modular/prepare_finalize.h"
 
 namespace moekit {
+namespace detail {
+struct BatchedDeviceState;
+}  // namespace detail
 
 // prepare: scatters a1 (M, K) into a1q (E_local, T, K), T = max_num_tokens * num_dispatchers,
 // where local expert e's rows are its (token m, slot j) pairs in increasing m, then j; unused rows
@@ -18,7 +22,9 @@ namespace moekit {
 // host list). An expert with more than T rows is an error naming the expert and the counts.
 // Router weight on input (topk == 1) and input quantization as in PrepareFinalizeNoEP.
 // finalize: applies the experts' TopKWeightAndReduce, Delegate replaced by NaiveBatched over the
-// same layout. CPU tensors only.
+// same layout. On a GPU the same layout is built by the align + scatter kernels and finalize runs
+// the batched weighted combine; its buffers are sized for T tokens on first use (a warm-up
+// forward) and reused, so later forwards allocate nothing.
 class PrepareFinalizeBatched final : public PrepareFinalizeModular {
  public:
   PrepareFinalizeBatched(int64_t max_num_tokens, int num_local_experts, int num_dispatchers = 1,
@@ -43,6 +49,9 @@ class PrepareFinalizeBatched final : public PrepareFinalizeModular {
   int num_dispatchers_;
   int rank_;
   Tensor expert_map_;  // from the last prepare
+  // GPU: routing tables and the batched activations (see src/prepare_finalize/batched_cuda.h).
+  std::shared_ptr<detail::BatchedDeviceState> device_state_;
+  Tensor weighted_input_;  // GPU: the router-weighted input, allocated on first use
 };
 
 }  // namespace moekit

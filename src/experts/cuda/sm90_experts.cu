@@ -289,6 +289,82 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   ctx.stage_done("reduce");
 }
 
+WorkspaceShapes Sm90BatchedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t,
+                                                     int64_t, int64_t local_num_experts,
+                                                     const ExpertTokensMetadata*,
+                                                     Activation activation) const {
+  // M is max_num_tokens * num_dispatchers (T) in the batched format.
+  const int64_t rows = local_num_experts * M;
+  return {{rows, N}, {rows, activation_output_dim(activation, N)}, {local_num_experts, M, K}};
+}
+
+std::shared_ptr<const TopKWeightAndReduce> Sm90BatchedExperts::finalize_weight_and_reduce_impl()
+    const {
+  return std::make_shared<TopKWeightAndReduceDelegate>();
+}
+
+void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+  MOEKIT_CHECK(ctx.stream.handle != nullptr,
+               "Sm90BatchedExperts needs a CUDA stream in RunContext");
+  const Tensor& x = args.hidden_states;
+  expect_dim(x, "hidden_states", 3);
+  expect_contiguous(x, "hidden_states");
+  expect_contiguous(args.w1, "w1");
+  expect_contiguous(args.w2, "w2");
+  MOEKIT_CHECK(
+      args.expert_tokens_meta != nullptr && args.expert_tokens_meta->expert_num_tokens.defined(),
+      "Sm90BatchedExperts needs per-expert token counts (ExpertTokensMetadata)");
+  const Tensor& counts = args.expert_tokens_meta->expert_num_tokens;
+  expect_dtype(counts, "expert_num_tokens", {DType::kInt32});
+  expect_device(counts, "expert_num_tokens", x.device());
+  const int64_t E = x.size(0), T = x.size(1), K = x.size(2);
+  const int64_t N = args.w1.size(1);
+  const int64_t d = activation_output_dim(args.activation, N);
+  MOEKIT_CHECK(args.w1.size(0) == E && args.w2.size(2) == d,
+               "Sm90BatchedExperts: w1 {} / w2 {} do not fit hidden_states {}", args.w1.describe(),
+               args.w2.describe(), x.describe());
+  const DType dtype = x.dtype();
+  expect_dtype(args.w1, "w1", {dtype});
+  expect_dtype(args.w2, "w2", {dtype});
+  const Tensor& b1 = quant_config().w1_bias();
+  const Tensor& b2 = quant_config().w2_bias();
+
+  cuda::GroupedGemmArgs g1;
+  g1.a = x.data();
+  g1.lda = K;
+  g1.w = args.w1.data();
+  g1.bias = b1.defined() ? b1.data() : nullptr;
+  g1.bias_is_fp32 = b1.defined() && b1.dtype() == DType::kF32;
+  g1.c = args.workspace13.data();
+  g1.ldc = N;
+  g1.expert_counts = counts.data_as<const int32_t>();
+  g1.batched_stride = T;
+  g1.num_experts = static_cast<int>(E);
+  g1.num_rows_upper_bound = E * T;
+  g1.n = static_cast<int>(N);
+  g1.k = static_cast<int>(K);
+  g1.dtype = gemm_dtype_of(dtype);
+  run_gemm(g1, ctx.stream, "batched GEMM1");
+  ctx.stage_done("gemm1");
+  // Rows past each expert's count hold stale values; their activations are never read.
+  run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(),
+                 args.workspace2.data(), dtype, E * T, N, nullptr, nullptr, ctx.stream);
+  ctx.stage_done("activation");
+  cuda::GroupedGemmArgs g2 = g1;
+  g2.a = args.workspace2.data();
+  g2.lda = d;
+  g2.w = args.w2.data();
+  g2.bias = b2.defined() ? b2.data() : nullptr;
+  g2.bias_is_fp32 = b2.defined() && b2.dtype() == DType::kF32;
+  expect_shape(args.output, "experts output", {E, T, K});
+  g2.c = args.output.data();
+  g2.ldc = K;
+  g2.n = static_cast<int>(K);
+  g2.k = static_cast<int>(d);
+  run_gemm(g2, ctx.stream, "batched GEMM2");
+  ctx.stage_done("gemm2");
+}
+
 Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
                                      ActivationParams params, int64_t max_num_tokens)
     : w13_(std::move(w13)), w2_(std::move(w2)), activation_(activation), params_(params) {
