@@ -32,41 +32,6 @@ Grid make_grid(const BlockShape& block, int64_t rows, int64_t cols) {
   return g;
 }
 
-std::string_view dtype_name(QuantDType dtype) {
-  switch (dtype) {
-    case QuantDType::kNone:
-      return "none";
-    case QuantDType::kFp8E4M3:
-      return "fp8_e4m3";
-    case QuantDType::kFp8E5M2:
-      return "fp8_e5m2";
-    case QuantDType::kInt8:
-      return "int8";
-    case QuantDType::kInt4:
-      return "int4";
-    case QuantDType::kFp4E2M1:
-      return "fp4_e2m1";
-    case QuantDType::kFp6E3M2:
-      return "fp6_e3m2";
-    case QuantDType::kFp6E2M3:
-      return "fp6_e2m3";
-  }
-  return "?";
-}
-
-std::string_view scale_name(ScaleDType dtype) {
-  switch (dtype) {
-    case ScaleDType::kF32:
-      return "f32";
-    case ScaleDType::kUE8M0:
-      return "ue8m0";
-    case ScaleDType::kUE4M3:
-      return "ue4m3";
-    case ScaleDType::kActivation:
-      return "activation";
-  }
-  return "?";
-}
 
 // The float format of a floating-point element type.
 std::optional<Format> float_format(QuantDType dtype) {
@@ -314,7 +279,7 @@ QuantizedTensor quantize_impl(std::span<const float> data, int64_t rows, int64_t
 // ---- QuantScheme --------------------------------------------------------------------------------
 
 std::string QuantScheme::to_string() const {
-  std::string s = fmt::format("{} {} block({},{}) {}", dtype_name(dtype), scale_name(scale_dtype),
+  std::string s = fmt::format("{} {} block({},{}) {}", quant_dtype_name(dtype), scale_dtype_name(scale_dtype),
                               block.rows, block.cols, symmetric ? "sym" : "asym");
   if (scale_dtype == ScaleDType::kUE8M0) {
     s += e8m0_rounding == E8M0Rounding::kFloor ? " floor" : " ceil";
@@ -408,7 +373,7 @@ std::string unsupported_reason(const QuantScheme& scheme) {
     case ScaleDType::kUE4M3:
       if (!is_float) {
         return fmt::format("scale={} needs a floating-point element type, got {}",
-                           scale_name(scheme.scale_dtype), dtype_name(scheme.dtype));
+                           scale_dtype_name(scheme.scale_dtype), quant_dtype_name(scheme.dtype));
       }
       break;
     case ScaleDType::kActivation:
@@ -417,7 +382,7 @@ std::string unsupported_reason(const QuantScheme& scheme) {
   if (!scheme.symmetric) {
     if (!is_int(scheme.dtype)) {
       return fmt::format("asymmetric (zero-point) quantization needs int8 or int4, got {}",
-                         dtype_name(scheme.dtype));
+                         quant_dtype_name(scheme.dtype));
     }
     if (scheme.scale_dtype != ScaleDType::kF32) return "asymmetric quantization needs f32 scales";
   }

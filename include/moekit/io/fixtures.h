@@ -1,0 +1,55 @@
+// Small HuggingFace-layout checkpoints for tests and demos, so nothing is ever downloaded:
+// config.json (model shape + Quark quantization_config) and model.safetensors (or shards plus
+// model.safetensors.index.json), weights drawn from seeded uniform floats and quantized with
+// moekit::quant (quant/quantize.h). Tensor names and parameter suffixes are the ones
+// layer/checkpoint.h loads (see quantization/quark/quark_moe.h for each scheme's parameters).
+//
+// Schemes (FixtureOptions::scheme):
+//   bf16              unquantized
+//   fp8_per_tensor    fp8 W8A8, per-tensor weights, static per-tensor activations
+//   fp8_per_channel   fp8 W8A8, per-channel weights, dynamic per-token activations
+//   fp8_block128      fp8 W8A8, 128x128 weight blocks, dynamic (1, 128) activation groups
+//   w4a8_fp8          int4 per-channel over an fp8 per-tensor scale, dynamic per-token fp8 acts
+//   nvfp4             NVFP4 weights and activations
+//   mxfp4_w4a16       mxfp4 weights, bf16 activations
+//   mxfp4_a8          mxfp4 weights, static fp8 per-tensor activations
+//   mxfp4_a4          mxfp4 weights and activations
+//   mxfp6_e3m2        mxfp6 e3m2 weights and activations
+//   mxfp6_e2m3        mxfp6 e2m3 weights and activations
+//   int8_w8a8         int8 per-channel weights, dynamic per-token int8 activations
+// Models (FixtureOptions::model), every layer an MoE layer unless noted:
+//   tiny          qwen3_moe naming (mlp.experts.E.{gate,up,down}_proj), E=8, top_k=2, H=192,
+//                 I=128, 2 layers
+//   tiny-mixtral  mixtral naming (block_sparse_moe.experts.E.{w1,w3,w2}), same shape
+//   tiny-deepseek deepseek_v3: E=16, top_k=4, grouped sigmoid routing with
+//                 e_score_correction_bias, one unquantized shared expert (listed in the Quark
+//                 exclude list), layer 0 dense (first_k_dense_replace=1), 3 layers
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace moekit::io {
+
+struct FixtureOptions {
+  std::string scheme = "bf16";
+  std::string model = "tiny";
+  uint64_t seed = 0;
+  int num_shards = 1;  // > 1: model-0000k-of-0000n.safetensors + model.safetensors.index.json
+};
+
+// Every scheme and model name above, in the order listed.
+const std::vector<std::string>& fixture_schemes();
+const std::vector<std::string>& fixture_models();
+
+// The quantization_config JSON text of a scheme ("" for bf16). Throws moekit::Error listing the
+// schemes for an unknown one.
+std::string fixture_quantization_config(const std::string& scheme);
+
+// Writes the checkpoint into `dir` (created if needed; existing checkpoint files are replaced).
+// Throws moekit::Error for an unknown scheme / model or a failed write.
+void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOptions& options);
+
+}  // namespace moekit::io

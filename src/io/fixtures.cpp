@@ -1,0 +1,427 @@
+#include "moekit/io/fixtures.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "moekit/core/error.h"
+#include "moekit/core/half.h"
+#include "moekit/io/safetensors.h"
+#include "moekit/quant/formats.h"
+#include "moekit/quant/quantize.h"
+
+namespace moekit::io {
+namespace {
+
+using json = nlohmann::json;
+using quant::QuantScheme;
+
+struct ModelShape {
+  std::string model_type;
+  bool mixtral_names = false;
+  int E = 8, k = 2;
+  int64_t H = 192, I = 128;
+  int layers = 2;
+  int first_dense = 0;
+  bool deepseek = false;
+};
+
+ModelShape model_shape(const std::string& name) {
+  ModelShape m;
+  if (name == "tiny") {
+    m.model_type = "qwen3_moe";
+  } else if (name == "tiny-mixtral") {
+    m.model_type = "mixtral";
+    m.mixtral_names = true;
+  } else if (name == "tiny-deepseek") {
+    m.model_type = "deepseek_v3";
+    m.E = 16;
+    m.k = 4;
+    m.layers = 3;
+    m.first_dense = 1;
+    m.deepseek = true;
+  } else {
+    throw Error(fmt::format("unknown fixture model '{}'; known: {}", name,
+                            fmt::join(fixture_models(), ", ")));
+  }
+  return m;
+}
+
+json config_json(const ModelShape& m, const std::string& scheme) {
+  json c;
+  c["model_type"] = m.model_type;
+  c["architectures"] = json::array({m.model_type == "mixtral"     ? "MixtralForCausalLM"
+                                    : m.model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                                                  : "DeepseekV3ForCausalLM"});
+  c["hidden_size"] = m.H;
+  c["num_hidden_layers"] = m.layers;
+  c["num_experts_per_tok"] = m.k;
+  c["hidden_act"] = "silu";
+  c["torch_dtype"] = "bfloat16";
+  c["_name_or_path"] = fmt::format("moekit-fixture-{}-{}", m.model_type, scheme);
+  if (m.model_type == "mixtral") {
+    c["num_local_experts"] = m.E;
+    c["intermediate_size"] = m.I;
+  } else if (m.model_type == "qwen3_moe") {
+    c["num_experts"] = m.E;
+    c["moe_intermediate_size"] = m.I;
+    c["intermediate_size"] = 3 * m.I;
+    c["norm_topk_prob"] = true;
+  } else {
+    c["n_routed_experts"] = m.E;
+    c["moe_intermediate_size"] = m.I;
+    c["intermediate_size"] = 2 * m.I;
+    c["n_group"] = 4;
+    c["topk_group"] = 2;
+    c["scoring_func"] = "sigmoid";
+    c["topk_method"] = "noaux_tc";
+    c["routed_scaling_factor"] = 2.5;
+    c["n_shared_experts"] = 1;
+    c["first_k_dense_replace"] = m.first_dense;
+    c["norm_topk_prob"] = true;
+  }
+  return c;
+}
+
+json spec(const char* dtype, const char* qscheme, bool dynamic) {
+  json s;
+  s["dtype"] = dtype;
+  s["qscheme"] = qscheme;
+  s["is_dynamic"] = dynamic;
+  s["symmetric"] = true;
+  s["ch_axis"] = nullptr;
+  s["group_size"] = nullptr;
+  s["round_method"] = "half_even";
+  s["scale_type"] = "float";
+  return s;
+}
+json group_spec(const char* dtype, int64_t group, bool dynamic, bool e8m0) {
+  json s = spec(dtype, "per_group", dynamic);
+  s["group_size"] = group;
+  s["ch_axis"] = -1;
+  if (e8m0) s["scale_format"] = "e8m0";
+  return s;
+}
+
+// (weight, input) hints of a scheme.
+std::pair<json, json> scheme_hints(const std::string& scheme) {
+  if (scheme == "fp8_per_tensor") {
+    return {spec("fp8_e4m3", "per_tensor", false), spec("fp8_e4m3", "per_tensor", false)};
+  }
+  if (scheme == "fp8_per_channel") {
+    json w = spec("fp8_e4m3", "per_channel", false);
+    w["ch_axis"] = 0;
+    json a = spec("fp8_e4m3", "per_channel", true);
+    a["ch_axis"] = 1;
+    return {w, a};
+  }
+  if (scheme == "fp8_block128") {
+    json w = spec("fp8_e4m3", "per_block", false);
+    w["block_size"] = json::array({128, 128});
+    return {w, group_spec("fp8_e4m3", 128, true, false)};
+  }
+  if (scheme == "w4a8_fp8") {
+    json int4 = spec("int4", "per_channel", false);
+    int4["ch_axis"] = 0;
+    return {json::array({spec("fp8_e4m3", "per_tensor", false), int4}),
+            spec("fp8_e4m3", "per_tensor", true)};
+  }
+  if (scheme == "nvfp4") {
+    return {json::array({group_spec("fp4", 16, false, false), spec("fp8_e4m3", "per_tensor", false)}),
+            json::array({group_spec("fp4", 16, true, false), spec("fp8_e4m3", "per_tensor", false)})};
+  }
+  if (scheme == "mxfp4_w4a16") return {group_spec("fp4", 32, false, true), nullptr};
+  if (scheme == "mxfp4_a8") {
+    return {group_spec("fp4", 32, false, true), spec("fp8_e4m3", "per_tensor", false)};
+  }
+  if (scheme == "mxfp4_a4") {
+    return {group_spec("fp4", 32, false, true), group_spec("fp4", 32, true, true)};
+  }
+  if (scheme == "mxfp6_e3m2" || scheme == "mxfp6_e2m3") {
+    const char* d = scheme == "mxfp6_e3m2" ? "fp6_e3m2" : "fp6_e2m3";
+    return {group_spec(d, 32, false, true), group_spec(d, 32, true, true)};
+  }
+  if (scheme == "int8_w8a8") {
+    json w = spec("int8", "per_channel", false);
+    w["ch_axis"] = 0;
+    return {w, spec("int8", "per_channel", true)};
+  }
+  throw Error(fmt::format("unknown fixture scheme '{}'; known: {}", scheme,
+                          fmt::join(fixture_schemes(), ", ")));
+}
+
+json quark_config(const std::string& scheme, bool deepseek) {
+  auto [w, a] = scheme_hints(scheme);
+  json layer;
+  layer["weight"] = w;
+  layer["input_tensors"] = a;
+  layer["output_tensors"] = nullptr;
+  layer["bias"] = nullptr;
+  json q;
+  q["quant_method"] = "quark";
+  q["global_quant_config"] = layer;
+  q["layer_quant_config"] = json::object();
+  q["layer_type_quant_config"] = json::object();
+  json exclude = json::array({"lm_head", "*.mlp.gate"});
+  if (deepseek) {
+    exclude.push_back("re:model\\.layers\\.\\d+\\.mlp\\.shared_experts\\..*");
+    exclude.push_back("re:model\\.layers\\.0\\.mlp\\..*");
+  }
+  q["exclude"] = exclude;
+  q["quant_mode"] = "eager_mode";
+  q["export"] = json{{"kv_cache_group", json::array()}, {"pack_method", "reorder"}};
+  return q;
+}
+
+// ---- tensors --------------------------------------------------------------------------------
+
+struct Entry {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> data;
+};
+
+class Emitter {
+ public:
+  void bytes(std::string name, std::string dtype, std::vector<int64_t> shape, const void* p,
+             size_t n) {
+    Entry e{std::move(name), std::move(dtype), std::move(shape), std::vector<std::byte>(n)};
+    if (n > 0) std::memcpy(e.data.data(), p, n);
+    entries.push_back(std::move(e));
+  }
+  void f32(std::string name, std::vector<int64_t> shape, const std::vector<float>& v) {
+    bytes(std::move(name), "F32", std::move(shape), v.data(), v.size() * sizeof(float));
+  }
+  void scalar(std::string name, float v) { f32(std::move(name), {}, std::vector<float>{v}); }
+  void bf16(std::string name, std::vector<int64_t> shape, const std::vector<float>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      b[i] = float_to_bf16_bits(v[i]);
+    bytes(std::move(name), "BF16", std::move(shape), b.data(), b.size() * 2);
+  }
+  std::vector<Entry> entries;
+};
+
+std::vector<float> uniform(std::mt19937_64& rng, int64_t n, float scale) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v)
+    x = u(rng);
+  return v;
+}
+
+float amax(const std::vector<float>& v) {
+  float m = 0.0f;
+  for (float x : v)
+    m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// One projection (rows, cols) under `scheme`, its tensors named `<p>.weight`, `<p>.weight_scale`..
+// act_amax: the expected |input| bound of this projection (static activation scales).
+void emit_projection(Emitter& out, const std::string& p, const std::vector<float>& w, int64_t rows,
+                     int64_t cols, const std::string& scheme, float act_amax) {
+  const std::span<const float> data(w);
+  if (scheme == "bf16") {
+    out.bf16(p + ".weight", {rows, cols}, w);
+    return;
+  }
+  if (scheme.rfind("fp8_", 0) == 0) {
+    const QuantScheme qs = scheme == "fp8_per_tensor"    ? QuantScheme::fp8_per_tensor()
+                           : scheme == "fp8_per_channel" ? QuantScheme::fp8_per_channel()
+                                                         : QuantScheme::fp8_block(128, 128);
+    const quant::QuantizedTensor q = quant::quantize(data, rows, cols, qs);
+    out.bytes(p + ".weight", "F8_E4M3", {rows, cols}, q.codes.data(), q.codes.size());
+    if (scheme == "fp8_per_tensor") {
+      out.scalar(p + ".weight_scale", q.scales[0]);
+      out.scalar(p + ".input_scale", act_amax / 448.0f);
+    } else if (scheme == "fp8_per_channel") {
+      out.f32(p + ".weight_scale", {rows, 1}, q.scales);
+    } else {
+      out.f32(p + ".weight_scale", {q.scale_rows, q.scale_cols}, q.scales);
+    }
+    return;
+  }
+  if (scheme == "int8_w8a8") {
+    const quant::QuantizedTensor q =
+        quant::quantize(data, rows, cols, QuantScheme::int8_per_channel());
+    out.bytes(p + ".weight", "I8", {rows, cols}, q.codes.data(), q.codes.size());
+    out.f32(p + ".weight_scale", {rows, 1}, q.scales);
+    return;
+  }
+  if (scheme == "w4a8_fp8") {
+    // Stage 1: fp8 per tensor. Stage 2: the fp8 values (in fp8 units) to int4 per channel.
+    const float s2 = std::max(amax(w), quant::kAmaxFloor) / 448.0f;
+    std::vector<float> fp8_units(w.size());
+    for (size_t i = 0; i < w.size(); ++i)
+      fp8_units[i] = quant::decode_e4m3(quant::encode_e4m3(w[i] / s2));
+    const quant::QuantizedTensor q = quant::quantize(
+        fp8_units, rows, cols, QuantScheme::int_weight_groups(QuantDType::kInt4, -1, true));
+    std::vector<uint8_t> signed_codes = q.codes;  // uint4b8 -> two's complement nibbles
+    for (uint8_t& b : signed_codes)
+      b ^= 0x88;
+    out.bytes(p + ".weight", "U8", {rows, (cols + 1) / 2}, signed_codes.data(),
+              signed_codes.size());
+    out.f32(p + ".weight_scale", {rows, 1}, q.scales);
+    out.scalar(p + ".weight_scale_2", s2);
+    return;
+  }
+  if (scheme.rfind("mxfp", 0) == 0) {
+    const QuantDType el = scheme.rfind("mxfp4", 0) == 0 ? QuantDType::kFp4E2M1
+                          : scheme == "mxfp6_e3m2"      ? QuantDType::kFp6E3M2
+                                                        : QuantDType::kFp6E2M3;
+    const quant::QuantizedTensor q = quant::quantize(data, rows, cols, QuantScheme::mx(el));
+    out.bytes(p + ".weight", "U8", {rows, quant::code_row_bytes(el, cols)}, q.codes.data(),
+              q.codes.size());
+    out.bytes(p + ".weight_scale", "U8", {q.scale_rows, q.scale_cols}, q.scale_codes.data(),
+              q.scale_codes.size());
+    if (scheme == "mxfp4_a8") out.scalar(p + ".input_scale", act_amax / 448.0f);
+    return;
+  }
+  throw Error(fmt::format("unknown fixture scheme '{}'", scheme));
+}
+
+// NVFP4: the projections in `rows_of` quantized as one tensor (one global scale), emitted apart.
+void emit_nvfp4(Emitter& out, const std::vector<std::string>& names,
+                const std::vector<const std::vector<float>*>& parts, int64_t rows, int64_t cols,
+                float act_amax) {
+  std::vector<float> all;
+  for (const auto* p : parts)
+    all.insert(all.end(), p->begin(), p->end());
+  const int64_t total = rows * static_cast<int64_t>(parts.size());
+  const quant::QuantizedTensor q = quant::quantize(all, total, cols, QuantScheme::nvfp4());
+  const int64_t rb = (cols + 1) / 2, sc = q.scale_cols;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const int64_t r0 = static_cast<int64_t>(i) * rows;
+    out.bytes(names[i] + ".weight", "U8", {rows, rb}, q.codes.data() + r0 * rb,
+              static_cast<size_t>(rows * rb));
+    out.bytes(names[i] + ".weight_scale", "F8_E4M3", {rows, sc}, q.scale_codes.data() + r0 * sc,
+              static_cast<size_t>(rows * sc));
+    out.scalar(names[i] + ".weight_scale_2", 1.0f / q.global_scale);
+    out.scalar(names[i] + ".input_scale_2", act_amax / (448.0f * 6.0f));
+  }
+}
+
+void write_files(const std::filesystem::path& dir, std::vector<Entry> entries, int shards) {
+  std::filesystem::create_directories(dir);
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    const std::string n = f.path().filename().string();
+    if (f.path().extension() == ".safetensors" || n == CheckpointDir::kIndexName) {
+      std::filesystem::remove(f.path());
+    }
+  }
+  shards = std::max(shards, 1);
+  const size_t per = (entries.size() + static_cast<size_t>(shards) - 1) / static_cast<size_t>(shards);
+  json weight_map = json::object();
+  uint64_t total = 0;
+  for (int s = 0; s < shards; ++s) {
+    const std::string file = shards == 1 ? std::string("model.safetensors")
+                                         : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1,
+                                                       shards);
+    SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    for (size_t i = s * per; i < std::min(entries.size(), (s + 1) * per); ++i) {
+      Entry& e = entries[i];
+      total += e.data.size();
+      weight_map[e.name] = file;
+      w.add(e.name, e.dtype, e.shape, e.data);
+    }
+    w.write(dir / file);
+  }
+  if (shards > 1) {
+    json index;
+    index["metadata"] = json{{"total_size", total}};
+    index["weight_map"] = weight_map;
+    std::ofstream(dir / std::string(CheckpointDir::kIndexName)) << index.dump(2);
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& fixture_schemes() {
+  static const std::vector<std::string> kSchemes = {
+      "bf16",        "fp8_per_tensor", "fp8_per_channel", "fp8_block128",
+      "w4a8_fp8",    "nvfp4",          "mxfp4_w4a16",     "mxfp4_a8",
+      "mxfp4_a4",    "mxfp6_e3m2",     "mxfp6_e2m3",      "int8_w8a8"};
+  return kSchemes;
+}
+
+const std::vector<std::string>& fixture_models() {
+  static const std::vector<std::string> kModels = {"tiny", "tiny-mixtral", "tiny-deepseek"};
+  return kModels;
+}
+
+std::string fixture_quantization_config(const std::string& scheme) {
+  if (scheme == "bf16") return "";
+  return quark_config(scheme, false).dump(2);
+}
+
+void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOptions& options) {
+  const ModelShape m = model_shape(options.model);
+  const std::string& scheme = options.scheme;
+  json cfg = config_json(m, scheme);
+  if (scheme != "bf16") cfg["quantization_config"] = quark_config(scheme, m.deepseek);
+  std::mt19937_64 rng(options.seed * 7919 + 17);
+  Emitter out;
+  const int64_t H = m.H, I = m.I;
+  const float s1 = 2.0f / std::sqrt(static_cast<float>(H));
+  const float s2 = 2.0f / std::sqrt(static_cast<float>(I));
+  // Expected input bounds: x in [-1, 1]; the intermediate stays within ~4.
+  const float a13 = 1.0f, a2 = 4.0f;
+  for (int n = 0; n < m.layers; ++n) {
+    if (n < m.first_dense) {
+      const std::string p = fmt::format("model.layers.{}.mlp", n);
+      const int64_t Id = 2 * I;
+      out.bf16(p + ".gate_proj.weight", {Id, H}, uniform(rng, Id * H, s1));
+      out.bf16(p + ".up_proj.weight", {Id, H}, uniform(rng, Id * H, s1));
+      out.bf16(p + ".down_proj.weight", {H, Id}, uniform(rng, H * Id, s2));
+      continue;
+    }
+    const std::string moe = fmt::format(
+        "model.layers.{}.{}", n, m.mixtral_names ? "block_sparse_moe" : "mlp");
+    out.bf16(moe + ".gate.weight", {m.E, H}, uniform(rng, m.E * H, 1.0f / std::sqrt(float(H))));
+    if (m.deepseek) {
+      out.f32(moe + ".gate.e_score_correction_bias", {m.E}, uniform(rng, m.E, 0.05f));
+      const std::string sp = moe + ".shared_experts";
+      out.bf16(sp + ".gate_proj.weight", {I, H}, uniform(rng, I * H, s1));
+      out.bf16(sp + ".up_proj.weight", {I, H}, uniform(rng, I * H, s1));
+      out.bf16(sp + ".down_proj.weight", {H, I}, uniform(rng, H * I, s2));
+    }
+    const char* g = m.mixtral_names ? "w1" : "gate_proj";
+    const char* u = m.mixtral_names ? "w3" : "up_proj";
+    const char* d = m.mixtral_names ? "w2" : "down_proj";
+    for (int e = 0; e < m.E; ++e) {
+      const std::string p = fmt::format("{}.experts.{}.", moe, e);
+      const std::vector<float> wg = uniform(rng, I * H, s1);
+      const std::vector<float> wu = uniform(rng, I * H, s1);
+      const std::vector<float> wd = uniform(rng, H * I, s2);
+      // Static activation bounds differ a little per expert (exercises the max reduction).
+      const float vary = 1.0f + 0.02f * static_cast<float>(e);
+      if (scheme == "nvfp4") {
+        emit_nvfp4(out, {p + g, p + u}, {&wg, &wu}, I, H, a13 * vary);
+        emit_nvfp4(out, {p + d}, {&wd}, H, I, a2 * vary);
+        continue;
+      }
+      emit_projection(out, p + g, wg, I, H, scheme, a13 * vary);
+      emit_projection(out, p + u, wu, I, H, scheme, a13 * vary);
+      emit_projection(out, p + d, wd, H, I, scheme, a2 * vary);
+    }
+  }
+  try {
+    write_files(dir, std::move(out.entries), options.num_shards);
+    std::ofstream cf(dir / "config.json");
+    cf << cfg.dump(2) << "\n";
+    MOEKIT_CHECK(cf.good(), "cannot write {}", (dir / "config.json").string());
+  } catch (const SafetensorsError& e) {
+    throw Error(e.what());
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw Error(fmt::format("cannot write fixture checkpoint into {}: {}", dir.string(), e.what()));
+  }
+}
+
+}  // namespace moekit::io
