@@ -50,6 +50,14 @@ Tensor make_logits(int64_t M, int E, int k, const std::string& dist, uint64_t se
 int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t seed, int check_rows,
                 const std::string& routing_dist);
 int explain_command(const DeploymentOptions& deployment);
+// tools/checkpoint.cpp: `run --checkpoint DIR --layer N`, `explain --quant S | --checkpoint DIR`,
+// `make-fixture`.
+int run_checkpoint_command(const DeploymentOptions& deployment, const std::string& dir, int layer,
+                           int64_t tokens, uint64_t seed, int check_rows);
+int explain_quant_command(const DeploymentOptions& deployment, const std::string& scheme,
+                          const std::string& checkpoint_dir);
+int make_fixture_command(const std::string& scheme, const std::string& out,
+                         const std::string& model, uint64_t seed, int shards);
 int bench_command(const DeploymentOptions& deployment, const std::vector<std::string>& models,
                   const std::vector<int64_t>& tokens, const std::string& routing_dist, int reps,
                   const std::string& json_path);

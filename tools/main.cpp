@@ -29,11 +29,43 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   run->add_option("--routing", routing, "router logits: random, balanced or skewed")
       ->check(CLI::IsMember({"random", "balanced", "skewed"}));
+  std::string run_checkpoint;
+  int run_layer = -1;
+  run->add_option("--checkpoint", run_checkpoint,
+                  "HuggingFace checkpoint directory (config.json + *.safetensors): run one of its "
+                  "MoE layers instead of random weights");
+  run->add_option("--layer", run_layer,
+                  "with --checkpoint: the layer index (default: the first MoE layer)");
 
   DeploymentOptions explain_deployment;
   CLI::App* explain = app.add_subcommand(
       "explain", "Print the oracle's decision table for a deployment without running anything");
   explain_deployment.add_to(*explain);
+  std::string explain_quant;
+  std::string explain_checkpoint;
+  explain->add_option("--quant", explain_quant,
+                      "quantization scheme (a make-fixture scheme name, e.g. fp8_per_channel, "
+                      "nvfp4, mxfp4_a4): the Quark method and its oracle's decisions");
+  explain->add_option("--checkpoint", explain_checkpoint,
+                      "read the scheme from this checkpoint's quantization_config");
+
+  std::string fixture_scheme;
+  std::string fixture_out;
+  std::string fixture_model = "tiny";
+  uint64_t fixture_seed = 0;
+  int fixture_shards = 1;
+  CLI::App* fixture = app.add_subcommand(
+      "make-fixture", "Write a small HuggingFace-layout checkpoint of one quantization scheme");
+  fixture->add_option("--scheme", fixture_scheme, "scheme name, or 'all' (one subdirectory each)")
+      ->required();
+  fixture->add_option("--out", fixture_out, "output directory")->required();
+  fixture->add_option("--model", fixture_model, "tiny, tiny-mixtral or tiny-deepseek")
+      ->capture_default_str();
+  fixture->add_option("--seed", fixture_seed, "random seed of the weights");
+  fixture
+      ->add_option("--shards", fixture_shards,
+                   "number of safetensors files (> 1 adds model.safetensors.index.json)")
+      ->check(CLI::PositiveNumber);
 
   DeploymentOptions bench_deployment;
   std::vector<std::string> bench_models = {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3",
@@ -58,8 +90,20 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   try {
+    if (*run && !run_checkpoint.empty()) {
+      if (run_layer < 0) run_layer = moekit::preset_from_hf_config(run_checkpoint).first_moe_layer;
+      return run_checkpoint_command(run_deployment, run_checkpoint, run_layer, tokens, seed,
+                                    check_rows);
+    }
     if (*run) return run_command(run_deployment, tokens, seed, check_rows, routing);
+    if (*explain && (!explain_quant.empty() || !explain_checkpoint.empty())) {
+      return explain_quant_command(explain_deployment, explain_quant, explain_checkpoint);
+    }
     if (*explain) return explain_command(explain_deployment);
+    if (*fixture) {
+      return make_fixture_command(fixture_scheme, fixture_out, fixture_model, fixture_seed,
+                                  fixture_shards);
+    }
     if (*bench) {
       return bench_command(bench_deployment, bench_models, bench_tokens, bench_routing, bench_reps,
                            bench_json);

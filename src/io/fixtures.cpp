@@ -132,8 +132,9 @@ std::pair<json, json> scheme_hints(const std::string& scheme) {
             spec("fp8_e4m3", "per_tensor", true)};
   }
   if (scheme == "nvfp4") {
-    return {json::array({group_spec("fp4", 16, false, false), spec("fp8_e4m3", "per_tensor", false)}),
-            json::array({group_spec("fp4", 16, true, false), spec("fp8_e4m3", "per_tensor", false)})};
+    return {
+        json::array({group_spec("fp4", 16, false, false), spec("fp8_e4m3", "per_tensor", false)}),
+        json::array({group_spec("fp4", 16, true, false), spec("fp8_e4m3", "per_tensor", false)})};
   }
   if (scheme == "mxfp4_w4a16") return {group_spec("fp4", 32, false, true), nullptr};
   if (scheme == "mxfp4_a8") {
@@ -316,13 +317,14 @@ void write_files(const std::filesystem::path& dir, std::vector<Entry> entries, i
     }
   }
   shards = std::max(shards, 1);
-  const size_t per = (entries.size() + static_cast<size_t>(shards) - 1) / static_cast<size_t>(shards);
+  const size_t per =
+      (entries.size() + static_cast<size_t>(shards) - 1) / static_cast<size_t>(shards);
   json weight_map = json::object();
   uint64_t total = 0;
   for (int s = 0; s < shards; ++s) {
-    const std::string file = shards == 1 ? std::string("model.safetensors")
-                                         : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1,
-                                                       shards);
+    const std::string file = shards == 1
+                                 ? std::string("model.safetensors")
+                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards);
     SafetensorsWriter w;
     w.set_metadata("format", "pt");
     for (size_t i = s * per; i < std::min(entries.size(), (s + 1) * per); ++i) {
@@ -345,9 +347,9 @@ void write_files(const std::filesystem::path& dir, std::vector<Entry> entries, i
 
 const std::vector<std::string>& fixture_schemes() {
   static const std::vector<std::string> kSchemes = {
-      "bf16",        "fp8_per_tensor", "fp8_per_channel", "fp8_block128",
-      "w4a8_fp8",    "nvfp4",          "mxfp4_w4a16",     "mxfp4_a8",
-      "mxfp4_a4",    "mxfp6_e3m2",     "mxfp6_e2m3",      "int8_w8a8"};
+      "bf16",     "fp8_per_tensor", "fp8_per_channel", "fp8_block128",
+      "w4a8_fp8", "nvfp4",          "mxfp4_w4a16",     "mxfp4_a8",
+      "mxfp4_a4", "mxfp6_e3m2",     "mxfp6_e2m3",      "int8_w8a8"};
   return kSchemes;
 }
 
@@ -382,8 +384,8 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
       out.bf16(p + ".down_proj.weight", {H, Id}, uniform(rng, H * Id, s2));
       continue;
     }
-    const std::string moe = fmt::format(
-        "model.layers.{}.{}", n, m.mixtral_names ? "block_sparse_moe" : "mlp");
+    const std::string moe =
+        fmt::format("model.layers.{}.{}", n, m.mixtral_names ? "block_sparse_moe" : "mlp");
     out.bf16(moe + ".gate.weight", {m.E, H}, uniform(rng, m.E * H, 1.0f / std::sqrt(float(H))));
     if (m.deepseek) {
       out.f32(moe + ".gate.e_score_correction_bias", {m.E}, uniform(rng, m.E, 0.05f));

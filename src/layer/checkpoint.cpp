@@ -106,8 +106,7 @@ LayerNames find_names(const Reader& r, int n, const ModelPreset& model) {
   }
   if (r.contains(mixtral + ".experts.0.w1.weight")) return {mixtral, "w1", "w3", "w2"};
   MOEKIT_CHECK(n >= 0 && (model.num_layers == 0 || n < model.num_layers),
-               "layer {} is out of range: the model has num_hidden_layers={}", n,
-               model.num_layers);
+               "layer {} is out of range: the model has num_hidden_layers={}", n, model.num_layers);
   MOEKIT_CHECK(n >= model.first_moe_layer,
                "layer {} is a dense layer (first_k_dense_replace={}), not an MoE layer", n,
                model.first_moe_layer);
@@ -124,8 +123,8 @@ Shape squeeze_trailing(Shape s) {
 }
 
 bool shape_matches(const Shape& got, const Shape& want) {
-  return got == want || (squeeze_trailing(got) == squeeze_trailing(want) &&
-                         numel_of(got) == numel_of(want));
+  return got == want ||
+         (squeeze_trailing(got) == squeeze_trailing(want) && numel_of(got) == numel_of(want));
 }
 
 bool byte_compatible(DType want, DType got) {
@@ -140,8 +139,8 @@ Tensor read_piece(const Reader& r, const std::string& name, const Shape& want, D
                   const std::string& param) {
   Tensor t = r.read(name);
   MOEKIT_CHECK(shape_matches(t.shape(), want),
-               "tensor '{}' has shape {} but parameter {} needs {} per expert and projection",
-               name, shape_to_string(t.shape()), param, shape_to_string(want));
+               "tensor '{}' has shape {} but parameter {} needs {} per expert and projection", name,
+               shape_to_string(t.shape()), param, shape_to_string(want));
   const bool convert = want_dtype == DType::kF32 && is_float_dtype(t.dtype());
   MOEKIT_CHECK(convert || byte_compatible(want_dtype, t.dtype()),
                "tensor '{}' has dtype {} ({}) but parameter {} needs {}", name,
@@ -163,8 +162,8 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
   Tensor staged = Tensor::empty(spec.shape, spec.dtype);
   const int64_t per_expert = numel_of(spec.shape) / std::max<int64_t>(E, 1);
   const size_t esz = element_size(spec.dtype);
-  const std::string desc = fmt::format("{}.experts.*.{{{}}}.{}", names.moe_prefix,
-                                       fmt::join(projs, ","), suffix);
+  const std::string desc =
+      fmt::format("{}.experts.*.{{{}}}.{}", names.moe_prefix, fmt::join(projs, ","), suffix);
   if (spec.shape.size() == 1) {
     // (E,): one scalar per expert; fused shards take their max (static input scales).
     std::vector<float> v(static_cast<size_t>(E));
@@ -190,9 +189,8 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
   auto* dst = static_cast<char*>(staged.data());
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t s = 0; s < S; ++s) {
-      const Tensor t =
-          read_piece(r, names.expert(e, projs[static_cast<size_t>(s)], suffix), piece, spec.dtype,
-                     param);
+      const Tensor t = read_piece(r, names.expert(e, projs[static_cast<size_t>(s)], suffix), piece,
+                                  spec.dtype, param);
       std::memcpy(dst + (e * per_expert + s * piece_numel) * esz, t.data(),
                   static_cast<size_t>(piece_numel) * esz);
     }
@@ -231,8 +229,8 @@ void load_unquantized(const Reader& r, const LayerNames& names, const MoEConfig&
       put(w.w13, (e * S + s) * I * H, names.expert(e, up_projs[static_cast<size_t>(s)], "weight"),
           {I, H});
       if (has_bias) {
-        put(w.w13_bias, (e * S + s) * I,
-            names.expert(e, up_projs[static_cast<size_t>(s)], "bias"), {I});
+        put(w.w13_bias, (e * S + s) * I, names.expert(e, up_projs[static_cast<size_t>(s)], "bias"),
+            {I});
       }
     }
     put(w.w2, e * H * I, names.expert(e, names.down, "weight"), {H, I});
@@ -245,8 +243,8 @@ Tensor read_float(const Reader& r, const std::string& name, const Shape& want) {
   MOEKIT_CHECK(shape_matches(t.shape(), want), "tensor '{}' has shape {} but the layer needs {}",
                name, shape_to_string(t.shape()), shape_to_string(want));
   MOEKIT_CHECK(is_float_dtype(t.dtype()),
-               "tensor '{}' has dtype {}; moekit loads it unquantized (BF16, F16 or F32 only)", name,
-               r.dtype_string(name));
+               "tensor '{}' has dtype {}; moekit loads it unquantized (BF16, F16 or F32 only)",
+               name, r.dtype_string(name));
   return t.to_dtype(DType::kF32).view(want);
 }
 
@@ -308,6 +306,10 @@ const QuantConfig& CheckpointMoELayer::quant_config() const {
 
 std::string CheckpointMoELayer::tolerance_name() const {
   return tolerance_of(quant_config(), options_.dtype);
+}
+
+const Router& CheckpointMoELayer::router() const {
+  return layer_ ? layer_->router() : *router_;
 }
 
 const OracleReport& CheckpointMoELayer::selection() const {

@@ -80,7 +80,7 @@ class CheckpointMoELayer {
   std::string tolerance_name() const;
   // The QuantConfig the kernel runs with (QuantConfig::unquantized() for unquantized layers).
   const QuantConfig& quant_config() const;
-  const Router& router() const { return *router_; }
+  const Router& router() const;
   const Tensor& router_weight() const { return router_weight_; }  // (E, H) f32 or undefined
   const Tensor& e_score_correction_bias() const { return e_score_bias_; }
   const OracleReport& selection() const;
@@ -104,12 +104,12 @@ class CheckpointMoELayer {
   MoEConfig moe_;
   int layer_index_ = 0;
   CheckpointLoadOptions options_;
-  std::unique_ptr<MoELayer> layer_;                 // unquantized
-  std::unique_ptr<quark::QuarkMoEMethod> method_;   // quantized
-  quark::ExpertParams params_;                      // quantized
-  std::unique_ptr<Router> router_;                  // quantized (MoELayer has its own)
-  std::shared_ptr<SharedExperts> shared_;           // quantized layers' shared experts
-  Tensor shared_w13_, shared_w2_;                   // f32 copies (reference)
+  std::unique_ptr<MoELayer> layer_;                // unquantized
+  std::unique_ptr<quark::QuarkMoEMethod> method_;  // quantized
+  quark::ExpertParams params_;                     // quantized
+  std::unique_ptr<Router> router_;                 // quantized (MoELayer has its own)
+  std::shared_ptr<SharedExperts> shared_;          // quantized layers' shared experts
+  Tensor shared_w13_, shared_w2_;                  // f32 copies (reference)
   Tensor router_weight_;
   Tensor e_score_bias_;
 };

@@ -162,9 +162,10 @@ bool exclude_entry_matches(const std::string& entry, std::string_view name) {
       return std::regex_search(name.begin(), name.end(), m, re,
                                std::regex_constants::match_continuous);
     } catch (const std::regex_error& e) {
-      throw Error(fmt::format("quantization_config.exclude: '{}' is not a valid regular "
-                              "expression: {}",
-                              entry, e.what()));
+      throw Error(
+          fmt::format("quantization_config.exclude: '{}' is not a valid regular "
+                      "expression: {}",
+                      entry, e.what()));
     }
   }
   if (entry.find_first_of("*?[") != std::string::npos) return fnmatch(entry, name);
@@ -319,18 +320,26 @@ const LayerQuantConfig& QuarkConfig::find_matched_config(std::string_view layer_
   const LayerQuantConfig& own = match_one(*this, layer_name, layer_type);
   if (!is_experts_layer(layer_name)) return own;
   // The projections of one expert are fused (w13) and run by one kernel: one scheme for all.
+  // A per-projection pattern decides the layer's config when one matches; the three projections
+  // (of either naming family) must then agree.
   const std::vector<std::string> shards = shard_names(layer_name);
   for (size_t family = 0; family < 2; ++family) {
+    bool any_pattern = false;
+    for (size_t s = 3 * family; s < 3 * family + 3; ++s)
+      any_pattern = any_pattern || match_pattern(*this, shards[s]) != nullptr;
+    if (!any_pattern) continue;
+    const LayerQuantConfig& first = match_one(*this, shards[3 * family], layer_type);
     std::vector<std::string> disagree;
-    for (size_t s = 3 * family; s < 3 * family + 3; ++s) {
-      if (!(match_one(*this, shards[s], layer_type) == own)) disagree.push_back(shards[s]);
+    for (size_t s = 3 * family + 1; s < 3 * family + 3; ++s) {
+      if (!(match_one(*this, shards[s], layer_type) == first)) disagree.push_back(shards[s]);
     }
     if (!disagree.empty()) {
       throw Error(fmt::format(
           "quantization_config: found a different quantization configuration for {} than for "
-          "the rest of {}; the fused MoE layer needs one scheme for all its projections",
-          fmt::join(disagree, ", "), layer_name));
+          "{} in {}; the fused MoE layer needs one scheme for all its projections",
+          fmt::join(disagree, ", "), shards[3 * family], layer_name));
     }
+    return first;
   }
   return own;
 }
@@ -351,8 +360,8 @@ std::optional<QuantKeyMatch> is_fp8_w8a8(const QuantSpec* w, const QuantSpec* a)
     if (a->dynamic()) {
       if (qscheme_is(a, "per_channel")) return QuantKeyMatch{wk, qk::kFp8DynamicTokenSym};
       if (qscheme_is(a, "per_tensor") || qscheme_is(a, "per_token")) {
-        return QuantKeyMatch{wk, qscheme_is(a, "per_tensor") ? qk::kFp8DynamicTensorSym
-                                                             : qk::kFp8DynamicTokenSym};
+        return QuantKeyMatch{
+            wk, qscheme_is(a, "per_tensor") ? qk::kFp8DynamicTensorSym : qk::kFp8DynamicTokenSym};
       }
       return std::nullopt;
     }

@@ -342,9 +342,9 @@ QuarkMoETarget get_moe_method_target(const QuarkConfig& config, std::string_view
                     layer_name));
   }
   auto unsupported = [&]() {
-    return UnsupportedError(fmt::format(
-        "Unsupported FusedMoe scheme for layer {}: weight {}, input_tensors {}", layer_name,
-        hint_text(c.weight), hint_text(c.input_tensors)));
+    return UnsupportedError(
+        fmt::format("Unsupported FusedMoe scheme for layer {}: weight {}, input_tensors {}",
+                    layer_name, hint_text(c.weight), hint_text(c.input_tensors)));
   };
   if (c.weight.size() > 1 || c.input_tensors.size() > 1) {
     if (auto m = is_fp8_w4a8(c.weight, c.input_tensors)) {
@@ -357,7 +357,8 @@ QuarkMoETarget get_moe_method_target(const QuarkConfig& config, std::string_view
   }
   const QuantSpec* w = c.weight.empty() ? nullptr : &c.weight[0];
   const QuantSpec* a = c.input_tensors.empty() ? nullptr : &c.input_tensors[0];
-  if (auto m = is_fp8_w8a8(w, a)) return {m->weight_key, m->activation_key, QuarkMoEScheme::kW8A8Fp8};
+  if (auto m = is_fp8_w8a8(w, a))
+    return {m->weight_key, m->activation_key, QuarkMoEScheme::kW8A8Fp8};
   if (auto m = is_w_ocp_mx_a_x(w, a, /*allow_static_fp8=*/true)) {
     return {m->weight_key, m->activation_key, QuarkMoEScheme::kOcpMx};
   }
@@ -390,9 +391,11 @@ std::unique_ptr<QuarkMoEMethod> get_moe_method(const QuarkConfig& /*config*/, co
 std::optional<std::string> ocp_mx_scheme_from_quant_dtype(const std::optional<std::string>& input,
                                                           const std::string& weight) {
   static const std::vector<std::pair<std::string, std::string>> kAllowed = {
-      {"", "mxfp4"},          {"mxfp4", "mxfp4"},           {"mxfp6_e3m2", "mxfp4"},
-      {"mxfp6_e2m3", "mxfp4"}, {"fp8", "mxfp4"},            {"mxfp6_e3m2", "mxfp6_e3m2"},
-      {"fp8", "mxfp6_e3m2"},  {"mxfp6_e2m3", "mxfp6_e2m3"}, {"fp8", "mxfp6_e2m3"},
+      {"", "mxfp4"},           {"mxfp4", "mxfp4"},
+      {"mxfp6_e3m2", "mxfp4"}, {"mxfp6_e2m3", "mxfp4"},
+      {"fp8", "mxfp4"},        {"mxfp6_e3m2", "mxfp6_e3m2"},
+      {"fp8", "mxfp6_e3m2"},   {"mxfp6_e2m3", "mxfp6_e2m3"},
+      {"fp8", "mxfp6_e2m3"},
   };
   const std::string in = input.value_or("");
   for (const auto& [i, w] : kAllowed) {
@@ -464,8 +467,9 @@ Tensor QuarkMoEMethod::apply_monolithic(const ExpertParams& layer, const Tensor&
                                         const Tensor& router_logits, RunContext ctx) const {
   MOEKIT_CHECK(kernel_ != nullptr, "{}: apply_monolithic() before process_weights_after_loading()",
                name());
-  MOEKIT_CHECK(is_monolithic(), "{}: apply_monolithic() needs a monolithic kernel, but {} is modular",
-               name(), kernel_->fused_experts().name());
+  MOEKIT_CHECK(is_monolithic(),
+               "{}: apply_monolithic() needs a monolithic kernel, but {} is modular", name(),
+               kernel_->fused_experts().name());
   MonolithicApplyArgs args;
   args.hidden_states = x;
   args.w1 = layer.get("w13_weight");
@@ -478,8 +482,7 @@ Tensor QuarkMoEMethod::apply_monolithic(const ExpertParams& layer, const Tensor&
 
 // ---- fp8 W8A8 -----------------------------------------------------------------------------
 
-QuarkW8A8Fp8MoEMethod::QuarkW8A8Fp8MoEMethod(MoEConfig moe, QuantKey wk,
-                                             std::optional<QuantKey> ak)
+QuarkW8A8Fp8MoEMethod::QuarkW8A8Fp8MoEMethod(MoEConfig moe, QuantKey wk, std::optional<QuantKey> ak)
     : QuarkMoEMethod(std::move(moe), wk, ak,
                      {qk::kFp8StaticTensorSym, qk::kFp8DynamicTensorSym, qk::kFp8DynamicTokenSym,
                       qk::kFp8Dynamic128Sym},
@@ -496,7 +499,8 @@ QuarkW8A8Fp8MoEMethod::QuarkW8A8Fp8MoEMethod(MoEConfig moe, QuantKey wk,
     const bool w_tensor = wk == qk::kFp8StaticTensorSym;
     const bool a_token = a == qk::kFp8DynamicTokenSym;
     granularity_ = w_tensor ? Granularity::kTensor : Granularity::kChannel;
-    const bool per_tensor = w_tensor && (a == qk::kFp8StaticTensorSym || a == qk::kFp8DynamicTensorSym);
+    const bool per_tensor =
+        w_tensor && (a == qk::kFp8StaticTensorSym || a == qk::kFp8DynamicTensorSym);
     const bool per_channel = !w_tensor && (a_token || a == qk::kFp8StaticTensorSym);
     if (!(per_tensor || per_channel)) {
       throw Error(fmt::format(
@@ -536,8 +540,7 @@ void QuarkW8A8Fp8MoEMethod::create_weights(ExpertParams& layer, int64_t E, int64
                    I);
       const DType sd = *weight_key_ == qk::kFp8Static128BlockE8M0Sym ? DType::kUE8M0 : DType::kF32;
       const double one = sd == DType::kUE8M0 ? 127.0 : 1.0;
-      layer.register_parameter("w13_weight_scale", {E, (N1 + 127) / 128, (H + 127) / 128}, sd,
-                               one);
+      layer.register_parameter("w13_weight_scale", {E, (N1 + 127) / 128, (H + 127) / 128}, sd, one);
       layer.register_parameter("w2_weight_scale", {E, (H + 127) / 128, (I + 127) / 128}, sd, one);
       break;
     }
@@ -612,10 +615,10 @@ std::pair<Tensor, Tensor> QuarkW8A8Fp8MoEMethod::dequantized_weights(
 
 QuarkW8A8Int8MoEMethod::QuarkW8A8Int8MoEMethod(MoEConfig moe, QuantKey wk,
                                                std::optional<QuantKey> ak)
-    : QuarkMoEMethod(std::move(moe), wk, ak,
-                     {qk::kInt8StaticTensorSym, qk::kInt8DynamicTensorSym,
-                      qk::kInt8DynamicTokenSym},
-                     {qk::kInt8StaticChannelSym, qk::kInt8StaticTensorSym}) {
+    : QuarkMoEMethod(
+          std::move(moe), wk, ak,
+          {qk::kInt8StaticTensorSym, qk::kInt8DynamicTensorSym, qk::kInt8DynamicTokenSym},
+          {qk::kInt8StaticChannelSym, qk::kInt8StaticTensorSym}) {
   per_channel_ = wk == qk::kInt8StaticChannelSym;
   static_input_scales_ = activation_key_->scale.is_static;
   set_selection(explain_with<Int8MoEKernelOracle>(moe_, weight_key_, activation_key_), "");
@@ -814,8 +817,7 @@ void QuarkNvfp4MoEMethod::process_weights_after_loading(ExpertParams& layer) {
     for (int64_t e = 0; e < E; ++e) {
       const float a = v[e * 2], b = v[e * 2 + 1];
       if (std::fabs(a - b) > 1e-8f + 1e-5f * std::fabs(b)) {
-        log::warn_once(
-            "w1_weight_scale_2 must match w3_weight_scale_2. Accuracy may be affected.");
+        log::warn_once("w1_weight_scale_2 must match w3_weight_scale_2. Accuracy may be affected.");
         break;
       }
     }
@@ -881,7 +883,8 @@ OcpMxDType ocp_dtype(const std::optional<std::string>& d) {
 }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 int64_t round_up(int64_t x, int64_t m) {

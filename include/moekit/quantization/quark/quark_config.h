@@ -14,10 +14,10 @@
 //        | [SPEC_DICT, SPEC_DICT]   (two quantizers of one tensor: NVFP4, fp8 W4A8)
 //
 // Matching (find_matched_config): layer_quant_config patterns in file order (fnmatch: * ? [..]),
-// then layer_type_quant_config, then global_quant_config. For an MoE experts layer the config of
-// each projection of its first expert ("<layer>.0.gate_proj", ".up_proj", ".down_proj" and the
-// Mixtral "w1", "w3", "w2") must agree with the layer's own match, else an error names the
-// projections ("fused shards disagree").
+// then layer_type_quant_config, then global_quant_config. For an MoE experts layer that no pattern
+// names directly, a pattern naming the projections of its first expert ("<layer>.0.gate_proj",
+// ".up_proj", ".down_proj", or the Mixtral "w1", "w3", "w2") decides, and all three projections
+// must then resolve to the same config, else an error names them ("fused shards disagree").
 //
 // Every parse error throws moekit::Error naming the key path ("quantization_config.
 // global_quant_config.weight[1].group_size"), the value and what was expected.
@@ -44,8 +44,8 @@ struct QuantSpec {
   std::optional<int64_t> group_size;   // per_group width (32 for OCP MX, 16 for NVFP4)
   std::optional<bool> is_dynamic;      // activations computed at run time
   std::optional<bool> symmetric;
-  std::optional<std::string> scale_format;       // "e8m0" (OCP MX), "float", ...
-  std::optional<std::string> scale_type;         // "float", "float8_e8m0fnu", ...
+  std::optional<std::string> scale_format;         // "e8m0" (OCP MX), "float", ...
+  std::optional<std::string> scale_type;           // "float", "float8_e8m0fnu", ...
   std::optional<std::vector<int64_t>> block_size;  // per_block weights: [128, 128]
   std::optional<int64_t> ch_axis;
 
@@ -97,7 +97,8 @@ struct QuarkConfig {
 // fnmatch-style matching of the whole name: * (any run), ? (one character), [abc] / [!abc].
 bool fnmatch(std::string_view pattern, std::string_view name);
 
-// The (weight, activation) keys a scheme predicate recognised. activation_key nullopt = weight-only.
+// The (weight, activation) keys a scheme predicate recognised. activation_key nullopt =
+// weight-only.
 struct QuantKeyMatch {
   std::optional<QuantKey> weight_key;
   std::optional<QuantKey> activation_key;

@@ -14,24 +14,22 @@
 //
 // Parameters (E experts, H hidden, I intermediate per partition, N1 = 2I gated / I otherwise;
 // Hp / Ip = packed row bytes of H / I: fp4 and int4 ceil(x/2), fp6 3x/4):
-// | method                 | w13_weight       | w13_weight_scale        | others                   |
+// | method                 | w13_weight       | w13_weight_scale        | others |
 // |------------------------|------------------|-------------------------|--------------------------|
-// | QuarkW8A8Fp8MoEMethod  | (E,N1,H) fp8     | tensor (E,2) / channel  | static act: w13/w2_      |
-// |                        |                  | (E,N1,1) / block f32 or | input_scale (E,) f32     |
-// |                        |                  | e8m0 (E,ceil(N1/128),   |                          |
-// |                        |                  | ceil(H/128))            |                          |
-// | QuarkW8A8Int8MoEMethod | (E,N1,H) int8    | tensor (E,2) / channel  | static act: input_scale  |
-// |                        |                  | (E,N1,1) f32            | (E,) f32                 |
-// | QuarkW4A8Fp8MoEMethod  | (E,N1,Hp) u8     | int4 per channel        | w13_weight_scale_2 (E,2) |
-// |                        | signed int4, low | (E,N1,1) f32            | fp8 per-tensor f32;      |
-// |                        | nibble first     |                         | static act: input_scale  |
-// | QuarkNvfp4MoEMethod    | (E,N1,Hp) u8     | (E,N1,H/16) fp8 e4m3    | w13_weight_scale_2 (E,2),|
-// |                        |                  |                         | w13_input_scale_2 (E,2)  |
-// | QuarkOCP_MX_MoEMethod  | (E,N1,Hp) u8     | (E,N1,H/32) u8 (e8m0)   | static fp8 act:          |
-// |                        |                  |                         | input_scale (E,) f32     |
-// w2 counterparts: w2_weight (E,H,I or Ip), w2_weight_scale (E,) / (E,H,1) / (E,H,I/g) /
-// blocks, w2_weight_scale_2 (E,), w2_input_scale(_2) (E,). Biases (MoEConfig::has_bias):
-// w13_bias (E,N1) f32, w2_bias (E,H) f32. Per-tensor scales hold one value per fused shard
+// | QuarkW8A8Fp8MoEMethod  | (E,N1,H) fp8     | tensor (E,2) / channel  | static act: w13/w2_ | |
+// |                  | (E,N1,1) / block f32 or | input_scale (E,) f32     | | |                  |
+// e8m0 (E,ceil(N1/128),   |                          | |                        | | ceil(H/128)) |
+// | | QuarkW8A8Int8MoEMethod | (E,N1,H) int8    | tensor (E,2) / channel  | static act: input_scale
+// | |                        |                  | (E,N1,1) f32            | (E,) f32 | |
+// QuarkW4A8Fp8MoEMethod  | (E,N1,Hp) u8     | int4 per channel        | w13_weight_scale_2 (E,2) |
+// |                        | signed int4, low | (E,N1,1) f32            | fp8 per-tensor f32; | |
+// | nibble first     |                         | static act: input_scale  | | QuarkNvfp4MoEMethod
+// | (E,N1,Hp) u8     | (E,N1,H/16) fp8 e4m3    | w13_weight_scale_2 (E,2),| | |                  |
+// | w13_input_scale_2 (E,2)  | | QuarkOCP_MX_MoEMethod  | (E,N1,Hp) u8     | (E,N1,H/32) u8 (e8m0)
+// | static fp8 act:          | |                        |                  | | input_scale (E,) f32
+// | w2 counterparts: w2_weight (E,H,I or Ip), w2_weight_scale (E,) / (E,H,1) / (E,H,I/g) / blocks,
+// w2_weight_scale_2 (E,), w2_input_scale(_2) (E,). Biases (MoEConfig::has_bias): w13_bias (E,N1)
+// f32, w2_bias (E,H) f32. Per-tensor scales hold one value per fused shard
 // ((E,2): w1, w3); the loader stacks gate rows then up rows.
 //
 // process_weights_after_loading (every method): every scale must be finite and > 0 (e8m0 /

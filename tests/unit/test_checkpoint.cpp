@@ -1,0 +1,216 @@
+// Checkpoints end to end: every fixture scheme written, loaded as one MoE layer and run against a
+// float64 recomputation on the dequantized weights; naming variants (Qwen, Mixtral, DeepSeek with
+// shared experts), sharded checkpoints, exclusions, and errors naming the tensor.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "moekit/core/error.h"
+#include "moekit/io/fixtures.h"
+#include "moekit/io/safetensors.h"
+#include "moekit/layer/checkpoint.h"
+#include "testing.h"
+
+namespace moekit {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d =
+      fs::temp_directory_path() / ("moekit_ckpt_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  return d;
+}
+
+fs::path fixture(const std::string& scheme, const std::string& model = "tiny", int shards = 1) {
+  const fs::path d = temp_dir(scheme + "_" + model + "_" + std::to_string(shards));
+  io::FixtureOptions o;
+  o.scheme = scheme;
+  o.model = model;
+  o.num_shards = shards;
+  o.seed = 3;
+  io::write_fixture_checkpoint(d, o);
+  return d;
+}
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+void check_layer(CheckpointMoELayer& layer, int64_t M = 33) {
+  const int64_t H = layer.model().hidden_size;
+  const Tensor x = testing::random_tensor({M, H}, DType::kBF16, 11);
+  const Tensor logits = layer.router_logits(x);
+  const RoutingResult routing = layer.router().select_experts(x, logits);
+  const Tensor out = layer.forward(x, logits);
+  ASSERT_EQ(out.shape(), (Shape{M, H}));
+  ASSERT_FALSE(testing::has_nan(out));
+  std::vector<int64_t> rows(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m)
+    rows[m] = m;
+  const std::vector<double> ref = reference_forward(layer, x, routing, rows);
+  const double err = testing::relative_l2_error(out, ref);
+  const Tolerance& tol = testing::tolerance(layer.tolerance_name());
+  EXPECT_LT(err, tol.rel_l2) << layer.tolerance_name();
+  // The recomputation repeats the scheme's activation quantization: only roundings separate them.
+  EXPECT_LT(err, testing::tolerance("bf16").rel_l2);
+  EXPECT_GT(err, 0.0);
+}
+
+struct SchemeCase {
+  std::string scheme, method, tolerance, experts;
+};
+
+TEST(Checkpoint, EverySchemeEndToEnd) {
+  const std::vector<SchemeCase> cases = {
+      {"bf16", "", "bf16", ""},
+      {"fp8_per_tensor", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
+      {"fp8_per_channel", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
+      {"fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
+      {"w4a8_fp8", "QuarkW4A8Fp8MoEMethod", "w4a8", "CpuW4A8Experts"},
+      {"nvfp4", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
+      {"mxfp4_w4a16", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts"},
+      {"mxfp4_a8", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts"},
+      {"mxfp4_a4", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts"},
+      {"mxfp6_e3m2", "QuarkOCP_MX_MoEMethod", "mxfp6", "CpuOcpMxExperts"},
+      {"mxfp6_e2m3", "QuarkOCP_MX_MoEMethod", "mxfp6", "CpuOcpMxExperts"},
+      {"int8_w8a8", "QuarkW8A8Int8MoEMethod", "int8_w8a8", "CpuInt8Experts"},
+  };
+  ASSERT_EQ(cases.size(), io::fixture_schemes().size());
+  for (const SchemeCase& c : cases) {
+    SCOPED_TRACE(c.scheme);
+    const fs::path dir = fixture(c.scheme);
+    CheckpointMoELayer layer = load_moe_layer(dir, 1);
+    EXPECT_EQ(layer.is_quantized(), !c.method.empty());
+    if (layer.is_quantized()) {
+      EXPECT_EQ(layer.quark_method()->name(), c.method);
+      EXPECT_EQ(layer.experts_name(), c.experts);
+    }
+    EXPECT_EQ(layer.tolerance_name(), c.tolerance);
+    check_layer(layer);
+    fs::remove_all(dir);
+  }
+}
+
+TEST(Checkpoint, NamingVariantsShardsAndSharedExperts) {
+  {
+    const fs::path dir = fixture("fp8_per_channel", "tiny-mixtral");
+    CheckpointMoELayer layer = load_moe_layer(dir, 0);
+    EXPECT_EQ(layer.model().num_experts, 8);
+    check_layer(layer, 17);
+    fs::remove_all(dir);
+  }
+  for (const std::string scheme : {"nvfp4", "bf16"}) {
+    SCOPED_TRACE(scheme);
+    const fs::path dir = fixture(scheme, "tiny-deepseek", 3);
+    EXPECT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+    CheckpointMoELayer layer = load_moe_layer(dir, 2);
+    EXPECT_TRUE(layer.has_shared_experts());
+    EXPECT_TRUE(layer.e_score_correction_bias().defined());
+    EXPECT_EQ(layer.router().name(), "grouped_topk");
+    check_layer(layer, 9);
+    EXPECT_NE(error_of([&] { load_moe_layer(dir, 0); }).find("layer 0 is a dense layer"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { load_moe_layer(dir, 7); }).find("out of range"), std::string::npos);
+    fs::remove_all(dir);
+  }
+}
+
+// Rewrites model.safetensors through `edit(name, dtype, shape, bytes) -> keep?`.
+template <typename Edit>
+void rewrite(const fs::path& dir, Edit edit) {
+  std::vector<std::tuple<std::string, std::string, std::vector<int64_t>, std::vector<std::byte>>>
+      all;
+  {
+    const io::SafetensorsFile f = io::SafetensorsFile::open(dir / "model.safetensors");
+    for (const std::string& n : f.names()) {
+      const io::TensorInfo& i = f.info(n);
+      all.emplace_back(n, i.dtype, i.shape, std::vector<std::byte>(i.bytes.begin(), i.bytes.end()));
+    }
+  }
+  io::SafetensorsWriter w;
+  for (auto& [n, d, s, b] : all) {
+    if (edit(n, d, s, b)) w.add(n, d, s, b);
+  }
+  w.write(dir / "model.safetensors");
+}
+
+TEST(Checkpoint, MissingOrMisshapenTensorsNameTheTensor) {
+  const fs::path dir = fixture("mxfp4_a4");
+  const std::string missing = "model.layers.1.mlp.experts.5.up_proj.weight_scale";
+  rewrite(dir, [&](const std::string& n, auto&, auto&, auto&) { return n != missing; });
+  EXPECT_NE(error_of([&] { load_moe_layer(dir, 1); }).find(missing), std::string::npos)
+      << error_of([&] { load_moe_layer(dir, 1); });
+  EXPECT_NO_THROW(load_moe_layer(dir, 0));  // the other layer is intact
+
+  const std::string bad = "model.layers.0.mlp.experts.2.down_proj.weight";
+  rewrite(dir, [&](const std::string& n, std::string&, std::vector<int64_t>& s,
+                   std::vector<std::byte>& b) {
+    if (n == bad) {
+      s = {s[0] / 2, s[1]};
+      b.resize(b.size() / 2);
+    }
+    return true;
+  });
+  const std::string e = error_of([&] { load_moe_layer(dir, 0); });
+  EXPECT_NE(e.find(bad), std::string::npos) << e;
+  EXPECT_NE(e.find("has shape [96, 64]"), std::string::npos) << e;
+
+  const std::string wrong_dtype = "model.layers.0.mlp.experts.1.gate_proj.weight";
+  rewrite(dir, [&](const std::string& n, std::string& d, auto&, auto&) {
+    if (n == wrong_dtype) d = "I8";
+    return true;
+  });
+  const std::string e2 = error_of([&] { load_moe_layer(dir, 0); });
+  EXPECT_NE(e2.find(wrong_dtype), std::string::npos) << e2;
+  EXPECT_NE(e2.find("dtype int8"), std::string::npos) << e2;
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ExcludedLayersLoadUnquantizedAndOtherMethodsAreRejected) {
+  const fs::path dir = fixture("bf16");
+  nlohmann::json cfg;
+  std::ifstream(dir / "config.json") >> cfg;
+  cfg["quantization_config"] =
+      nlohmann::json::parse(io::fixture_quantization_config("fp8_per_tensor"));
+  cfg["quantization_config"]["exclude"] = {"model.layers.1.mlp.experts"};
+  std::ofstream(dir / "config.json") << cfg.dump();
+  CheckpointMoELayer excluded = load_moe_layer(dir, 1);
+  EXPECT_FALSE(excluded.is_quantized());
+  check_layer(excluded, 5);
+  // Layer 0 is not excluded: the fp8 method looks for its tensors and names the first one missing.
+  const std::string e = error_of([&] { load_moe_layer(dir, 0); });
+  EXPECT_NE(e.find("'model.layers.0.mlp.experts.0.gate_proj.input_scale' not found"),
+            std::string::npos)
+      << e;
+
+  cfg["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}};
+  std::ofstream(dir / "config.json") << cfg.dump();
+  EXPECT_NE(error_of([&] { load_moe_layer(dir, 1); }).find("'gptq' is not supported"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, FixtureRejectsUnknownNames) {
+  io::FixtureOptions o;
+  o.scheme = "fp3";
+  EXPECT_THROW(io::write_fixture_checkpoint(temp_dir("bad"), o), Error);
+  o.scheme = "bf16";
+  o.model = "huge";
+  EXPECT_THROW(io::write_fixture_checkpoint(temp_dir("bad"), o), Error);
+  EXPECT_THROW(io::fixture_quantization_config("fp3"), Error);
+  fs::remove_all(temp_dir("bad"));
+}
+
+}  // namespace
+}  // namespace moekit
