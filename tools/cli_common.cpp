@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 
 #include <unistd.h>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "moekit/core/error.h"
 
@@ -76,6 +79,43 @@ Tensor make_logits(int64_t M, int E, int k, const std::string& dist, uint64_t se
     }
   }
   return Tensor::from_floats(v, {M, E}, DType::kF32);
+}
+
+void with_elapsed_display(const std::string& label, const std::function<void()>& work) {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool finished = false;
+  std::thread ticker([&] {
+    const auto start = std::chrono::steady_clock::now();
+    bool shown = false;
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!cv.wait_for(lock, std::chrono::milliseconds(250), [&] { return finished; })) {
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (s < 1.0) continue;
+      shown = true;
+      std::fprintf(stderr, "\r%-28s ... %5.1fs", label.c_str(), s);
+      std::fflush(stderr);
+    }
+    if (shown) std::fprintf(stderr, "\r%-28s ... done\n", label.c_str());
+  });
+  try {
+    work();
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      finished = true;
+    }
+    cv.notify_all();
+    ticker.join();
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    finished = true;
+  }
+  cv.notify_all();
+  ticker.join();
 }
 
 Progress::Progress(std::string label)

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "moekit/layer/moe_layer.h"
@@ -42,6 +43,10 @@ class Progress {
   int last_percent_ = -1;
   bool shown_ = false;
 };
+
+// Runs `work` while a thread redraws "label ... 3.2 s" on stderr (after the first second), for
+// steps that take a while but report no fraction (weight generation, building a layer).
+void with_elapsed_display(const std::string& label, const std::function<void()>& work);
 
 // Router logits (M, E) f32 on the CPU: random normal; balanced (token m prefers experts m*k ..
 // m*k+k-1); skewed (low expert ids much more likely).

@@ -101,11 +101,16 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
             << dtype_name(options.dtype) << "\n";
 
   auto t0 = std::chrono::steady_clock::now();
-  MoELayerWeights weights = MoELayer::random_weights(model, options, seed);
+  MoELayerWeights weights;
+  with_elapsed_display("random weights",
+                       [&] { weights = MoELayer::random_weights(model, options, seed); });
   const double weight_bytes = static_cast<double>(weights.w13.nbytes() + weights.w2.nbytes());
   std::cout << fmt::format("weights  {:.2f} GB of random expert weights in {:.1f} s\n",
                            weight_bytes / 1e9, seconds_since(t0));
-  MoELayer layer(model, weights, options);
+  std::unique_ptr<MoELayer> layer_owner;
+  with_elapsed_display("building the layer",
+                       [&] { layer_owner = std::make_unique<MoELayer>(model, weights, options); });
+  MoELayer& layer = *layer_owner;
   std::cout << "\n" << layer.selection().to_string() << "\n";
 
   const Device device = options.device.device();
