@@ -178,11 +178,20 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
     const WorkspaceShapes shapes = experts.workspace_shapes(
         p.M, p.N, p.K, p.topk, global_experts, local_experts,
         prepared.expert_tokens_meta ? &*prepared.expert_tokens_meta : nullptr, args.activation);
-    const int64_t common = std::max(numel_of(shapes.workspace13), numel_of(shapes.output));
+    // Experts that weight and reduce themselves (finalize NoOp) can write the caller's output
+    // directly, saving finalize's copy — unless it aliases the input (inplace).
+    const bool direct = !inplace_ && shapes.output == output.shape() &&
+                        ws_dtype == output.dtype() && output.is_contiguous() &&
+                        output.device() == x.device() &&
+                        dynamic_cast<const TopKWeightAndReduceNoOp*>(
+                            experts.finalize_weight_and_reduce_impl().get()) != nullptr;
+    const int64_t common = direct ? numel_of(shapes.workspace13)
+                                  : std::max(numel_of(shapes.workspace13), numel_of(shapes.output));
     auto [slot0, slot1] = ws.get_simultaneous({common}, ws_dtype, shapes.workspace2, ws_dtype);
-    // GEMM1's workspace is reused for the final output: by the time GEMM2 writes it, ws13 is dead.
+    // Otherwise GEMM1's workspace is reused for the experts' output: by the time GEMM2 writes it,
+    // ws13 is dead.
     Tensor workspace13 = slot0.reinterpret(shapes.workspace13, ws_dtype);
-    fused_out = slot0.reinterpret(shapes.output, ws_dtype);
+    fused_out = direct ? output : slot0.reinterpret(shapes.output, ws_dtype);
     ExpertsApplyArgs apply_args;
     apply_args.output = fused_out;
     apply_args.hidden_states = prepared.a1q;

@@ -59,36 +59,39 @@ __global__ void __launch_bounds__(kThreads) unpermute_kernel(const MoeUnpermuteP
   __syncthreads();
   const TY* y = static_cast<const TY*>(p.y);
   TOut* out = static_cast<TOut*>(p.out) + m * p.out_row_stride;
-  const int64_t chunks = p.hidden / VEC;
-  for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
-    float acc[VEC];
+  // One VEC-wide chunk per thread; blockIdx.y walks the row so that a single token still spreads
+  // over many SMs (decode), and the k loads of a chunk are independent.
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
+  if (c >= p.hidden / VEC) return;
+  float acc[VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; ++i)
+    acc[i] = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int64_t r = src_row[j];
+    if (r < 0) continue;
+    const float w = weight[j];
+    float v[VEC];
+    load_vec<TY, VEC>(y + r * p.y_row_stride + c * VEC, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i)
-      acc[i] = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const int64_t r = src_row[j];
-      if (r < 0) continue;
-      const float w = weight[j];
-      float v[VEC];
-      load_vec<TY, VEC>(y + r * p.y_row_stride + c * VEC, v);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i)
-        acc[i] = __fmaf_rn(w, v[i], acc[i]);
-    }
-    if (p.accumulate) {
-      float old[VEC];
-      load_vec<TOut, VEC>(out + c * VEC, old);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i)
-        acc[i] = old[i] + acc[i];
-    }
-    store_vec<TOut, VEC>(out + c * VEC, acc);
+      acc[i] = __fmaf_rn(w, v[i], acc[i]);
   }
+  if (p.accumulate) {
+    float old[VEC];
+    load_vec<TOut, VEC>(out + c * VEC, old);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+      acc[i] = old[i] + acc[i];
+  }
+  store_vec<TOut, VEC>(out + c * VEC, acc);
 }
 
 template <typename TY, typename TOut>
 void launch_typed(const MoeUnpermuteParams& p, bool vec, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.num_tokens));
+  const int64_t chunks = vec ? p.hidden / 8 : p.hidden;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens),
+                  static_cast<unsigned>((chunks + kThreads - 1) / kThreads));
   if (vec) {
     unpermute_kernel<TY, TOut, 8><<<grid, kThreads, 0, stream>>>(p);
   } else {
@@ -121,6 +124,7 @@ const char* moe_unpermute_unsupported_reason(const MoeUnpermuteParams& p) {
   if (p.num_tokens < 0 || p.hidden < 0) return "negative num_tokens or hidden";
   if (p.num_tokens > 0x7fffffff) return "num_tokens > 2^31 - 1";
   if (p.top_k < 1 || p.top_k > kMaxTopK) return "top_k must be in [1, 64]";
+  if ((p.hidden + kThreads - 1) / kThreads > 65535) return "hidden > 65535 * 128 columns";
   if (p.y_row_stride < p.hidden || p.out_row_stride < p.hidden) return "row stride < hidden";
   if (p.num_tokens > 0 && p.hidden > 0 &&
       (p.y == nullptr || p.out == nullptr || p.slot_to_row == nullptr))
