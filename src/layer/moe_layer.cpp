@@ -171,6 +171,9 @@ MoELayer::MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOp
   const QuantConfig quant = model_.has_bias
                                 ? QuantConfig::biased(weights_.w13_bias, weights_.w2_bias)
                                 : QuantConfig::unquantized();
+  // Monolithic kernels take no shared experts (the seed's rule): the layer runs them beside the
+  // kernel instead, with the same shared experts and the same add as the modular path.
+  if (selection.experts->is_monolithic()) std::swap(shared, shared_beside_kernel_);
   kernel_ = oracle.make_kernel(quant, moe_, selection.backend, *selection.experts, shared);
 
   if (options_.workspace == nullptr) workspace_ = std::make_unique<WorkspaceManager>(device);
@@ -206,6 +209,27 @@ Tensor MoELayer::forward(const Tensor& hidden_states, const Tensor& router_logit
   return output;
 }
 
+void MoELayer::check_hidden_states(const Tensor& hidden_states) const {
+  expect_shape(hidden_states, "hidden_states", {kAnyDim, moe_.hidden_dim});
+  expect_dtype(hidden_states, "hidden_states", {options_.dtype});
+  expect_device(hidden_states, "hidden_states", options_.device.device());
+  MOEKIT_CHECK(hidden_states.size(0) <= options_.max_num_tokens,
+               "hidden_states has M={} tokens but the layer was built for max_num_tokens={}",
+               hidden_states.size(0), options_.max_num_tokens);
+}
+
+void MoELayer::add_shared_output(Tensor& output, const Tensor& shared_output,
+                                 RunContext ctx) const {
+  // With EP inside one data-parallel group every rank sees the same tokens and the ranks' outputs
+  // are summed (all-reduce): the (unsharded) shared experts are added on rank 0 only.
+  const bool add_shared =
+      !(moe_.parallel.use_ep && moe_.parallel.dp_size == 1) || moe_.parallel.ep_rank == 0;
+  if (shared_output.defined() && add_shared) {
+    add_inplace(output, shared_output, ctx.stream);
+    ctx.stage_done("shared_add");
+  }
+}
+
 void MoELayer::forward_into(Tensor& output, const Tensor& hidden_states,
                             const Tensor& router_logits, RunContext ctx) {
   ctx = complete(ctx);
@@ -215,6 +239,10 @@ void MoELayer::forward_into(Tensor& output, const Tensor& hidden_states,
   MOEKIT_CHECK(M <= options_.max_num_tokens,
                "hidden_states has M={} tokens but the layer was built for max_num_tokens={}", M,
                options_.max_num_tokens);
+  if (kernel_->is_monolithic()) {
+    forward_monolithic_into(output, hidden_states, router_logits, ctx);
+    return;
+  }
   const Tensor weights = routing_weights_.slice(0, 0, M);
   const Tensor ids = routing_ids_.slice(0, 0, M);
   router_->select_experts_into(hidden_states, router_logits, weights, ids, ctx);
@@ -237,13 +265,12 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
                                    const Tensor& topk_ids, const Tensor& topk_weights,
                                    RunContext ctx) {
   ctx = complete(ctx);
-  expect_shape(hidden_states, "hidden_states", {kAnyDim, moe_.hidden_dim});
-  expect_dtype(hidden_states, "hidden_states", {options_.dtype});
-  expect_device(hidden_states, "hidden_states", options_.device.device());
+  MOEKIT_CHECK(!kernel_->is_monolithic(),
+               "the {} experts route internally (backend '{}' is monolithic): forward_routed "
+               "cannot take topk_ids/topk_weights; use forward() with the router logits",
+               kernel_->fused_experts().name(), report_.chosen_backend);
+  check_hidden_states(hidden_states);
   const int64_t M = hidden_states.size(0);
-  MOEKIT_CHECK(M <= options_.max_num_tokens,
-               "hidden_states has M={} tokens but the layer was built for max_num_tokens={}", M,
-               options_.max_num_tokens);
   Tensor ids = topk_ids;
   if (topk_ids.defined() && topk_ids.dtype() == DType::kInt64) {
     expect_shape(topk_ids, "topk_ids", {M, model_.top_k});
@@ -262,13 +289,39 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
   args.apply_router_weight_on_input = router_->apply_router_weight_on_input();
   args.output = output;
   MoEOutput out = kernel_->apply(args, ctx);
-  // With EP inside one data-parallel group every rank sees the same tokens and the ranks' outputs
-  // are summed (all-reduce): the (unsharded) shared experts are added on rank 0 only.
-  const bool add_shared =
-      !(moe_.parallel.use_ep && moe_.parallel.dp_size == 1) || moe_.parallel.ep_rank == 0;
-  if (out.shared_output.defined() && add_shared) {
-    add_inplace(output, out.shared_output, ctx.stream);
-    ctx.stage_done("shared_add");
+  add_shared_output(output, out.shared_output, ctx);
+}
+
+void MoELayer::forward_monolithic_into(Tensor& output, const Tensor& hidden_states,
+                                       const Tensor& router_logits, RunContext ctx) {
+  check_hidden_states(hidden_states);
+  const int64_t M = hidden_states.size(0);
+  expect_shape(output, "output", {M, moe_.hidden_dim});
+  expect_dtype(output, "output", {options_.dtype});
+  // The routing the layer's own router would run: grouping, bias and scaling go to the kernel.
+  const RouterConfig& r = router_->config();
+  MonolithicApplyArgs args;
+  args.hidden_states = hidden_states;
+  args.w1 = weights_.w13;
+  args.w2 = weights_.w2;
+  args.router_logits = router_logits;
+  args.activation = moe_.activation;
+  args.global_num_experts = moe_.num_experts;
+  args.expert_map = expert_map_;
+  args.apply_router_weight_on_input = router_->apply_router_weight_on_input();
+  if (r.use_grouped_topk) {
+    args.num_expert_group = r.num_expert_group;
+    args.topk_group = r.topk_group;
+  }
+  args.e_score_correction_bias = r.e_score_correction_bias;
+  args.routed_scaling_factor = r.routed_scaling_factor;
+  const Tensor routed = kernel_->apply_monolithic(args, ctx);
+  if (routed.data() != output.data()) output.copy_from_async(routed, ctx.stream);
+  // Shared experts beside the kernel, after it (the order of the modular synchronous finalize).
+  if (shared_beside_kernel_ != nullptr) {
+    const Tensor shared = shared_beside_kernel_->forward(hidden_states, ctx);
+    ctx.stage_done("shared_experts");
+    add_shared_output(output, shared, ctx);
   }
 }
 

@@ -13,12 +13,14 @@ KernelRegistry<UnquantizedMoeBackend>& UnquantizedMoEKernelOracle::registry() {
           {UnquantizedMoeBackend::kSm90Batched, {&Sm90BatchedExperts::klass()}},
           {UnquantizedMoeBackend::kCpu, {&CpuReferenceExperts::klass()}},
           {UnquantizedMoeBackend::kCpuBatched, {&CpuBatchedReferenceExperts::klass()}},
+          {UnquantizedMoeBackend::kCpuMonolithic, {&CpuReferenceMonolithicExperts::klass()}},
       });
   return instance;
 }
 
 std::vector<UnquantizedMoeBackend> UnquantizedMoEKernelOracle::backend_values() const {
-  return {Backend::kSm90Grouped, Backend::kSm90Batched, Backend::kCpu, Backend::kCpuBatched};
+  return {Backend::kSm90Grouped, Backend::kSm90Batched, Backend::kCpu, Backend::kCpuBatched,
+          Backend::kCpuMonolithic};
 }
 
 std::string UnquantizedMoEKernelOracle::backend_name(Backend backend) const {
@@ -31,6 +33,8 @@ std::string UnquantizedMoEKernelOracle::backend_name(Backend backend) const {
       return "cpu";
     case Backend::kCpuBatched:
       return "cpu_batched";
+    case Backend::kCpuMonolithic:
+      return "cpu_monolithic";
   }
   return "unknown";
 }
@@ -44,10 +48,16 @@ UnquantizedMoEKernelOracle::backend_aliases() const {
 
 std::vector<UnquantizedMoeBackend> UnquantizedMoEKernelOracle::priority_backends(
     const MoEConfig& moe_config) const {
+  // NOTE: cpu_monolithic is last on purpose. On the CPU, routing inside the experts saves nothing:
+  // it runs the same router and the same reference pipeline as cpu (bitwise the same result), so
+  // it can only win when forced (MoEConfig::moe_backend or MOEKIT_MOE_BACKEND), which is what it
+  // is for: exercising the monolithic path end to end. A GPU monolithic kernel, which fuses the
+  // router into the experts' launch and does save work, would go first in the CUDA list instead.
   if (moe_config.device.type == DeviceType::kCUDA) {
-    return {Backend::kSm90Grouped, Backend::kSm90Batched, Backend::kCpu, Backend::kCpuBatched};
+    return {Backend::kSm90Grouped, Backend::kSm90Batched, Backend::kCpu, Backend::kCpuBatched,
+            Backend::kCpuMonolithic};
   }
-  return {Backend::kCpu, Backend::kCpuBatched};
+  return {Backend::kCpu, Backend::kCpuBatched, Backend::kCpuMonolithic};
 }
 
 std::optional<UnquantizedMoeBackend> UnquantizedMoEKernelOracle::batched_variant(
@@ -60,6 +70,8 @@ std::optional<UnquantizedMoeBackend> UnquantizedMoEKernelOracle::batched_variant
     case Backend::kSm90Batched:
     case Backend::kCpuBatched:
       return std::nullopt;  // already batched
+    case Backend::kCpuMonolithic:
+      return std::nullopt;  // monolithic experts take the standard format only
   }
   return std::nullopt;
 }

@@ -254,8 +254,9 @@ TEST_F(OracleTest, CpuSelectionPicksCpuReference) {
   const MoEConfig moe = cpu_moe();
   UnquantizedMoEKernelOracle oracle(moe);
   EXPECT_EQ(oracle.name(), "Unquantized");
+  // cpu_monolithic is last: it serves this deployment too, but only when forced.
   EXPECT_EQ(oracle.priority_backends(moe),
-            (std::vector<Backend>{Backend::kCpu, Backend::kCpuBatched}));
+            (std::vector<Backend>{Backend::kCpu, Backend::kCpuBatched, Backend::kCpuMonolithic}));
 
   const auto selection = oracle.select_backend(moe, std::nullopt, std::nullopt);
   EXPECT_EQ(selection.backend, Backend::kCpu);
@@ -272,7 +273,7 @@ TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {
   UnquantizedMoEKernelOracle oracle(moe);
   EXPECT_EQ(oracle.priority_backends(moe),
             (std::vector<Backend>{Backend::kSm90Grouped, Backend::kSm90Batched, Backend::kCpu,
-                                  Backend::kCpuBatched}));
+                                  Backend::kCpuBatched, Backend::kCpuMonolithic}));
   // Nothing serves a CUDA device in the default table here (the CPU reference rejects it), so
   // selection fails and names every candidate with its reason, in priority order.
   const std::string msg =
@@ -280,11 +281,15 @@ TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {
   const size_t sm90 = msg.find("sm90_grouped / ");
   const size_t cpu = msg.find("cpu / CpuReferenceExperts: kernel does not support current device");
   const size_t cpu_b = msg.find("cpu_batched / CpuBatchedReferenceExperts: ");
+  const size_t cpu_m = msg.find(
+      "cpu_monolithic / CpuReferenceMonolithicExperts: kernel does not support current device");
   ASSERT_NE(sm90, std::string::npos) << msg;
   ASSERT_NE(cpu, std::string::npos) << msg;
   ASSERT_NE(cpu_b, std::string::npos) << msg;
+  ASSERT_NE(cpu_m, std::string::npos) << msg;
   EXPECT_LT(sm90, cpu);
   EXPECT_LT(cpu, cpu_b);
+  EXPECT_LT(cpu_b, cpu_m);
 }
 
 TEST_F(OracleTest, ScopedRegistrationInjectsAndRestores) {
@@ -549,12 +554,13 @@ TEST_F(OracleTest, UnknownBackendNameListsValidNames) {
   EXPECT_EQ(oracle.map_backend("sm90_batched"), Backend::kSm90Batched);
   EXPECT_EQ(oracle.map_backend("cpu"), Backend::kCpu);
   EXPECT_EQ(oracle.map_backend("cpu_batched"), Backend::kCpuBatched);
+  EXPECT_EQ(oracle.map_backend("cpu_monolithic"), Backend::kCpuMonolithic);
   EXPECT_EQ(oracle.map_backend("cuda"), Backend::kSm90Grouped);
   EXPECT_EQ(oracle.map_backend("reference"), Backend::kCpu);
 
   const std::string msg = error_message([&] { (void)oracle.map_backend("triton"); });
   EXPECT_TRUE(contains(msg, "Unknown Unquantized MoE backend 'triton'")) << msg;
-  for (const char* name : {"sm90_grouped", "sm90_batched", "cpu", "cpu_batched",
+  for (const char* name : {"sm90_grouped", "sm90_batched", "cpu", "cpu_batched", "cpu_monolithic",
                            "cuda -> sm90_grouped", "reference -> cpu"}) {
     EXPECT_TRUE(contains(msg, name)) << name << " missing from: " << msg;
   }
@@ -610,7 +616,7 @@ TEST_F(OracleTest, SelectionEmitsSeedLogLines) {
       << logs.dump();
   EXPECT_TRUE(logs.has(log::Level::kInfo,
                        "Using cpu Unquantized MoE backend out of potential backends: ['cpu', "
-                       "'cpu_batched']."))
+                       "'cpu_batched', 'cpu_monolithic']."))
       << logs.dump();
   EXPECT_EQ(logs.count_containing("Using cpu Unquantized"), 1) << logs.dump();
   EXPECT_EQ(logs.count_containing("since kernel does not support silu activation"), 1)
@@ -829,8 +835,8 @@ TEST_F(OracleTest, ExplainOnCpuShowsDeviceReasonForCudaOnlyBackend) {
   EXPECT_EQ(report.chosen_backend, "cpu");
   EXPECT_EQ(report.chosen_experts, "CpuReferenceExperts");
   EXPECT_EQ(report.forced_by, "");
-  // Considered backends first (cpu, cpu_batched), then the rest in enum order.
-  ASSERT_EQ(report.candidates.size(), 4u);
+  // Considered backends first (cpu, cpu_batched, cpu_monolithic), then the rest in enum order.
+  ASSERT_EQ(report.candidates.size(), 5u);
   EXPECT_EQ(report.candidates[0].backend, "cpu");
   EXPECT_TRUE(report.candidates[0].supported);
   EXPECT_TRUE(report.candidates[0].considered);
@@ -839,14 +845,19 @@ TEST_F(OracleTest, ExplainOnCpuShowsDeviceReasonForCudaOnlyBackend) {
   EXPECT_FALSE(report.candidates[1].supported);
   EXPECT_TRUE(contains(report.candidates[1].reason, "activation format"))
       << report.candidates[1].reason;
-  EXPECT_EQ(report.candidates[2].backend, "sm90_grouped");
-  EXPECT_EQ(report.candidates[2].experts_class, "FakeSm90Experts");
-  EXPECT_FALSE(report.candidates[2].supported);
-  EXPECT_FALSE(report.candidates[2].considered);
-  EXPECT_EQ(report.candidates[2].reason, "kernel does not support current device cpu");
-  EXPECT_EQ(report.candidates[3].backend, "sm90_batched");
-  EXPECT_EQ(report.candidates[3].experts_class, "Sm90BatchedExperts");
+  // Supported too, but after cpu in priority, so not chosen.
+  EXPECT_EQ(report.candidates[2].backend, "cpu_monolithic");
+  EXPECT_EQ(report.candidates[2].experts_class, "CpuReferenceMonolithicExperts");
+  EXPECT_TRUE(report.candidates[2].supported) << report.candidates[2].reason;
+  EXPECT_TRUE(report.candidates[2].considered);
+  EXPECT_EQ(report.candidates[3].backend, "sm90_grouped");
+  EXPECT_EQ(report.candidates[3].experts_class, "FakeSm90Experts");
+  EXPECT_FALSE(report.candidates[3].supported);
+  EXPECT_FALSE(report.candidates[3].considered);
   EXPECT_EQ(report.candidates[3].reason, "kernel does not support current device cpu");
+  EXPECT_EQ(report.candidates[4].backend, "sm90_batched");
+  EXPECT_EQ(report.candidates[4].experts_class, "Sm90BatchedExperts");
+  EXPECT_EQ(report.candidates[4].reason, "kernel does not support current device cpu");
   const std::string table = report.to_string();
   EXPECT_TRUE(contains(table, "CHOSEN")) << table;
   EXPECT_TRUE(contains(table, "kernel does not support current device cpu")) << table;

@@ -16,6 +16,7 @@
 #include "moekit/config/activation.h"
 #include "moekit/modular/experts.h"
 #include "moekit/modular/kernel.h"
+#include "moekit/router/router.h"
 
 namespace moekit {
 
@@ -64,6 +65,51 @@ class CpuBatchedReferenceExperts final : public ExpertsModular {
                                    Activation activation) const override;
   std::shared_ptr<const TopKWeightAndReduce> finalize_weight_and_reduce_impl() const override;
   void apply(const ExpertsApplyArgs& args, RunContext ctx) override;
+};
+
+// Monolithic (routes inside), Standard format: apply takes the router logits, routes them with the
+// library's routers (include/moekit/router/router.h) and then runs exactly the modular reference
+// pipeline: the router weight folded into the input when it goes there (as PrepareFinalizeNoEP
+// does), CpuReferenceExperts, then TopKWeightAndReduceContiguous. Its result is therefore bitwise
+// the one of router + FusedMoEKernel(PrepareFinalizeNoEP, CpuReferenceExperts).
+//
+// Routing: moe_config().routing_method gives the scoring and the normalization (see
+// router_config()); the MonolithicApplyArgs give the grouping (num_expert_group, topk_group), the
+// e_score_correction_bias and the routed_scaling_factor; moe_config().experts_per_token gives k.
+// The router weight goes on the input when the router says so (Llama4) or the args ask for it
+// (top-1 only).
+class CpuReferenceMonolithicExperts final : public ExpertsMonolithic {
+ public:
+  // Throws UnsupportedError for a quantized QuantConfig.
+  CpuReferenceMonolithicExperts(const MoEConfig& moe, const QuantConfig& quant,
+                                std::optional<int64_t> max_num_tokens = std::nullopt,
+                                std::optional<int> num_dispatchers = std::nullopt);
+  // Capabilities: "CpuReferenceMonolithicExperts", monolithic, Standard, CPU, every activation,
+  // (unquantized, unquantized) only, bf16/f16/f32 inputs, EP (expert_map: ids of other ranks
+  // contribute nothing), bias; routing methods kDefault, kRenormalize, kRenormalizeNaive,
+  // kSigmoid, kSigmoidRenorm, kDeepSeekV3, kMiniMax2, kLlama4 (not kTopK: no router here weights
+  // the raw logits); router-logits dtypes f32, bf16, f16.
+  static const ExpertsClass& klass();
+
+  // The router configuration apply() uses for `moe` and `args`:
+  //   kDefault                                softmax, no renormalization
+  //   kRenormalize, kRenormalizeNaive         softmax, renormalized (a softmax over the chosen k
+  //                                           logits is the renormalized softmax top-k)
+  //   kSigmoid                                sigmoid, no renormalization
+  //   kSigmoidRenorm, kDeepSeekV3, kMiniMax2  sigmoid, renormalized
+  //   kLlama4                                 llama4_top1
+  // plus grouped top-k when args.num_expert_group > 0, the bias and the scaling factor of args.
+  // E = args.global_num_experts when > 0, else moe.num_experts. Throws UnsupportedError for a
+  // routing method outside that list; the router's validate() reports inconsistent fields.
+  static RouterConfig router_config(const MoEConfig& moe, const MonolithicApplyArgs& args);
+
+  // hidden_states (M, K) bf16/f16/f32 on the CPU, router_logits (M, E) f32/bf16/f16, w1/w2 as
+  // CpuReferenceExperts (same dtype as hidden_states) -> (M, K) in hidden_states' dtype. M = 0
+  // returns an empty (0, K) tensor. Allocates its routing and intermediate buffers (CPU only).
+  Tensor apply(const MonolithicApplyArgs& args, RunContext ctx) override;
+
+ private:
+  CpuReferenceExperts experts_;  // the modular reference this class runs after routing
 };
 
 // A dense MLP on the CPU with the same rounding points: y = W2 @ act(W13 @ x + b13) + b2.

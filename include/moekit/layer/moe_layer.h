@@ -55,12 +55,18 @@ class MoELayer {
   // hidden_states (M, H) in the layer dtype, router_logits (M, E) f32/bf16/f16 -> (M, H).
   // Adds the shared experts' output when the layer has shared experts (under EP within one
   // data-parallel group, on EP rank 0 only, since the ranks' outputs are summed).
+  // With a monolithic kernel (e.g. the forced "cpu_monolithic" backend) the layer does not route:
+  // it hands the logits, with its router's grouping, bias and scaling factor, to
+  // kernel().apply_monolithic. Monolithic kernels take no shared experts, so the layer then runs
+  // them itself beside the kernel and adds them the same way (the same result as the modular
+  // kernel's shared experts).
   Tensor forward(const Tensor& hidden_states, const Tensor& router_logits, RunContext ctx = {});
   // Graph-capturable form: writes into a caller-provided output (M, H) and allocates nothing on the
   // device (routing buffers and workspaces were sized at construction). Needs ctx.stream on a GPU.
   void forward_into(Tensor& output, const Tensor& hidden_states, const Tensor& router_logits,
                     RunContext ctx);
   // Same with routing already done: topk_ids (M, k) int32 or int64, topk_weights (M, k) f32.
+  // Throws moekit::Error on a layer with a monolithic kernel (its experts route internally).
   Tensor forward_routed(const Tensor& hidden_states, const Tensor& topk_ids,
                         const Tensor& topk_weights, RunContext ctx = {});
   void forward_routed_into(Tensor& output, const Tensor& hidden_states, const Tensor& topk_ids,
@@ -71,6 +77,10 @@ class MoELayer {
   const MoELayerWeights& weights() const { return weights_; }
   const Router& router() const { return *router_; }
   FusedMoEKernel& kernel() const { return *kernel_; }
+  // Whether the layer has shared experts (inside the kernel, or beside a monolithic one).
+  bool has_shared_experts() const {
+    return kernel_->has_shared_experts() || shared_beside_kernel_ != nullptr;
+  }
   // The oracle's decision table for this layer (chosen backend, every rejection and its reason).
   const OracleReport& selection() const { return report_; }
   const Tensor& expert_map() const { return expert_map_; }  // (E,) int32, undefined without EP
@@ -90,6 +100,8 @@ class MoELayer {
   MoELayerWeights weights_;
   std::unique_ptr<Router> router_;
   std::unique_ptr<FusedMoEKernel> kernel_;
+  // The shared experts when the kernel is monolithic (run by the layer, not the kernel).
+  std::shared_ptr<SharedExperts> shared_beside_kernel_;
   OracleReport report_;
   Tensor expert_map_;
   int first_local_expert_ = 0;
@@ -98,6 +110,11 @@ class MoELayer {
   Tensor routing_ids_;      // (max_num_tokens, k) int32: router output / converted int64 ids
   Tensor routing_weights_;  // (max_num_tokens, k) f32
   RunContext complete(RunContext ctx) const;
+  void check_hidden_states(const Tensor& hidden_states) const;
+  // Adds the shared experts' output (M, H) to output when this rank contributes them.
+  void add_shared_output(Tensor& output, const Tensor& shared_output, RunContext ctx) const;
+  void forward_monolithic_into(Tensor& output, const Tensor& hidden_states,
+                               const Tensor& router_logits, RunContext ctx);
 };
 
 }  // namespace moekit

@@ -1,9 +1,11 @@
 // The oracle of unquantized (bf16/f16/f32 weights and activations) MoE layers.
 //
-// Priority: on a CUDA device sm90_grouped, sm90_batched, cpu, cpu_batched (the CPU reference
-// classes reject a CUDA device through their capability record, so the table says why); on the CPU
-// cpu, cpu_batched. User-facing names: "sm90_grouped", "sm90_batched", "cpu", "cpu_batched", and
-// the aliases "cuda" (sm90_grouped), "reference" and "cpu_reference" (cpu).
+// Priority: on a CUDA device sm90_grouped, sm90_batched, cpu, cpu_batched, cpu_monolithic (the CPU
+// reference classes reject a CUDA device through their capability record, so the table says why);
+// on the CPU cpu, cpu_batched, cpu_monolithic. cpu_monolithic comes last so that it serves only
+// when forced (see priority_backends). User-facing names: "sm90_grouped", "sm90_batched", "cpu",
+// "cpu_batched", "cpu_monolithic", and the aliases "cuda" (sm90_grouped), "reference" and
+// "cpu_reference" (cpu).
 #pragma once
 
 #include <string>
@@ -15,10 +17,11 @@
 namespace moekit {
 
 enum class UnquantizedMoeBackend {
-  kSm90Grouped,  // "sm90_grouped": Hopper grouped GEMM, standard format
-  kSm90Batched,  // "sm90_batched": Hopper masked GEMM, batched format
-  kCpu,          // "cpu": the CPU reference, standard format
-  kCpuBatched,   // "cpu_batched": the CPU reference, batched format
+  kSm90Grouped,    // "sm90_grouped": Hopper grouped GEMM, standard format
+  kSm90Batched,    // "sm90_batched": Hopper masked GEMM, batched format
+  kCpu,            // "cpu": the CPU reference, standard format
+  kCpuBatched,     // "cpu_batched": the CPU reference, batched format
+  kCpuMonolithic,  // "cpu_monolithic": the CPU reference routing inside (router logits in)
 };
 
 class UnquantizedMoEKernelOracle : public MoEKernelOracle<UnquantizedMoeBackend> {
@@ -33,6 +36,7 @@ class UnquantizedMoEKernelOracle : public MoEKernelOracle<UnquantizedMoeBackend>
 
   // The backend -> experts classes table of this oracle. Defaults:
   //   kCpu -> {CpuReferenceExperts}, kCpuBatched -> {CpuBatchedReferenceExperts},
+  //   kCpuMonolithic -> {CpuReferenceMonolithicExperts},
   //   kSm90Grouped, kSm90Batched -> {} (the CUDA experts register there).
   static KernelRegistry<UnquantizedMoeBackend>& registry();
 
