@@ -283,11 +283,13 @@ void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& 
   }
 }
 
-std::vector<uint16_t> run_and_fetch(Problem& p, GroupedGemmTile tile, cudaStream_t stream = 0) {
+std::vector<uint16_t> run_and_fetch(Problem& p, GroupedGemmTile tile, cudaStream_t stream = 0,
+                                    int max_ctas = 0) {
   std::vector<uint16_t> c(p.num_rows * p.ldc);
   EXPECT_EQ(cudaMemsetAsync(p.d_c.get(), 0xFF, p.d_c.bytes(), stream), cudaSuccess);
   GroupedGemmParams params;
   params.tile = tile;
+  params.max_ctas = max_ctas;
   const std::string why = moekit::cuda::can_implement(p.args, params);
   EXPECT_EQ(why, "");
   EXPECT_EQ(moekit::cuda::run_grouped_gemm(p.args, stream, params), cudaSuccess);
@@ -296,12 +298,12 @@ std::vector<uint16_t> run_and_fetch(Problem& p, GroupedGemmTile tile, cudaStream
   return c;
 }
 
-void run_case(const Case& cs, const std::string& name) {
+void run_case(const Case& cs, const std::string& name, int max_ctas = 0) {
   Problem p;
   build(p, cs);
   for (GroupedGemmTile tile : {GroupedGemmTile::k64x64, GroupedGemmTile::k128x256}) {
     const std::string label = name + " tile " + moekit::cuda::grouped_gemm_tile_name(tile);
-    check(p, run_and_fetch(p, tile), label);
+    check(p, run_and_fetch(p, tile, 0, max_ctas), label);
   }
 }
 
@@ -365,6 +367,25 @@ TEST(GroupedGemm, Qwen3LikeGemm2) {
   cs.bias = BiasKind::kFp32;
   cs.seed = 5;
   run_case(cs, "qwen3-like");
+}
+
+// A tiny persistent grid: every CTA walks many work items, so the shared-memory ring wraps across
+// items at every phase (odd K-tile counts) and the producer runs ahead of the epilogue.
+TEST(GroupedGemm, FewCtasManyItemsPerCta) {
+  REQUIRE_GPU();
+  Case cs;
+  std::mt19937 rng(8);
+  for (int e = 0; e < 12; ++e)
+    cs.counts.push_back(static_cast<int>(rng() % 200));
+  cs.counts[3] = 0;
+  cs.n = 520;  // 3 n-tiles of 256 (last partial), 9 of 64 (last partial)
+  cs.k = 328;  // 6 K tiles (last partial): not a multiple of either ring depth
+  cs.gather = true;
+  cs.bias = BiasKind::kDtype;
+  cs.seed = 8;
+  for (int ctas : {1, 3}) {
+    run_case(cs, "few ctas " + std::to_string(ctas), ctas);
+  }
 }
 
 TEST(GroupedGemm, EmptyScheduleWritesNothing) {

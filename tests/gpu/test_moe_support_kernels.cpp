@@ -534,6 +534,43 @@ TEST_F(RouterTest, NanAndInfLogits) {
   }
 }
 
+// Group layouts off the fast path (groups not made of a power of two of whole lanes) and
+// misaligned bf16 rows (scalar loads).
+TEST_F(RouterTest, GroupLayoutsOffTheFastPath) {
+  struct Shape {
+    int E, k, G, tg;
+    bool bias;
+    int stride_pad;
+    mc::LogitsType type;
+  };
+  const Shape shapes[] = {
+      {96, 8, 32, 7, true, 0, mc::LogitsType::kBF16},    // gsize 3, 4 experts per lane
+      {60, 6, 6, 2, true, 0, mc::LogitsType::kF32},      // gsize 10, 2 per lane, 5 lanes a group
+      {192, 8, 8, 3, true, 1, mc::LogitsType::kBF16},    // gsize 24, 8 per lane, 3 lanes a group
+      {256, 8, 8, 4, true, 1, mc::LogitsType::kBF16},    // DeepSeek shape, misaligned rows
+      {1024, 32, 32, 9, true, 0, mc::LogitsType::kF16},  // gsize 32 = one lane a group
+      {128, 8, 4, 4, false, 0, mc::LogitsType::kBF16},   // every group kept, no bias
+  };
+  int seed = 40;
+  for (const auto& sh : shapes) {
+    for (int64_t M : {1, 65}) {
+      RouterCase c;
+      c.M = M;
+      c.E = sh.E;
+      c.k = sh.k;
+      c.type = sh.type;
+      c.scoring = mc::RouterScoring::kSigmoid;
+      c.bias = sh.bias;
+      c.G = sh.G;
+      c.tg = sh.tg;
+      c.renorm = true;
+      c.stride_pad = sh.stride_pad;
+      SCOPED_TRACE(testing::Message() << "E=" << sh.E << " G=" << sh.G << " M=" << M);
+      run_random_router(c, ++seed);
+    }
+  }
+}
+
 TEST_F(RouterTest, RejectsBadParams) {
   mc::TopkRouterParams p;
   p.num_tokens = 1;
@@ -707,12 +744,137 @@ TEST_F(AlignTest, ManyExpertsAndTopKEqualsE) {
   check_align(ids2, 1000, 16, {}, 16, 16, 8);
 }
 
+// The one-launch paths around their size limits (M*k = 1024 and 4096), large experts counts, row
+// alignments that need the multi-block padding fill.
+TEST_F(AlignTest, SmallPathBoundaries) {
+  std::mt19937_64 rng(15);
+  for (int E : {8, 128, 256, 512}) {
+    for (int64_t M : {0, 1, 2, 64, 127, 128, 129, 512, 513}) {
+      const int k = 8 < E ? 8 : E;
+      const auto ids = random_ids(rng, M, k, E, E > 8 ? 5 : -1, 0.03);
+      for (int align : {1, 3, 128})
+        check_align(ids, M, k, {}, E, E, align);
+    }
+  }
+  // k = 1 with 1024 slots on a single expert (the whole chunk in one warp group per warp).
+  std::vector<int32_t> one(1024, 2);
+  check_align(one, 1024, 1, {}, 4, 4, 256);
+}
+
 TEST_F(AlignTest, AllGarbage) {
   std::vector<int32_t> ids(33 * 4, -1);
   ids[5] = 1000;
   check_align(ids, 33, 4, {}, 8, 8, 4);
   std::vector<int32_t> big(6000 * 4, -1);
   check_align(big, 6000, 4, {}, 8, 8, 4);
+}
+
+// Router then align in one stream and in one graph, no host sync between them (the launches use
+// programmatic dependent launch): align must see the router's ids, and the second router must not
+// overwrite the ids while the first align still reads them.
+TEST_F(AlignTest, RouterThenAlignChain) {
+  const int64_t M = 64;
+  const int E = 256, k = 8, align = 128;
+  std::mt19937_64 rng(16);
+  std::vector<float> la(static_cast<size_t>(M * E)), lb(la.size()), bias(E);
+  for (float& v : la)
+    v = rand_nonzero(rng, mc::ElemType::kBF16, -4.0f, 4.0f);
+  for (float& v : lb)
+    v = rand_nonzero(rng, mc::ElemType::kBF16, -4.0f, 4.0f);
+  for (float& v : bias)
+    v = rand_nonzero(rng, mc::ElemType::kF32, -1.0f, 1.0f);
+  DevBuf<uint8_t> d_la(pack(mc::ElemType::kBF16, la)), d_lb(pack(mc::ElemType::kBF16, lb));
+  DevBuf<float> d_bias(bias), d_w(static_cast<size_t>(M * k));
+  DevBuf<int32_t> d_ids(static_cast<size_t>(M * k));
+  mc::TopkRouterParams rp;
+  rp.logits_type = mc::LogitsType::kBF16;
+  rp.logits_row_stride = E;
+  rp.num_tokens = M;
+  rp.num_experts = E;
+  rp.top_k = k;
+  rp.scoring = mc::RouterScoring::kSigmoid;
+  rp.e_score_correction_bias = d_bias.get();
+  rp.num_expert_group = 8;
+  rp.topk_group = 4;
+  rp.renormalize = true;
+  rp.topk_weights = d_w.get();
+  rp.topk_ids = d_ids.get();
+  std::vector<int32_t> ids_a, ids_b;
+  rp.logits = d_la.get();
+  CUDA_OK(mc::launch_topk_router(rp, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  ids_a = d_ids.download();
+  rp.logits = d_lb.get();
+  CUDA_OK(mc::launch_topk_router(rp, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  ids_b = d_ids.download();
+  ASSERT_NE(ids_a, ids_b);
+  const int64_t cap = mc::moe_align_capacity(M, k, E, align);
+  const AlignRef ref_a = align_ref(ids_a, {}, E, E, align, cap);
+  const AlignRef ref_b = align_ref(ids_b, {}, E, E, align, cap);
+  struct Out {
+    DevBuf<int32_t> counts, offsets, perm, s2r;
+    Out(int E_, int64_t cap_, int64_t n) : counts(E_), offsets(E_ + 1), perm(cap_), s2r(n) {}
+  };
+  Out o1(E, cap, M * k), o2(E, cap, M * k);
+  auto align_params = [&](Out& o) {
+    mc::MoeAlignParams ap;
+    ap.topk_ids = d_ids.get();
+    ap.num_tokens = M;
+    ap.top_k = k;
+    ap.num_global_experts = E;
+    ap.num_local_experts = E;
+    ap.row_align = align;
+    ap.expert_counts = o.counts.get();
+    ap.expert_offsets = o.offsets.get();
+    ap.permuted_rows = o.perm.get();
+    ap.slot_to_row = o.s2r.get();
+    return ap;
+  };
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int use_graph = 0; use_graph < 2; ++use_graph) {
+    SCOPED_TRACE(testing::Message() << "graph " << use_graph);
+    for (Out* o : {&o1, &o2}) {
+      o->counts.poison();
+      o->offsets.poison();
+      o->perm.poison();
+      o->s2r.poison();
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (use_graph) {
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    }
+    rp.logits = d_la.get();
+    CUDA_OK(mc::launch_topk_router(rp, stream));
+    CUDA_OK(mc::launch_moe_align(align_params(o1), stream));
+    rp.logits = d_lb.get();
+    CUDA_OK(mc::launch_topk_router(rp, stream));
+    CUDA_OK(mc::launch_moe_align(align_params(o2), stream));
+    if (use_graph) {
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int r = 0; r < 3; ++r)
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(cudaGetLastError());
+    EXPECT_EQ(o1.counts.download(), ref_a.counts);
+    EXPECT_EQ(o1.offsets.download(), ref_a.offsets);
+    EXPECT_TRUE(o1.perm.download() == ref_a.permuted);
+    EXPECT_TRUE(o1.s2r.download() == ref_a.slot_to_row);
+    EXPECT_EQ(o2.counts.download(), ref_b.counts);
+    EXPECT_TRUE(o2.perm.download() == ref_b.permuted);
+    EXPECT_TRUE(o2.s2r.download() == ref_b.slot_to_row);
+    EXPECT_EQ(d_ids.download(), ids_b);
+    if (use_graph) {
+      CUDA_OK(cudaGraphExecDestroy(exec));
+      CUDA_OK(cudaGraphDestroy(graph));
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 TEST_F(AlignTest, RepeatableBitwise) {

@@ -12,6 +12,8 @@
 // offsets, (K3) each block places its range as in step 3 from its bases, then pads.
 #include "experts/cuda/moe_permute.h"
 
+#include <cstdlib>
+
 namespace moekit::cuda {
 namespace {
 
@@ -236,6 +238,167 @@ __global__ void __launch_bounds__(kThreads)
     p.permuted_rows[r] = -1;
 }
 
+
+// ---- small align, M*k <= kTinySlots: one thread per slot, B redundant blocks -------------------
+// Every block counts and scans all slots (at most 1024 ids, a few KB from L2), so no block waits
+// on another; block 0 writes counts, offsets and the slot placements, and all blocks share the -1
+// fill of padding rows and the tail. Placement rank = rank inside the warp (match_any) + the
+// expert's count in earlier warps (a [warp][expert] table turned into an exclusive prefix).
+constexpr int kTinySlots = 1024;
+
+__device__ __forceinline__ void pdl_wait_and_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+struct TinySmem {
+  uint16_t tbl[kWarps * kMaxE];  // [warp][Es]: group sizes, then exclusive prefix over warps
+  int count[kMaxE];
+  int offset[kMaxE + 1];
+  int warp_sum[kWarps];
+};
+
+__global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignParams p) {
+  __shared__ TinySmem sm;
+  pdl_wait_and_release();
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int T = blockDim.x, W = T >> 5;
+  const int E = p.num_local_experts;
+  const int Es = (E + 1) & ~1;
+  const int n = static_cast<int>(p.num_tokens * p.top_k);
+  const int x = tid < n ? local_expert(p, tid) : -1;
+  {
+    uint32_t* t = reinterpret_cast<uint32_t*>(sm.tbl);
+    for (int i = tid; i < (W * Es) >> 1; i += T)
+      t[i] = 0u;
+  }
+  __syncthreads();
+  const unsigned peers = __match_any_sync(kFull, x);
+  const int rank = __popc(peers & ((1u << lane) - 1u));
+  if (x >= 0 && rank == 0) sm.tbl[warp * Es + x] = static_cast<uint16_t>(__popc(peers));
+  __syncthreads();
+  int c = 0;
+  if (tid < E) {
+    for (int w = 0; w < W; ++w) {
+      const int t = sm.tbl[w * Es + tid];
+      sm.tbl[w * Es + tid] = static_cast<uint16_t>(c);
+      c += t;
+    }
+  }
+  const int align = p.row_align;
+  const int v = (c + align - 1) / align * align;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(kFull, inc, o);
+    if (lane >= o) inc += t;
+  }
+  if (lane == 31) sm.warp_sum[warp] = inc;
+  __syncthreads();
+  int excl = inc - v;
+  for (int w = 0; w < warp; ++w)
+    excl += sm.warp_sum[w];
+  if (tid < E) {
+    sm.offset[tid] = excl;
+    sm.count[tid] = c;
+  }
+  if (tid == E - 1) sm.offset[E] = excl + v;
+  __syncthreads();
+  const int total = sm.offset[E];
+  if (blockIdx.x == 0) {
+    if (tid < E) {
+      p.expert_counts[tid] = c;
+      p.expert_offsets[tid] = excl;
+    }
+    if (tid == E - 1) {
+      p.expert_offsets[E] = total;
+      if (p.total_rows != nullptr) *p.total_rows = total;
+    }
+    if (tid < n) {
+      if (x >= 0) {
+        const int pos = sm.offset[x] + sm.tbl[warp * Es + x] + rank;
+        p.permuted_rows[pos] = tid;
+        p.slot_to_row[tid] = pos;
+      } else {
+        p.slot_to_row[tid] = -1;
+      }
+    }
+  }
+  if (align > 1) {
+    const int gw = blockIdx.x * W + warp;
+    const int nw = gridDim.x * W;
+    for (int e = gw; e < E; e += nw) {
+      const int end = sm.offset[e + 1];
+      for (int r = sm.offset[e] + sm.count[e] + lane; r < end; r += 32)
+        p.permuted_rows[r] = -1;
+    }
+  }
+  const int64_t cap = capacity_of(p);
+  const int64_t gt = static_cast<int64_t>(blockIdx.x) * T + tid;
+  const int64_t gstride = static_cast<int64_t>(gridDim.x) * T;
+  int64_t body = total;
+  if ((reinterpret_cast<uintptr_t>(p.permuted_rows) & 15u) == 0) {
+    const int64_t a4 = ((static_cast<int64_t>(total) + 3) & ~static_cast<int64_t>(3));
+    const int64_t head_end = a4 < cap ? a4 : cap;
+    if (gt < head_end - total) p.permuted_rows[total + gt] = -1;
+    const int64_t q_end = head_end + ((cap - head_end) & ~static_cast<int64_t>(3));
+    int4* v4 = reinterpret_cast<int4*>(p.permuted_rows);
+    for (int64_t q = head_end / 4 + gt; q < q_end / 4; q += gstride)
+      v4[q] = make_int4(-1, -1, -1, -1);
+    body = q_end;
+  }
+  for (int64_t r = body + gt; r < cap; r += gstride)
+    p.permuted_rows[r] = -1;
+}
+
+bool align_use_legacy() {
+  static const bool v = [] {
+    const char* e = std::getenv("MOEKIT_SUPPORT_LEGACY");
+    return e != nullptr && e[0] == '1';
+  }();
+  return v;
+}
+
+bool align_use_pdl() {
+  static const bool v = [] {
+    const char* e = std::getenv("MOEKIT_DISABLE_PDL");
+    return !(e != nullptr && e[0] == '1');
+  }();
+  return v;
+}
+
+cudaError_t launch_align_tiny(const MoeAlignParams& p, int64_t n, cudaStream_t stream) {
+  const int E = p.num_local_experts;
+  int need = static_cast<int>(n) > E ? static_cast<int>(n) : E;
+  if (need < 64) need = 64;
+  const int T = (need + 31) / 32 * 32;
+  const int W = T / 32;
+  int blocks = 1;
+  if (p.row_align > 1) {
+    const int64_t cap = moe_align_capacity(p.num_tokens, p.top_k, p.num_local_experts, p.row_align);
+    const int64_t by_experts = (E + W - 1) / W;
+    const int64_t by_tail = (cap - n + static_cast<int64_t>(T) * 8 - 1) / (static_cast<int64_t>(T) * 8);
+    int64_t b = by_experts > by_tail ? by_experts : by_tail;
+    if (b > 64) b = 64;
+    if (b < 1) b = 1;
+    blocks = static_cast<int>(b);
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(T);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = align_use_pdl() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, align_tiny_kernel, p);
+}
+
 int64_t slots_per_block(int64_t n) {
   const int64_t per = (n + kMaxBlocks - 1) / kMaxBlocks;
   const int64_t rounded = (per + kThreads - 1) / kThreads * kThreads;
@@ -377,6 +540,11 @@ const char* moe_align_unsupported_reason(const MoeAlignParams& p) {
 cudaError_t launch_moe_align(const MoeAlignParams& p, cudaStream_t stream) {
   if (moe_align_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   const int64_t n = p.num_tokens * p.top_k;
+  if (n <= kTinySlots && !align_use_legacy()) {
+    const cudaError_t err = launch_align_tiny(p, n, stream);
+    if (err != cudaSuccess) return err;
+    return cudaGetLastError();
+  }
   if (n <= kSmallSlots) {
     align_single_block_kernel<<<1, kThreads, 0, stream>>>(p);
     return cudaGetLastError();

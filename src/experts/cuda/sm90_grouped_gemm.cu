@@ -6,18 +6,27 @@
 //   2. It walks work items (m-tile, n-tile) round-robin over the grid, rasterised in groups of
 //      kRasterGroup m-tiles so that CTAs running together share W n-tiles and A m-tiles in L2;
 //      a binary search over the prefix gives the expert of an m-tile.
-//   3. Main loop: cp.async (16 B per thread per row, zero-filled past the expert's last row, past
-//      K, past N and for gather rows < 0) fills a kStages-deep ring of BMx64 A and BNx64 W tiles
-//      in the K-major 128-byte-swizzled layout; each consumer warpgroup issues 4 wgmma
-//      m64nBNk16 per stage on its 64 rows, keeping one wgmma group in flight. A stage is refilled
-//      two iterations after it was consumed, so one __syncthreads per K step orders everything.
+//   3. Prefill tile (128x256, grouped_gemm_kernel), warp-specialised: the last warpgroup is the
+//      producer. It fills a kStages-deep ring of BMx64 A and BNx64 W tiles (K-major, 128-byte
+//      swizzle): W by one bulk tensor copy (TMA, 3-D map {k, n, E}, zeros past N and K), the
+//      gathered A rows by cp.async (16 B per thread per row, zero-filled past the expert's last
+//      row, past K and for gather rows < 0). Both complete on the stage's "full" mbarrier
+//      (expect_tx + cp.async.mbarrier.arrive.noinc). The 2 consumer warpgroups (64 rows each)
+//      wait on "full", issue 4 wgmma m64nBNk16 per stage keeping one wgmma group in flight, and
+//      release the stage of the previous K step on its "empty" mbarrier. No block-wide barrier
+//      after the prefix: the producer runs ahead into the next work item while the consumers
+//      run the epilogue.
+//      Decode tile (64x64, grouped_gemm_sync_kernel): the previous single-role loop (every
+//      thread loads with cp.async, one __syncthreads per K step), faster at few rows per expert.
 //   4. Epilogue: fp32 accumulators + bias, rounded to bf16/fp16, stored straight from the
 //      accumulator fragment with row (expert range) and column (N) predicates.
 #include "experts/cuda/sm90_grouped_gemm.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -52,11 +61,38 @@ struct KernelParams {
   bool bias_is_fp32;
 };
 
-// Tile shapes. NOTE: every row of the shared-memory tiles is 128 bytes (kBK halves), and the
-// loader gives each thread one 16-byte chunk column of kPasses rows, so BM and BN must both be
-// kPasses x (threads / 8).
-template <int kWarpgroups_, int kBN_, int kStages_, int kMinBlocks_>
+// Tile shapes. kConsumers warpgroups of 64 rows each compute; one more warpgroup loads. Every
+// row of the shared-memory tiles is 128 bytes (kBK halves); a producer thread loads one 16-byte
+// chunk column of kAPasses (kBPasses) rows, 16 rows apart.
+template <int kConsumers_, int kBN_, int kStages_, int kMinBlocks_>
 struct TileShape {
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kBM = 64 * kConsumers_;
+  static constexpr int kBN = kBN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kConsumerThreads = 128 * kConsumers_;
+  static constexpr int kThreads = kConsumerThreads + 128;
+  static constexpr int kStageABytes = kBM * kRowBytes;
+  static constexpr int kStageBBytes = kBN * kRowBytes;
+  static constexpr int kStageBytes = kStageABytes + kStageBBytes;
+  static constexpr int kDynamicSmem = kStages * kStageBytes + kSmemAlign;
+  static constexpr int kRowsPerPass = 128 / 8;
+  static constexpr int kAPasses = kBM / kRowsPerPass;
+  static_assert(kBN <= 256, "one bulk tensor copy box per W stage");
+  // One CTA per SM with 3 warpgroups: move registers from the producer to the consumers.
+  static constexpr bool kRebalanceRegisters = kMinBlocks_ == 1 && kConsumers_ == 2;
+  static constexpr int kProducerRegisters = 56;
+  static constexpr int kConsumerRegisters = 224;
+  static_assert(kAPasses * kRowsPerPass == kBM);
+  static_assert(kStages >= 2);
+  static_assert(!kRebalanceRegisters ||
+                128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+};
+// Tile table (selection is data: select_grouped_gemm_tile picks by rows per expert).
+// Decode tile: the single-role kernel (grouped_gemm_sync_kernel); every thread loads.
+template <int kWarpgroups_, int kBN_, int kStages_, int kMinBlocks_>
+struct SyncTileShape {
   static constexpr int kBM = 64 * kWarpgroups_;
   static constexpr int kBN = kBN_;
   static constexpr int kStages = kStages_;
@@ -72,8 +108,9 @@ struct TileShape {
   static_assert(kAPasses * kRowsPerPass == kBM && kBPasses * kRowsPerPass == kBN);
   static_assert(kStages >= 3, "a stage is refilled two K steps after it is consumed");
 };
-using Tile64x64 = TileShape<1, 64, 6, 2>;     // 96 KiB ring, 2 CTAs per SM
-using Tile128x256 = TileShape<2, 256, 4, 1>;  // 192 KiB ring
+using Tile64x64 = SyncTileShape<1, 64, 6, 2>;  // 96 KiB ring, 2 CTAs per SM
+// Prefill tile: the warp-specialised kernel (grouped_gemm_kernel), W by TMA.
+using Tile128x256 = TileShape<2, 256, 4, 1>;  // 192 KiB ring, 4 stages in flight
 
 // ---- PTX wrappers --------------------------------------------------------------------------
 
@@ -87,15 +124,69 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(src_bytes)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Waits until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred P;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, P;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile(
+      "{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+      : "memory");
+}
+// Arrives and adds `bytes` to the transactions the current phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
+          bar),
+      "r"(bytes)
+      : "memory");
+}
+// Bulk tensor copy of the box at (c0, c1, c2) of a 3-D tensor map into shared memory; completes
+// its bytes on the barrier. Out-of-bounds elements are written as zeros.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+// Arrives on the barrier once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -218,9 +309,230 @@ __device__ __forceinline__ void expert_rows(const KernelParams& p, int e, int& b
 
 // ---- the kernel ------------------------------------------------------------------------------
 
+// A work item resolved against the schedule.
+struct WorkItem {
+  int expert;
+  int m0;       // first row of the m-tile
+  int row_end;  // end of the expert's rows
+  int n0;       // first column of the n-tile
+};
+
+template <int kBM, int kBN>
+__device__ __forceinline__ WorkItem resolve_item(const KernelParams& p, const int* tile_prefix,
+                                                 int total_m_tiles, int item) {
+  const int group = item / (kRasterGroup * p.n_tiles);
+  const int first_mt = group * kRasterGroup;
+  const int group_size = min(kRasterGroup, total_m_tiles - first_mt);
+  const int in_group = item - group * kRasterGroup * p.n_tiles;
+  const int mt = first_mt + in_group % group_size;
+  const int nt = in_group / group_size;
+  int lo = 0, hi = p.num_experts - 1;  // last e with prefix[e] <= mt (that expert has rows)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (tile_prefix[mid] <= mt) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  WorkItem w;
+  w.expert = lo;
+  int row_begin;
+  expert_rows(p, lo, row_begin, w.row_end);
+  w.m0 = row_begin + (mt - tile_prefix[lo]) * kBM;
+  w.n0 = nt * kBN;
+  return w;
+}
+
 template <typename T, typename Shape>
 __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
-    grouped_gemm_kernel(const KernelParams p) {
+    grouped_gemm_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
+  constexpr int kBM = Shape::kBM;
+  constexpr int kBN = Shape::kBN;
+  constexpr int kStages = Shape::kStages;
+  constexpr int kAcc = kBN / 2;
+  constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
+
+  extern __shared__ uint8_t smem_dynamic[];
+  __shared__ int s_tile_prefix[kMaxExperts + 1];  // m-tiles of experts [0, e)
+  __shared__ alignas(8) uint64_t s_full[kStages];   // stage landed (producer -> consumers)
+  __shared__ alignas(8) uint64_t s_empty[kStages];  // stage consumed (consumers -> producer)
+  __shared__ int64_t s_a_offset[2][kBM];  // producer: byte offset of each A row, -1 = zeros
+  const uint32_t smem_base =
+      (smem_u32(smem_dynamic) + (kSmemAlign - 1)) & ~static_cast<uint32_t>(kSmemAlign - 1);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int num_experts = p.num_experts;
+
+  // 1. m-tile prefix over experts; barrier initialisation.
+  if (tid < 32) {
+    const int per_lane = (num_experts + 31) / 32;
+    const int first = min(num_experts, tid * per_lane);
+    const int last = min(num_experts, first + per_lane);
+    int local = 0;
+    for (int e = first; e < last; ++e) {
+      int b, en;
+      expert_rows(p, e, b, en);
+      local += (en - b + kBM - 1) / kBM;
+    }
+    int inclusive = local;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (tid >= offset) inclusive += v;
+    }
+    int running = inclusive - local;
+    if (tid == 0) s_tile_prefix[0] = 0;
+    for (int e = first; e < last; ++e) {
+      int b, en;
+      expert_rows(p, e, b, en);
+      running += (en - b + kBM - 1) / kBM;
+      s_tile_prefix[e + 1] = running;
+    }
+  } else if (tid == 32) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&s_full[s]), 128 + 1);  // each producer thread's cp.async + the TMA
+      mbar_init(smem_u32(&s_empty[s]), Shape::kConsumerThreads / 32);  // one per consumer warp
+    }
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  const int total_m_tiles = s_tile_prefix[num_experts];
+  const int total_items = total_m_tiles * p.n_tiles;
+  const int warpgroup = tid / 128;
+
+  if (warpgroup == Shape::kConsumers) {
+    // ---- producer warpgroup -----------------------------------------------------------------
+    if constexpr (Shape::kRebalanceRegisters) setmaxnreg_dec<Shape::kProducerRegisters>();
+    const int ptid = tid - Shape::kConsumerThreads;
+    const int chunk = ptid & 7;         // 16-byte column of the tile row this thread loads
+    const int row_in_pass = ptid >> 3;  // tile row (mod 16) this thread loads
+    // Swizzled byte offset of (row, chunk): chunk ^= row % 8.
+    const uint32_t swizzled = static_cast<uint32_t>(row_in_pass * kRowBytes) +
+                              (static_cast<uint32_t>(chunk ^ (row_in_pass & 7)) << 4);
+    int it = 0;   // K steps issued so far by this CTA (all items)
+    int buf = 0;  // s_a_offset buffer of this item
+    for (int item = static_cast<int>(blockIdx.x); item < total_items;
+         item += static_cast<int>(gridDim.x)) {
+      const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+      for (int r = ptid; r < kBM; r += 128) {
+        const int row = w.m0 + r;
+        int64_t off = -1;
+        if (row < w.row_end) {
+          const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+          if (s >= 0) off = static_cast<int64_t>(s) * p.lda_bytes;
+        }
+        s_a_offset[buf][r] = off;
+      }
+      named_barrier_sync(1, 128);  // the offsets of this item are visible to every producer
+      for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+        const int s = it % kStages;
+        mbar_wait(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
+        const uint32_t sa = smem_base + static_cast<uint32_t>(s * Shape::kStageBytes);
+        const uint32_t sb = sa + Shape::kStageABytes;
+        const bool k_ok = kt * kBK + chunk * 8 < p.k;
+        const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes + chunk * 16;
+#pragma unroll
+        for (int i = 0; i < Shape::kAPasses; ++i) {
+          const int64_t off = s_a_offset[buf][row_in_pass + i * Shape::kRowsPerPass];
+          const bool ok = k_ok && off >= 0;
+          cp_async_16(sa + swizzled + i * Shape::kRowsPerPass * kRowBytes,
+                      ok ? p.a + off + k_bytes : p.a, ok);
+        }
+        if (ptid == 0) {  // W tile: one bulk tensor copy (zeros past N and K)
+          const uint32_t full = smem_u32(&s_full[s]);
+          mbar_arrive_expect_tx(full, Shape::kStageBBytes);
+          tma_load_3d(sb, &w_map, full, kt * kBK, w.n0, w.expert);
+        }
+        cp_async_mbar_arrive(smem_u32(&s_full[s]));
+      }
+      buf ^= 1;
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumer warpgroups ----------------------------------------------------------------------
+  if constexpr (Shape::kRebalanceRegisters) setmaxnreg_inc<Shape::kConsumerRegisters>();
+  const int lane = tid & 31;
+  const int warp_in_group = (tid & 127) >> 5;
+  int it = 0;  // K steps consumed so far by this CTA (all items)
+  for (int item = static_cast<int>(blockIdx.x); item < total_items;
+       item += static_cast<int>(gridDim.x)) {
+    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+    const int n0 = w.n0;
+
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i)
+      acc[i] = 0.0f;
+
+    // 3. Main loop.
+    for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+      const int s = it % kStages;
+      mbar_wait(smem_u32(&s_full[s]), (it / kStages) & 1);
+      fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
+      const uint32_t sa = smem_base + static_cast<uint32_t>(s * Shape::kStageBytes) +
+                          static_cast<uint32_t>(warpgroup * 64 * kRowBytes);
+      const uint32_t sb =
+          smem_base + static_cast<uint32_t>(s * Shape::kStageBytes) + Shape::kStageABytes;
+      fence_registers(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        wgmma_k16<kBF16, kBN>(acc, sw128_desc(sa + ks * 32), sw128_desc(sb + ks * 32));
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // this warpgroup's wgmma of the previous K step is done
+      fence_registers(acc);
+      if (kt > 0 && lane == 0) mbar_arrive(smem_u32(&s_empty[(it + kStages - 1) % kStages]));
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+    if (lane == 0) mbar_arrive(smem_u32(&s_empty[(it + kStages - 1) % kStages]));
+
+    // 4. Epilogue.
+    const int row0 = w.m0 + warpgroup * 64 + warp_in_group * 16 + (lane >> 2);
+    using P = Pair<T>;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int col = n0 + j * 8 + (lane & 3) * 2;
+      if (col >= p.n) continue;
+      float b0 = 0.0f, b1 = 0.0f;
+      if (p.bias != nullptr) {
+        const int64_t bi = static_cast<int64_t>(w.expert) * p.n + col;
+        if (p.bias_is_fp32) {
+          const float2 b = *reinterpret_cast<const float2*>(static_cast<const float*>(p.bias) + bi);
+          b0 = b.x;
+          b1 = b.y;
+        } else {
+          const T* bt = static_cast<const T*>(p.bias) + bi;
+          b0 = P::to_float(bt[0]);
+          b1 = P::to_float(bt[1]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + h * 8;
+        if (row < w.row_end) {
+          auto* dst = reinterpret_cast<typename P::type*>(
+              p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2);
+          *dst = P::make(acc[4 * j + 2 * h] + b0, acc[4 * j + 2 * h + 1] + b1);
+        }
+      }
+    }
+  }
+}
+
+// Decode kernel (64x64): no warp specialisation. Every thread loads (cp.async ring, a stage
+// refilled two K steps after it was consumed, one __syncthreads per K step) and the one warpgroup
+// computes. Measured faster than the warp-specialised kernel at 1-64 rows per expert
+// (bench/grouped_gemm_notes.md, 2026-11-30 section).
+template <typename T, typename Shape>
+__global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
+    grouped_gemm_sync_kernel(const KernelParams p) {
   constexpr int kBM = Shape::kBM;
   constexpr int kBN = Shape::kBN;
   constexpr int kStages = Shape::kStages;
@@ -412,6 +724,42 @@ int div_up(int64_t a, int64_t b) {
   return static_cast<int>((a + b - 1) / b);
 }
 
+// cuTensorMapEncodeTiled from the driver, looked up once.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                         &status) != cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      ptr = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// W (E, n, k) as a 3-D tensor {k, n, E}; box {64, BN, 1}, 128-byte swizzle, zeros out of bounds.
+template <typename T, typename Shape>
+cudaError_t make_w_map(const GroupedGemmArgs& args, CUtensorMap* map) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(args.k), static_cast<cuuint64_t>(args.n),
+                              static_cast<cuuint64_t>(args.num_experts)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(args.k) * 2,
+                                 static_cast<cuuint64_t>(args.n) * args.k * 2};
+  const cuuint32_t box[3] = {kBK, Shape::kBN, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType dtype = std::is_same_v<T, __nv_bfloat16>
+                                        ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(map, dtype, 3, const_cast<void*>(args.w), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <typename T, typename Shape>
 cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
                    cudaStream_t stream) {
@@ -440,7 +788,14 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
       e != cudaSuccess) {
     return e;
   }
-  auto* kernel = &grouped_gemm_kernel<T, Shape>;
+  constexpr bool kSync = std::is_same_v<Shape, Tile64x64>;
+  auto* kernel = [] {
+    if constexpr (kSync) {
+      return &grouped_gemm_sync_kernel<T, Shape>;
+    } else {
+      return &grouped_gemm_kernel<T, Shape>;
+    }
+  }();
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            Shape::kDynamicSmem);
       e != cudaSuccess) {
@@ -456,7 +811,14 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
   int64_t grid = static_cast<int64_t>(sms) * Shape::kMinBlocks;
   if (params.max_ctas > 0) grid = std::min<int64_t>(grid, params.max_ctas);
   grid = std::max<int64_t>(1, std::min(grid, items_ub));
-  kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p);
+  if constexpr (kSync) {
+    kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p);
+  } else {
+    CUtensorMap w_map;
+    if (cudaError_t e = make_w_map<T, Shape>(args, &w_map); e != cudaSuccess) return e;
+    kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p,
+                                                                                         w_map);
+  }
   return cudaGetLastError();
 }
 

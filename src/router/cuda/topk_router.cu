@@ -14,6 +14,9 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
 
 namespace moekit::cuda {
 namespace {
@@ -79,7 +82,7 @@ __device__ __forceinline__ void load_row(const void* base, int E, int lane, floa
 
 template <int VPT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    topk_router_kernel(const TopkRouterParams p) {
+    topk_router_kernel_legacy(const TopkRouterParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= p.num_tokens) return;
@@ -255,6 +258,292 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+
+// ---- v2 kernel ----------------------------------------------------------------------------------
+// Lane l owns the contiguous experts l*VPT .. l*VPT+VPT-1 (vector loads; a DeepSeek group of 32
+// experts spans 4 lanes). Each top-k round is two single-instruction warp reductions: the max key
+// (redux.sync.max) and the lowest expert id among the lanes holding it (redux.sync.min).
+
+// PDL: wait for the previous grid in the stream before touching global memory, then let the next
+// grid (launched with programmatic stream serialization) start its launch early.
+__device__ __forceinline__ void pdl_wait_and_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename T, int VPT>
+__device__ __forceinline__ void load_run(const T* run, int valid, float (&x)[VPT], float pad) {
+  constexpr int kBytes = VPT * static_cast<int>(sizeof(T));
+  constexpr int kVec = kBytes % 16 == 0 ? 16 : kBytes % 8 == 0 ? 8 : kBytes % 4 == 0 ? 4 : 0;
+  if constexpr (kVec != 0) {
+    if (valid >= VPT && (reinterpret_cast<uintptr_t>(run) % kVec) == 0) {
+      alignas(16) T buf[VPT];
+      using V = typename std::conditional<
+          kVec == 16, uint4, typename std::conditional<kVec == 8, uint2, uint32_t>::type>::type;
+#pragma unroll
+      for (int j = 0; j < kBytes / kVec; ++j)
+        reinterpret_cast<V*>(buf)[j] = __ldg(reinterpret_cast<const V*>(run) + j);
+#pragma unroll
+      for (int i = 0; i < VPT; ++i)
+        x[i] = to_f32(buf[i]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    x[i] = i < valid ? to_f32(run[i]) : pad;
+}
+
+__device__ __forceinline__ float key_to_float(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+template <typename T, int VPT>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) topk_router_kernel(const TopkRouterParams p) {
+  pdl_wait_and_release();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= p.num_tokens) return;
+  const int E = p.num_experts;
+  const int e0 = lane * VPT;
+  int nvalid = E - e0;
+  nvalid = nvalid < 0 ? 0 : (nvalid > VPT ? VPT : nvalid);
+
+  // 1. load (and the bias, independent of the logits)
+  float x[VPT];
+  load_run<T, VPT>(static_cast<const T*>(p.logits) + row * p.logits_row_stride + e0, nvalid, x,
+                   -INFINITY);
+  const float* bias = p.e_score_correction_bias;
+  float b[VPT];
+  if (bias != nullptr) {
+    load_run<float, VPT>(bias + e0, nvalid, b, 0.0f);
+  }
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    if (x[i] != x[i]) x[i] = -INFINITY;
+  }
+
+  // 2. scores
+  float s[VPT];
+  if (p.scoring == RouterScoring::kSoftmax) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      m = fmaxf(m, x[i]);
+    m = key_to_float(__reduce_max_sync(kFull, order_key(m)));
+    const bool inf_max = isinf(m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const float ev = inf_max ? (x[i] == m ? 1.0f : 0.0f) : expf(x[i] - m);
+      s[i] = i < nvalid ? ev : 0.0f;
+      sum += s[i];
+    }
+    sum = warp_sum(sum);
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      s[i] *= inv;
+  } else {
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+      s[i] = 1.0f / (1.0f + expf(-x[i]));
+  }
+
+  // 3. selection values and keys (0: padding or already picked; 1: excluded group)
+  const bool llama4 = p.scoring == RouterScoring::kLlama4;
+  float sel[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    float v = llama4 ? x[i] : s[i];
+    if (bias != nullptr && i < nvalid) v += b[i];
+    if (v != v) v = -INFINITY;
+    if (x[i] == -INFINITY) v = -INFINITY;
+    sel[i] = v;
+  }
+  uint32_t key[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+    key[i] = i < nvalid ? order_key(sel[i]) : 0u;
+
+  if (p.num_expert_group > 1) {
+    const int G = p.num_expert_group;
+    const int gsize = E / G;
+    const bool top2 = bias != nullptr && gsize >= 2;
+    const int L = gsize / VPT;  // lanes per group on the fast path
+    if (gsize % VPT == 0 && (L & (L - 1)) == 0) {
+      // Fast path: every group is L whole lanes, L a power of two.
+      float a1 = -INFINITY, a2 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const float v = sel[i];
+        if (v > a1) {
+          a2 = a1;
+          a1 = v;
+        } else if (v > a2) {
+          a2 = v;
+        }
+      }
+      for (int o = 1; o < L; o <<= 1) {
+        const float b1 = __shfl_xor_sync(kFull, a1, o);
+        const float b2 = __shfl_xor_sync(kFull, a2, o);
+        const float hi = fmaxf(a1, b1);
+        a2 = fmaxf(fminf(a1, b1), fmaxf(a2, b2));
+        a1 = hi;
+      }
+      const uint32_t gk = order_key(top2 ? a1 + a2 : a1);
+      const int g = lane / L;
+      int rank = 0;
+      for (int j = 0; j < G; ++j) {
+        const uint32_t kj = __shfl_sync(kFull, gk, j * L);
+        rank += (kj > gk || (kj == gk && j < g)) ? 1 : 0;
+      }
+      if (g < G && rank >= p.topk_group) {
+#pragma unroll
+        for (int i = 0; i < VPT; ++i)
+          key[i] = i < nvalid ? 1u : 0u;
+      }
+    } else {
+      int grp[VPT];
+#pragma unroll
+      for (int i = 0; i < VPT; ++i)
+        grp[i] = (e0 + i) / gsize;  // >= G for padding
+      uint32_t my_gkey = 0;  // lane g holds group g's key
+      for (int g = 0; g < G; ++g) {
+        float a1 = -INFINITY, a2 = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+          if (grp[i] == g) {
+            const float v = sel[i];
+            if (v > a1) {
+              a2 = a1;
+              a1 = v;
+            } else if (v > a2) {
+              a2 = v;
+            }
+          }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          const float b1 = __shfl_xor_sync(kFull, a1, o);
+          const float b2 = __shfl_xor_sync(kFull, a2, o);
+          const float hi = fmaxf(a1, b1);
+          a2 = fmaxf(fminf(a1, b1), fmaxf(a2, b2));
+          a1 = hi;
+        }
+        if (lane == g) my_gkey = order_key(top2 ? a1 + a2 : a1);
+      }
+      int rank = 0;
+      for (int j = 0; j < G; ++j) {
+        const uint32_t kj = __shfl_sync(kFull, my_gkey, j);
+        rank += (kj > my_gkey || (kj == my_gkey && j < lane)) ? 1 : 0;
+      }
+      const uint32_t keep = __ballot_sync(kFull, lane < G && rank < p.topk_group);
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        if (i < nvalid && !((keep >> grp[i]) & 1u)) key[i] = 1u;
+      }
+    }
+  }
+
+  // 4. top-k: per round, warp max of the lanes' best keys, then the lowest id holding it.
+  uint32_t bk = key[0];
+  float bs = s[0];
+  int bi = 0;
+#pragma unroll
+  for (int i = 1; i < VPT; ++i) {
+    if (key[i] > bk) {
+      bk = key[i];
+      bs = s[i];
+      bi = i;
+    }
+  }
+  int my_id = 0;
+  float my_w = 0.0f;
+  float total = 0.0f;
+  for (int j = 0; j < p.top_k; ++j) {
+    const uint32_t wmax = __reduce_max_sync(kFull, bk);
+    const uint32_t cand = bk == wmax ? static_cast<uint32_t>(e0 + bi) : 0xffffffffu;
+    const int e = static_cast<int>(__reduce_min_sync(kFull, cand));
+    const int owner = e / VPT;
+    const float w = __shfl_sync(kFull, bs, owner);
+    if (lane == owner) {
+      const int slot = e - e0;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i)
+        if (i == slot) key[i] = 0u;
+      bk = key[0];
+      bs = s[0];
+      bi = 0;
+#pragma unroll
+      for (int i = 1; i < VPT; ++i) {
+        if (key[i] > bk) {
+          bk = key[i];
+          bs = s[i];
+          bi = i;
+        }
+      }
+    }
+    total += w;
+    if (lane == j) {
+      my_id = e;
+      my_w = w;
+    }
+  }
+
+  // 5. weights
+  if (p.renormalize && total > 0.0f) my_w = my_w / total;
+  my_w *= p.routed_scaling_factor;
+  if (lane < p.top_k) {
+    p.topk_ids[row * p.top_k + lane] = my_id;
+    p.topk_weights[row * p.top_k + lane] = my_w;
+  }
+}
+
+bool use_legacy() {
+  static const bool v = [] {
+    const char* e = std::getenv("MOEKIT_SUPPORT_LEGACY");
+    return e != nullptr && e[0] == '1';
+  }();
+  return v;
+}
+
+bool use_pdl() {
+  static const bool v = [] {
+    const char* e = std::getenv("MOEKIT_DISABLE_PDL");
+    return !(e != nullptr && e[0] == '1');
+  }();
+  return v;
+}
+
+template <typename T, int VPT>
+cudaError_t launch_v2(const TopkRouterParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = use_pdl() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, topk_router_kernel<T, VPT>, p);
+}
+
+template <typename T>
+cudaError_t launch_v2_vpt(const TopkRouterParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
+  const int vpt = (p.num_experts + 31) / 32;
+  if (vpt <= 1) return launch_v2<T, 1>(p, grid, block, stream);
+  if (vpt <= 2) return launch_v2<T, 2>(p, grid, block, stream);
+  if (vpt <= 4) return launch_v2<T, 4>(p, grid, block, stream);
+  if (vpt <= 8) return launch_v2<T, 8>(p, grid, block, stream);
+  if (vpt <= 16) return launch_v2<T, 16>(p, grid, block, stream);
+  return launch_v2<T, 32>(p, grid, block, stream);
+}
+
 }  // namespace
 
 const char* topk_router_unsupported_reason(const TopkRouterParams& p) {
@@ -288,19 +577,35 @@ cudaError_t launch_topk_router(const TopkRouterParams& p, cudaStream_t stream) {
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(kWarpsPerBlock * 32);
+  if (!use_legacy()) {
+    cudaError_t err;
+    switch (p.logits_type) {
+      case LogitsType::kF32:
+        err = launch_v2_vpt<float>(p, grid, block, stream);
+        break;
+      case LogitsType::kBF16:
+        err = launch_v2_vpt<__nv_bfloat16>(p, grid, block, stream);
+        break;
+      default:
+        err = launch_v2_vpt<__half>(p, grid, block, stream);
+        break;
+    }
+    if (err != cudaSuccess) return err;
+    return cudaGetLastError();
+  }
   const int vpt = (p.num_experts + 31) / 32;
   if (vpt <= 1) {
-    topk_router_kernel<1><<<grid, block, 0, stream>>>(p);
+    topk_router_kernel_legacy<1><<<grid, block, 0, stream>>>(p);
   } else if (vpt <= 2) {
-    topk_router_kernel<2><<<grid, block, 0, stream>>>(p);
+    topk_router_kernel_legacy<2><<<grid, block, 0, stream>>>(p);
   } else if (vpt <= 4) {
-    topk_router_kernel<4><<<grid, block, 0, stream>>>(p);
+    topk_router_kernel_legacy<4><<<grid, block, 0, stream>>>(p);
   } else if (vpt <= 8) {
-    topk_router_kernel<8><<<grid, block, 0, stream>>>(p);
+    topk_router_kernel_legacy<8><<<grid, block, 0, stream>>>(p);
   } else if (vpt <= 16) {
-    topk_router_kernel<16><<<grid, block, 0, stream>>>(p);
+    topk_router_kernel_legacy<16><<<grid, block, 0, stream>>>(p);
   } else {
-    topk_router_kernel<32><<<grid, block, 0, stream>>>(p);
+    topk_router_kernel_legacy<32><<<grid, block, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
