@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   bench->add_option("--json", bench_json, "also write the results as JSON to this file");
 
   CLI11_PARSE(app, argc, argv);
+  std::cout << std::unitbuf;  // progress survives a killed or piped run
   try {
     if (*run && !run_checkpoint.empty()) {
       if (run_layer < 0) run_layer = moekit::preset_from_hf_config(run_checkpoint).first_moe_layer;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <random>
 
 #include "cli_common.h"
@@ -153,8 +154,18 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
   // Independent float64 recomputation of sampled rows from the same routing.
   const std::vector<int64_t> ids = routing.topk_ids.to_int_vector();
   const std::vector<float> tw = routing.topk_weights.to_float_vector();
-  const std::vector<float> w13 = host_floats(layer.weights().w13);
-  const std::vector<float> w2 = host_floats(layer.weights().w2);
+  // Only the experts the sampled rows use are brought to the host (a deepseek-v3 layer is 22 GB).
+  std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>> expert_cache;
+  auto expert_weights = [&](int64_t e) -> const std::pair<std::vector<float>, std::vector<float>>& {
+    auto it = expert_cache.find(e);
+    if (it == expert_cache.end()) {
+      it = expert_cache
+               .emplace(e, std::make_pair(host_floats(layer.weights().w13.select(e)),
+                                          host_floats(layer.weights().w2.select(e))))
+               .first;
+    }
+    return it->second;
+  };
   const std::vector<float> b13 = host_floats(layer.weights().w13_bias);
   const std::vector<float> b2 = host_floats(layer.weights().w2_bias);
   const std::vector<float> sw13 = host_floats(layer.weights().shared_w13);
@@ -190,7 +201,7 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
           v *= w;
       }
       const auto y =
-          mlp_f64(in, w13.data() + e * N * H, w2.data() + e * H * I,
+          mlp_f64(in, expert_weights(e).first.data(), expert_weights(e).second.data(),
                   b13.empty() ? nullptr : b13.data() + e * N,
                   b2.empty() ? nullptr : b2.data() + e * H, H, I, model.activation, params);
       for (int64_t h = 0; h < H; ++h)
