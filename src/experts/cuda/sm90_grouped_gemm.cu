@@ -307,6 +307,37 @@ __device__ __forceinline__ void expert_rows(const KernelParams& p, int e, int& b
   }
 }
 
+// Warp 0 writes tile_prefix[e] = m-tiles of experts [0, e) (each lane sums a run of experts, then
+// one warp scan).
+template <int kBM>
+__device__ __forceinline__ void tile_prefix_by_warp(const KernelParams& p, int* tile_prefix,
+                                                    int lane) {
+  const int num_experts = p.num_experts;
+  const int per_lane = (num_experts + 31) / 32;
+  const int first = min(num_experts, lane * per_lane);
+  const int last = min(num_experts, first + per_lane);
+  int local = 0;
+  for (int e = first; e < last; ++e) {
+    int b, en;
+    expert_rows(p, e, b, en);
+    local += (en - b + kBM - 1) / kBM;
+  }
+  int inclusive = local;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += v;
+  }
+  int running = inclusive - local;
+  if (lane == 0) tile_prefix[0] = 0;
+  for (int e = first; e < last; ++e) {
+    int b, en;
+    expert_rows(p, e, b, en);
+    running += (en - b + kBM - 1) / kBM;
+    tile_prefix[e + 1] = running;
+  }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 
 // A work item resolved against the schedule.
@@ -366,29 +397,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
 
   // 1. m-tile prefix over experts; barrier initialisation.
   if (tid < 32) {
-    const int per_lane = (num_experts + 31) / 32;
-    const int first = min(num_experts, tid * per_lane);
-    const int last = min(num_experts, first + per_lane);
-    int local = 0;
-    for (int e = first; e < last; ++e) {
-      int b, en;
-      expert_rows(p, e, b, en);
-      local += (en - b + kBM - 1) / kBM;
-    }
-    int inclusive = local;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (tid >= offset) inclusive += v;
-    }
-    int running = inclusive - local;
-    if (tid == 0) s_tile_prefix[0] = 0;
-    for (int e = first; e < last; ++e) {
-      int b, en;
-      expert_rows(p, e, b, en);
-      running += (en - b + kBM - 1) / kBM;
-      s_tile_prefix[e + 1] = running;
-    }
+    tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
   } else if (tid == 32) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -549,29 +558,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
 
   // 1. m-tile prefix over experts.
   if (tid < 32) {
-    const int per_lane = (num_experts + 31) / 32;
-    const int first = min(num_experts, tid * per_lane);
-    const int last = min(num_experts, first + per_lane);
-    int local = 0;
-    for (int e = first; e < last; ++e) {
-      int b, en;
-      expert_rows(p, e, b, en);
-      local += (en - b + kBM - 1) / kBM;
-    }
-    int inclusive = local;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, inclusive, offset);
-      if (tid >= offset) inclusive += v;
-    }
-    int running = inclusive - local;
-    if (tid == 0) s_tile_prefix[0] = 0;
-    for (int e = first; e < last; ++e) {
-      int b, en;
-      expert_rows(p, e, b, en);
-      running += (en - b + kBM - 1) / kBM;
-      s_tile_prefix[e + 1] = running;
-    }
+    tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
   }
   __syncthreads();
 
