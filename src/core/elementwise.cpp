@@ -1,5 +1,6 @@
 #include "core/elementwise.h"
 
+#include <cstring>
 #include <limits>
 
 #include "moekit/core/checks.h"
@@ -47,6 +48,45 @@ void scale_rows(Tensor& out, const Tensor& in, const Tensor& weights, Stream str
     for (int64_t k = 0; k < K; ++k) {
       store_float(out.data(), out.dtype(), m * K + k,
                   load_float(in.data(), in.dtype(), m * K + k) * w[m]);
+    }
+  }
+}
+
+namespace {
+// Source row of destination row r in the blocks-of-32 gate/up layout (see elementwise.h).
+int64_t gate_up_source_row(int64_t r, int64_t I, bool pairwise) {
+  const int64_t block = r / 64, w = r % 64;
+  const int64_t col = block * 32 + (w % 32);
+  if (w < 32) return pairwise ? 2 * col : col;
+  return pairwise ? 2 * col + 1 : I + col;
+}
+}  // namespace
+
+void interleave_gate_up_blocks(Tensor& dst, const Tensor& src, bool pairwise, Stream stream) {
+  MOEKIT_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() &&
+                   dst.device() == src.device() && dst.data() != src.data(),
+               "interleave_gate_up_blocks: {} -> {} must be distinct tensors of one shape",
+               src.describe(), dst.describe());
+  expect_contiguous(src, "w13");
+  expect_contiguous(dst, "w13 (kernel format)");
+  MOEKIT_CHECK(src.dim() == 2 || src.dim() == 3, "interleave_gate_up_blocks: {} must be 2-d or 3-d",
+               src.describe());
+  const int64_t n = src.size(1);
+  MOEKIT_CHECK(n % 64 == 0, "interleave_gate_up_blocks: 2I={} must be a multiple of 64", n);
+  if (src.device().is_cuda()) {
+#ifdef MOEKIT_WITH_CUDA
+    interleave_gate_up_blocks_cuda(dst, src, pairwise, stream);
+    return;
+#endif
+  }
+  const int64_t E = src.size(0), K = src.dim() == 3 ? src.size(2) : 1;
+  const size_t row_bytes = static_cast<size_t>(K) * element_size(src.dtype());
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(static_cast<char*>(dst.data()) + (e * n + r) * row_bytes,
+                  static_cast<const char*>(src.data()) +
+                      (e * n + gate_up_source_row(r, n / 2, pairwise)) * row_bytes,
+                  row_bytes);
     }
   }
 }

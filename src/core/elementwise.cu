@@ -75,6 +75,23 @@ __global__ void scale_rows_kernel(T* out, const T* in, const float* w, int64_t M
   }
 }
 
+// One thread per 16-byte (or element) chunk of a destination row; rows permuted per elementwise.h.
+__global__ void interleave_rows_kernel(char* dst, const char* src, int64_t E, int64_t n,
+                                       int64_t row_bytes, bool pairwise) {
+  const int64_t chunks = row_bytes / 16;
+  const int64_t total = E * n * chunks;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / chunks, c = i % chunks;
+    const int64_t e = row / n, r = row % n;
+    const int64_t block = r / 64, w = r % 64, col = block * 32 + (w % 32);
+    const int64_t s_r =
+        w < 32 ? (pairwise ? 2 * col : col) : (pairwise ? 2 * col + 1 : n / 2 + col);
+    reinterpret_cast<uint4*>(dst + (e * n + r) * row_bytes)[c] =
+        reinterpret_cast<const uint4*>(src + (e * n + s_r) * row_bytes)[c];
+  }
+}
+
 int grid_for(int64_t n) {
   return static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
 }
@@ -103,6 +120,28 @@ void add_inplace_cuda(Tensor& out, const Tensor& other, Stream stream) {
                    dtype_name(out.dtype()));
   }
   MOEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void interleave_gate_up_blocks_cuda(Tensor& dst, const Tensor& src, bool pairwise, Stream stream) {
+  const int64_t E = src.size(0), n = src.size(1), K = src.dim() == 3 ? src.size(2) : 1;
+  const int64_t row_bytes = K * static_cast<int64_t>(element_size(src.dtype()));
+  MOEKIT_CHECK(row_bytes % 16 == 0,
+               "interleave_gate_up_blocks on the GPU needs rows of a multiple of 16 bytes, got {}",
+               row_bytes);
+  cudaStream_t s = to_cuda(stream);
+  cudaStream_t own = nullptr;
+  if (s == nullptr) {
+    MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+    s = own;
+  }
+  interleave_rows_kernel<<<grid_for(E * n * (row_bytes / 16)), 256, 0, s>>>(
+      static_cast<char*>(dst.data()), static_cast<const char*>(src.data()), E, n, row_bytes,
+      pairwise);
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+  if (own != nullptr) {
+    MOEKIT_CUDA_CHECK(cudaStreamSynchronize(own));
+    MOEKIT_CUDA_CHECK(cudaStreamDestroy(own));
+  }
 }
 
 void scale_rows_cuda(Tensor& out, const Tensor& in, const Tensor& weights, Stream stream) {

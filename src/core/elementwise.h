@@ -14,6 +14,13 @@ void convert_ids_to_int32(const Tensor& ids64, Tensor& ids32, Stream stream);
 // out[m, :] = in[m, :] * weights[m, 0] (weights (M, 1) f32), rounded once to out's dtype.
 void scale_rows(Tensor& out, const Tensor& in, const Tensor& weights, Stream stream);
 
+// Reorders the rows of a gated w13 (E, 2I, K) — or its bias (E, 2I), with K = 1 — into blocks of 64
+// rows: [64b, 64b+32) gate rows and [64b+32, 64b+64) the matching up rows of output columns
+// [32b, 32b+32) (the layout of GEMM1 with a fused gated activation). The source has gate rows
+// [0, I) and up rows [I, 2I), or gate = row 2i / up = row 2i+1 when `pairwise` (gpt-oss swigluoai).
+// I must be a multiple of 32. dst and src are distinct contiguous tensors of the same shape.
+void interleave_gate_up_blocks(Tensor& dst, const Tensor& src, bool pairwise, Stream stream);
+
 // Fills a contiguous float tensor with scale * u, u uniform in [-1, 1) from a counter-based hash of
 // (seed, element index): the same values on every device. A null stream on the GPU synchronizes.
 void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream);
@@ -21,6 +28,7 @@ void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream);
 float hashed_uniform(uint64_t seed, uint64_t index);
 
 #ifdef MOEKIT_WITH_CUDA
+void interleave_gate_up_blocks_cuda(Tensor& dst, const Tensor& src, bool pairwise, Stream stream);
 void scale_rows_cuda(Tensor& out, const Tensor& in, const Tensor& weights, Stream stream);
 void fill_uniform_cuda(Tensor& t, uint64_t seed, float scale, Stream stream);
 void add_inplace_cuda(Tensor& out, const Tensor& other, Stream stream);

@@ -24,6 +24,15 @@ std::string sm90_shape_check(const MoEConfig& moe) {
 
 }  // namespace
 
+// NOTE: off until the grouped GEMM's fused gated epilogue lands; flipping it changes the weight
+// layout the sm90 experts expect (the oracle converts at load time).
+constexpr bool kFusedActivationAvailable = false;
+
+bool sm90_fuses_activation(const MoEConfig& moe) {
+  return kFusedActivationAvailable && moe.is_act_and_mul() &&
+         moe.intermediate_size_per_partition() % 32 == 0;
+}
+
 const ExpertsClass& Sm90GroupedExperts::klass() {
   static const ExpertsClass k(
       [] {

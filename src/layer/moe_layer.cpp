@@ -151,8 +151,10 @@ MoELayer::MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOp
   const auto selection = oracle.select_backend();
   auto [w13, w2] =
       oracle.convert_to_kernel_format(selection.backend, moe_, weights_.w13, weights_.w2);
-  weights_.w13 = w13;
-  weights_.w2 = w2;
+  kernel_w13_ = w13;
+  kernel_w2_ = w2;
+  kernel_w13_bias_ =
+      oracle.convert_w13_bias_to_kernel_format(selection.backend, moe_, weights_.w13_bias);
 
   std::shared_ptr<SharedExperts> shared;
   if (model_.num_shared_experts > 0) {
@@ -169,7 +171,7 @@ MoELayer::MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOp
     }
   }
   const QuantConfig quant = model_.has_bias
-                                ? QuantConfig::biased(weights_.w13_bias, weights_.w2_bias)
+                                ? QuantConfig::biased(kernel_w13_bias_, weights_.w2_bias)
                                 : QuantConfig::unquantized();
   // Monolithic kernels take no shared experts (the seed's rule): the layer runs them beside the
   // kernel instead, with the same shared experts and the same add as the modular path.
@@ -279,8 +281,8 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
   }
   ModularApplyArgs args;
   args.hidden_states = hidden_states;
-  args.w1 = weights_.w13;
-  args.w2 = weights_.w2;
+  args.w1 = kernel_w13_;
+  args.w2 = kernel_w2_;
   args.topk_weights = topk_weights;
   args.topk_ids = ids;
   args.activation = moe_.activation;
@@ -302,8 +304,8 @@ void MoELayer::forward_monolithic_into(Tensor& output, const Tensor& hidden_stat
   const RouterConfig& r = router_->config();
   MonolithicApplyArgs args;
   args.hidden_states = hidden_states;
-  args.w1 = weights_.w13;
-  args.w2 = weights_.w2;
+  args.w1 = kernel_w13_;
+  args.w2 = kernel_w2_;
   args.router_logits = router_logits;
   args.activation = moe_.activation;
   args.global_num_experts = moe_.num_experts;

@@ -1,5 +1,6 @@
 #include "moekit/oracle/unquantized.h"
 
+#include "core/elementwise.h"
 #include "moekit/experts/cpu_reference.h"
 #include "moekit/experts/sm90_experts.h"
 
@@ -74,6 +75,41 @@ std::optional<UnquantizedMoeBackend> UnquantizedMoEKernelOracle::batched_variant
       return std::nullopt;  // monolithic experts take the standard format only
   }
   return std::nullopt;
+}
+
+namespace {
+
+bool uses_sm90_layout(UnquantizedMoeBackend backend, const MoEConfig& moe) {
+  return (backend == UnquantizedMoeBackend::kSm90Grouped ||
+          backend == UnquantizedMoeBackend::kSm90Batched) &&
+         sm90_fuses_activation(moe);
+}
+
+Tensor interleaved_copy(const Tensor& t, bool pairwise) {
+  if (t.device().is_cuda() && t.dim() == 2) {  // a bias: small, reorder on the host
+    const Tensor host = t.to(Device::cpu());
+    Tensor out = Tensor::empty(host.shape(), host.dtype());
+    interleave_gate_up_blocks(out, host, pairwise, Stream{});
+    return out.to(t.device());
+  }
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), t.device());
+  interleave_gate_up_blocks(out, t, pairwise, Stream{});
+  return out;
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> UnquantizedMoEKernelOracle::convert_to_kernel_format(
+    Backend backend, const MoEConfig& moe_config, Tensor w13, Tensor w2) const {
+  if (!uses_sm90_layout(backend, moe_config)) return {std::move(w13), std::move(w2)};
+  return {interleaved_copy(w13, moe_config.activation == Activation::kSwigluOai), std::move(w2)};
+}
+
+Tensor UnquantizedMoEKernelOracle::convert_w13_bias_to_kernel_format(Backend backend,
+                                                                     const MoEConfig& moe_config,
+                                                                     Tensor w13_bias) const {
+  if (!w13_bias.defined() || !uses_sm90_layout(backend, moe_config)) return w13_bias;
+  return interleaved_copy(w13_bias, moe_config.activation == Activation::kSwigluOai);
 }
 
 }  // namespace moekit

@@ -169,7 +169,7 @@ double compare_batched(Pair& p, int64_t M, int64_t T, uint64_t seed) {
   const ModelPreset& model = p.cpu->model();
   const MoEConfig& moe = p.gpu->moe_config();
   const QuantConfig quant =
-      model.has_bias ? QuantConfig::biased(p.gpu->weights().w13_bias, p.gpu->weights().w2_bias)
+      model.has_bias ? QuantConfig::biased(p.gpu->kernel_w13_bias(), p.gpu->weights().w2_bias)
                      : QuantConfig::unquantized();
   auto kernel =
       assemble_moe_kernel(quant, moe, Sm90BatchedExperts::klass(),
@@ -186,7 +186,7 @@ double compare_batched(Pair& p, int64_t M, int64_t T, uint64_t seed) {
   out.fill_bytes(0xFF);
   ModularApplyArgs args;
   args.hidden_states = x.to(gd);
-  args.w1 = p.gpu->weights().w13;
+  args.w1 = p.gpu->kernel_w13();  // the layout the sm90 experts read
   args.w2 = p.gpu->weights().w2;
   args.topk_ids = r.topk_ids.to(gd);
   args.topk_weights = r.topk_weights.to(gd);

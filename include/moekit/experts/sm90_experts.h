@@ -22,6 +22,11 @@
 
 namespace moekit {
 
+// Whether the Hopper experts fuse the gated activation into GEMM1 for this layer. Then w13 and its
+// bias must be in the blocks-of-32 gate/up order (UnquantizedMoEKernelOracle::
+// convert_to_kernel_format produces it); otherwise they keep the standard layout.
+bool sm90_fuses_activation(const MoEConfig& moe);
+
 class Sm90GroupedExperts final : public ExpertsModular {
  public:
   static const ExpertsClass& klass();

@@ -74,7 +74,10 @@ class MoELayer {
 
   const ModelPreset& model() const { return model_; }
   const MoEConfig& moe_config() const { return moe_; }
+  // The weights as given (standard layout); kernel_w13() is what the kernel reads.
   const MoELayerWeights& weights() const { return weights_; }
+  const Tensor& kernel_w13() const { return kernel_w13_; }
+  const Tensor& kernel_w13_bias() const { return kernel_w13_bias_; }
   const Router& router() const { return *router_; }
   FusedMoEKernel& kernel() const { return *kernel_; }
   // Whether the layer has shared experts (inside the kernel, or beside a monolithic one).
@@ -97,7 +100,10 @@ class MoELayer {
   ModelPreset model_;
   MoELayerOptions options_;
   MoEConfig moe_;
-  MoELayerWeights weights_;
+  MoELayerWeights weights_;  // as given (standard layout)
+  // What the kernel reads: the same tensors, or copies in the chosen backend's layout
+  // (convert_to_kernel_format), e.g. blocks-of-32 gate/up rows for a fused GEMM1 activation.
+  Tensor kernel_w13_, kernel_w2_, kernel_w13_bias_;
   std::unique_ptr<Router> router_;
   std::unique_ptr<FusedMoEKernel> kernel_;
   // The shared experts when the kernel is monolithic (run by the layer, not the kernel).

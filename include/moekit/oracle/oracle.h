@@ -389,6 +389,13 @@ class MoEKernelOracle {
     return {std::move(w13), std::move(w2)};
   }
 
+  // The same for GEMM1's bias (E_local, 2I or I), whose rows follow w13's. Default: unchanged.
+  virtual Tensor convert_w13_bias_to_kernel_format(BackendT /*backend*/,
+                                                   const MoEConfig& /*moe_config*/,
+                                                   Tensor w13_bias) const {
+    return w13_bias;
+  }
+
   // Builds the quantization config of a quantized oracle. Unquantized oracles throw.
   virtual QuantConfig make_quant_config() const {
     throw Error(fmt::format(

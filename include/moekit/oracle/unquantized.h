@@ -48,6 +48,12 @@ class UnquantizedMoEKernelOracle : public MoEKernelOracle<UnquantizedMoeBackend>
   std::vector<Backend> priority_backends(const MoEConfig& moe_config) const override;
   std::optional<Backend> batched_variant(Backend backend) const override;
   KernelRegistry<Backend>& kernel_registry() const override { return registry(); }
+  // sm90 backends with a fused gated activation take w13 (and its bias) in blocks-of-32 gate/up
+  // order (see sm90_experts.h); every other backend keeps the standard layout.
+  std::pair<Tensor, Tensor> convert_to_kernel_format(Backend backend, const MoEConfig& moe_config,
+                                                     Tensor w13, Tensor w2) const override;
+  Tensor convert_w13_bias_to_kernel_format(Backend backend, const MoEConfig& moe_config,
+                                           Tensor w13_bias) const override;
 };
 
 }  // namespace moekit
