@@ -24,9 +24,9 @@ std::string sm90_shape_check(const MoEConfig& moe) {
 
 }  // namespace
 
-// NOTE: off until the grouped GEMM's fused gated epilogue lands; flipping it changes the weight
-// layout the sm90 experts expect (the oracle converts at load time).
-constexpr bool kFusedActivationAvailable = false;
+// NOTE: switching this changes the weight layout the sm90 experts expect (the oracle converts at
+// load time); off, GEMM1 writes (rows, 2I) and a separate activation pass follows.
+constexpr bool kFusedActivationAvailable = true;
 
 bool sm90_fuses_activation(const MoEConfig& moe) {
   return kFusedActivationAvailable && moe.is_act_and_mul() &&

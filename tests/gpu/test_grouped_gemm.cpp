@@ -1,8 +1,10 @@
 // GPU tests of the sm90 grouped expert GEMM (experts/cuda/sm90_grouped_gemm.h) against a CPU
 // fp64 reference: awkward schedules (experts with 0 rows, 1 row, partial tiles, every row on one
 // expert), gather with padding rows, both schedule forms, both dtypes, both tiles, CUDA-graph
-// capture. C is poisoned (0xFF bytes = NaN) before each run; every scheduled element must be
-// written and every other element must keep the poison.
+// capture; the fused gated-activation epilogue (every kind, weights converted with
+// interleave_gate_up_rows from the standard or pairwise layout). C is poisoned (0xFF bytes = NaN)
+// before each run; every scheduled element must be written and every other element must keep the
+// poison.
 //
 // The benchmark is a disabled test: run it with
 //   test_grouped_gemm --gtest_also_run_disabled_tests --gtest_filter='*Bench*'
@@ -27,6 +29,7 @@
 
 namespace {
 
+using moekit::cuda::FusedActivation;
 using moekit::cuda::GemmDtype;
 using moekit::cuda::GroupedGemmArgs;
 using moekit::cuda::GroupedGemmParams;
@@ -122,6 +125,14 @@ struct Case {
   int ldc_pad = 0;        // ldc = n + ldc_pad
   int trailing_rows = 3;  // unscheduled rows after the schedule (must stay poisoned)
   uint32_t seed = 1;
+  // Fused gated activation: W (and bias) are generated in the standard w13 layout (gate rows
+  // [0, n/2), up rows [n/2, n)) or the pairwise one (gate 2i, up 2i + 1) and converted with
+  // interleave_gate_up_rows / _bias; C has n/2 columns.
+  FusedActivation act = FusedActivation::kNone;
+  bool pairwise_source = false;
+  bool has_clamp = false;
+  float limit = 7.0f;
+  float alpha = 1.702f;
 };
 
 // Host copy of everything a run needs, plus device buffers.
@@ -134,6 +145,7 @@ struct Problem {
   int64_t stride = 0;
   std::vector<int32_t> offsets, counts, gather;
   std::vector<int> row_expert;  // expert of each C row, -1 if unscheduled
+  int n_out = 0;                // columns of C
   std::vector<uint16_t> a, w, bias16;
   std::vector<float> af, wf;  // a and w as floats, for the reference
   std::vector<float> bias32;
@@ -148,7 +160,9 @@ void build(Problem& p, const Case& cs) {
   std::mt19937 rng(cs.seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   p.lda = cs.k + cs.lda_pad;
-  p.ldc = cs.n + cs.ldc_pad;
+  const bool fused = cs.act != FusedActivation::kNone;
+  p.n_out = fused ? cs.n / 2 : cs.n;
+  p.ldc = p.n_out + cs.ldc_pad;
   p.counts.assign(cs.counts.begin(), cs.counts.end());
   p.offsets.assign(E + 1, 0);
   for (int e = 0; e < E; ++e)
@@ -194,9 +208,28 @@ void build(Problem& p, const Case& cs) {
   for (size_t i = 0; i < p.w.size(); ++i)
     p.wf[i] = to_f(p.w[i], cs.dtype);
   p.d_a = upload(p.a);
-  p.d_w = upload(p.w);
-  if (!p.bias32.empty()) p.d_bias = upload(p.bias32);
-  if (!p.bias16.empty()) p.d_bias = upload(p.bias16);
+  if (fused) {  // the device gets the blocks-of-32 layout
+    std::vector<uint16_t> wi(p.w.size());
+    moekit::cuda::interleave_gate_up_rows(p.w.data(), wi.data(), E, cs.n, cs.k, 2,
+                                          cs.pairwise_source);
+    p.d_w = upload(wi);
+    if (!p.bias32.empty()) {
+      std::vector<float> bi(p.bias32.size());
+      moekit::cuda::interleave_gate_up_bias(p.bias32.data(), bi.data(), E, cs.n, 4,
+                                            cs.pairwise_source);
+      p.d_bias = upload(bi);
+    }
+    if (!p.bias16.empty()) {
+      std::vector<uint16_t> bi(p.bias16.size());
+      moekit::cuda::interleave_gate_up_bias(p.bias16.data(), bi.data(), E, cs.n, 2,
+                                            cs.pairwise_source);
+      p.d_bias = upload(bi);
+    }
+  } else {
+    p.d_w = upload(p.w);
+    if (!p.bias32.empty()) p.d_bias = upload(p.bias32);
+    if (!p.bias16.empty()) p.d_bias = upload(p.bias16);
+  }
   p.d_c = DeviceBuffer(static_cast<size_t>(p.num_rows * p.ldc * 2));
   p.d_offsets = upload(p.offsets);
   p.d_counts = upload(p.counts);
@@ -219,6 +252,58 @@ void build(Problem& p, const Case& cs) {
   g.n = cs.n;
   g.k = cs.k;
   g.dtype = cs.dtype;
+  g.fused_act = cs.act;
+  g.has_clamp_limit = cs.has_clamp;
+  g.clamp_limit = cs.limit;
+  g.alpha = cs.alpha;
+}
+
+// fp64 reference of the fused activations (same formulas as moe_activation.cu).
+double ref_act(const Case& cs, double g, double u) {
+  const double L = cs.limit;
+  auto silu = [](double x) { return x / (1.0 + std::exp(-x)); };
+  auto clampd = [](double v, double lim) { return std::min(std::max(v, -lim), lim); };
+  switch (cs.act) {
+    case FusedActivation::kSiluMul:
+      return cs.has_clamp ? silu(std::min(g, L)) * clampd(u, L) : silu(g) * u;
+    case FusedActivation::kGeluMul:
+      return 0.5 * g * std::erfc(-g / std::sqrt(2.0)) * u;
+    case FusedActivation::kGeluTanhMul:
+      return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+    case FusedActivation::kSwigluOai: {
+      const double gc = std::min(g, L);
+      return (clampd(u, L) + 1.0) * gc / (1.0 + std::exp(-cs.alpha * gc));
+    }
+    case FusedActivation::kSwigluStep:
+      return std::min(silu(g), L) * clampd(u, L);
+    case FusedActivation::kRelu2Mul: {
+      const double r = std::max(g, 0.0);
+      return r * r * u;
+    }
+    case FusedActivation::kNone:
+      break;
+  }
+  return g;
+}
+
+const char* act_name(FusedActivation a) {
+  switch (a) {
+    case FusedActivation::kNone:
+      return "none";
+    case FusedActivation::kSiluMul:
+      return "silu";
+    case FusedActivation::kGeluMul:
+      return "gelu";
+    case FusedActivation::kGeluTanhMul:
+      return "gelu_tanh";
+    case FusedActivation::kSwigluOai:
+      return "swigluoai";
+    case FusedActivation::kSwigluStep:
+      return "swiglustep";
+    case FusedActivation::kRelu2Mul:
+      return "relu2";
+  }
+  return "?";
 }
 
 // Compares C with the fp64 reference; checks poison where nothing may be written.
@@ -228,7 +313,8 @@ void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& 
   const double elem_rel = cs.dtype == GemmDtype::kBF16 ? 4.5e-3 : 6e-4;  // > half an ulp
   double err2 = 0, ref2 = 0;
   int64_t bad = 0, unwritten = 0, clobbered = 0, checked = 0;
-  std::vector<double> ref(cs.n);
+  const bool fused = cs.act != FusedActivation::kNone;
+  std::vector<double> pre(cs.n), ref(p.n_out);
   for (int64_t r = 0; r < p.num_rows; ++r) {
     const int e = p.row_expert[r];
     if (e < 0) {
@@ -248,10 +334,21 @@ void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& 
       if (cs.bias == BiasKind::kFp32) s += p.bias32[static_cast<size_t>(e) * cs.n + j];
       if (cs.bias == BiasKind::kDtype)
         s += to_f(p.bias16[static_cast<size_t>(e) * cs.n + j], cs.dtype);
-      ref[j] = s;
+      pre[j] = s;
     }
-    const double rms_scale = std::sqrt(static_cast<double>(cs.k) / 9.0);
-    for (int j = 0; j < cs.n; ++j) {
+    const int half = cs.n / 2;
+    for (int j = 0; j < p.n_out; ++j) {
+      if (!fused) {
+        ref[j] = pre[j];
+      } else if (cs.pairwise_source) {
+        ref[j] = ref_act(cs, pre[2 * j], pre[2 * j + 1]);
+      } else {
+        ref[j] = ref_act(cs, pre[j], pre[half + j]);
+      }
+    }
+    // Fused: the activation's slope (up to ~2|g||u| for relu2) scales the fp32 accumulation error.
+    const double rms_scale = std::sqrt(static_cast<double>(cs.k) / 9.0) * (fused ? 10.0 : 1.0);
+    for (int j = 0; j < p.n_out; ++j) {
       const uint16_t bits = c[r * p.ldc + j];
       if (bits == 0xFFFF) {
         ++unwritten;
@@ -270,7 +367,7 @@ void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& 
         ++bad;
       }
     }
-    for (int64_t j = cs.n; j < p.ldc; ++j)
+    for (int64_t j = p.n_out; j < p.ldc; ++j)
       clobbered += c[r * p.ldc + j] != 0xFFFF;
   }
   EXPECT_EQ(unwritten, 0) << label << ": scheduled elements left unwritten";
@@ -471,6 +568,137 @@ TEST(GroupedGemm, CanImplementGivesReasons) {
   EXPECT_EQ(moekit::cuda::run_grouped_gemm(bad, nullptr), cudaErrorInvalidValue);
 }
 
+// ---- fused gated activation
+// ----------------------------------------------------------------------
+
+constexpr FusedActivation kFusedKinds[] = {
+    FusedActivation::kSiluMul,   FusedActivation::kGeluMul,    FusedActivation::kGeluTanhMul,
+    FusedActivation::kSwigluOai, FusedActivation::kSwigluStep, FusedActivation::kRelu2Mul};
+
+// Every kind x both dtypes x both tiles: awkward schedule (experts with 0 / 1 / partial-tile
+// rows), gather with padding rows, bias, padded lda / ldc (the ldc padding must stay poisoned),
+// n = 320: 5 gate/up blocks, so the 256-wide tile's second n-tile holds one block.
+TEST(GroupedGemmFused, EveryKindBothDtypesBothTiles) {
+  REQUIRE_GPU();
+  for (GemmDtype dt : {GemmDtype::kBF16, GemmDtype::kF16}) {
+    for (int variant = 0; variant < 7; ++variant) {
+      Case cs;
+      cs.dtype = dt;
+      cs.act = variant < 6 ? kFusedKinds[variant] : FusedActivation::kSiluMul;
+      cs.has_clamp = variant == 6;  // silu with the clamp limit
+      cs.counts = {0, 1, 130, 64, 257, 0, 2};
+      cs.n = 320;
+      cs.k = 136;
+      cs.gather = true;
+      cs.bias = dt == GemmDtype::kBF16 ? BiasKind::kFp32 : BiasKind::kDtype;
+      cs.lda_pad = 8;
+      cs.ldc_pad = 8;
+      cs.seed = 100 + variant;
+      run_case(cs, std::string("fused ") + act_name(cs.act) + (cs.has_clamp ? "+clamp" : "") +
+                       (dt == GemmDtype::kBF16 ? " bf16" : " f16"));
+    }
+  }
+}
+
+// Batched schedule (gaps stay poisoned), no bias, a tiny grid (items wrap the ring), partial last
+// n-tile of the 256-wide tile (576 = 2 x 256 + one 64-row block), long-ish partial K.
+TEST(GroupedGemmFused, BatchedFewCtasNoBias) {
+  REQUIRE_GPU();
+  for (FusedActivation act : {FusedActivation::kSwigluStep, FusedActivation::kGeluTanhMul}) {
+    Case cs;
+    cs.act = act;
+    cs.counts = {0, 80, 17, 1, 64};
+    cs.batched = true;
+    cs.n = 576;
+    cs.k = 328;
+    cs.ldc_pad = 16;
+    cs.seed = 9;
+    for (int ctas : {0, 3}) {
+      run_case(cs, std::string("fused batched ") + act_name(act) + " ctas " + std::to_string(ctas),
+               ctas);
+    }
+  }
+}
+
+// gpt-oss checkpoints store gate/up pairwise (gate = row 2i, up = row 2i + 1).
+TEST(GroupedGemmFused, SwigluOaiFromPairwiseSource) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.act = FusedActivation::kSwigluOai;
+  cs.pairwise_source = true;
+  cs.counts = {3, 0, 200, 65};
+  cs.n = 192;
+  cs.k = 264;
+  cs.gather = true;
+  cs.bias = BiasKind::kFp32;
+  cs.seed = 11;
+  run_case(cs, "fused swigluoai pairwise");
+}
+
+// Host-only: the row permutation of the helpers.
+TEST(GroupedGemmFused, InterleaveHelpersPermuteRows) {
+  constexpr int64_t E = 2, N = 128, K = 3;
+  std::vector<int32_t> src(E * N * K), dst(E * N * K, -1);
+  for (int64_t i = 0; i < E * N * K; ++i)
+    src[i] = static_cast<int32_t>(i);
+  for (bool pairwise : {false, true}) {
+    moekit::cuda::interleave_gate_up_rows(src.data(), dst.data(), E, N, K, 4, pairwise);
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t i = 0; i < N / 2; ++i) {
+        const int64_t b = i / 32, t = i % 32;
+        const int64_t gate_src = pairwise ? 2 * i : i, up_src = pairwise ? 2 * i + 1 : N / 2 + i;
+        for (int64_t kk = 0; kk < K; ++kk) {
+          EXPECT_EQ(dst[(e * N + 64 * b + t) * K + kk], src[(e * N + gate_src) * K + kk]);
+          EXPECT_EQ(dst[(e * N + 64 * b + 32 + t) * K + kk], src[(e * N + up_src) * K + kk]);
+        }
+      }
+    }
+    std::vector<float> bsrc(E * N), bdst(E * N, -1.0f);
+    for (int64_t i = 0; i < E * N; ++i)
+      bsrc[i] = static_cast<float>(i);
+    moekit::cuda::interleave_gate_up_bias(bsrc.data(), bdst.data(), E, N, 4, pairwise);
+    EXPECT_EQ(bdst[N + 64 + 5], bsrc[N + (pairwise ? 2 * 37 : 37)]);  // gate of column 37
+    EXPECT_EQ(bdst[N + 64 + 32 + 5], bsrc[N + (pairwise ? 2 * 37 + 1 : 64 + 37)]);  // its up
+  }
+}
+
+// Host-only: the fused arguments' reasons.
+TEST(GroupedGemmFused, CanImplementGivesReasons) {
+  alignas(16) static uint16_t dummy[64];
+  static int32_t offsets[3] = {0, 0, 0};
+  GroupedGemmArgs g;
+  g.a = dummy;
+  g.w = dummy;
+  g.c = dummy;
+  g.expert_offsets = offsets;
+  g.num_experts = 2;
+  g.n = 128;
+  g.k = 64;
+  g.lda = 64;
+  g.ldc = 64;  // n / 2 is enough when fused
+  g.fused_act = FusedActivation::kSiluMul;
+  EXPECT_EQ(moekit::cuda::can_implement(g), "");
+  auto bad = g;
+  bad.fused_act = FusedActivation::kNone;  // unfused needs ldc >= n
+  EXPECT_NE(moekit::cuda::can_implement(bad).find("ldc=64"), std::string::npos);
+  bad = g;
+  bad.n = 96;
+  bad.ldc = 96;
+  EXPECT_EQ(moekit::cuda::can_implement(bad),
+            "n=96 is not a multiple of 64 (a fused activation needs whole 64-row gate/up blocks)");
+  EXPECT_EQ(moekit::cuda::run_grouped_gemm(bad, nullptr), cudaErrorInvalidValue);
+  bad = g;
+  bad.ldc = 62;
+  EXPECT_NE(moekit::cuda::can_implement(bad).find("n/2=64"), std::string::npos);
+  bad = g;
+  bad.fused_act = FusedActivation::kSwigluOai;
+  bad.clamp_limit = 0.0f;
+  EXPECT_EQ(moekit::cuda::can_implement(bad), "clamp_limit must be > 0");
+  bad = g;
+  bad.fused_act = static_cast<FusedActivation>(42);
+  EXPECT_EQ(moekit::cuda::can_implement(bad), "fused_act is unknown");
+}
+
 // ---- benchmark (disabled by default) -----------------------------------------------------------
 
 struct ModelShape {
@@ -488,8 +716,9 @@ TEST(GroupedGemm, DISABLED_BenchGemm1) {
   constexpr int kReplays = 7;
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::printf("| model | M | rows | tile | us | TFLOP/s | weight TB/s | all bytes TB/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| model | M | rows | tile | epilogue | us | TFLOP/s | weight TB/s | all bytes TB/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const ModelShape& m : models) {
     const int E = m.experts, K = m.hidden, N = 2 * m.inter;
     const size_t w_bytes = static_cast<size_t>(E) * N * K * 2;
@@ -515,7 +744,7 @@ TEST(GroupedGemm, DISABLED_BenchGemm1) {
       for (auto& x : a_host)
         x = moekit::float_to_bf16_bits(std::uniform_real_distribution<float>(-1, 1)(rng));
       DeviceBuffer a = upload(a_host);
-      DeviceBuffer c(static_cast<size_t>(rows) * N * 2);
+      DeviceBuffer c(static_cast<size_t>(std::max<int64_t>(rows, 1)) * N * 2);
       std::vector<DeviceBuffer> d_offsets, d_gather;
       double touched_experts = 0;
       for (int r = 0; r < kRoutings; ++r) {
@@ -538,13 +767,16 @@ TEST(GroupedGemm, DISABLED_BenchGemm1) {
         d_gather.push_back(upload(gather));
       }
       touched_experts /= kRoutings;
-      for (GroupedGemmTile tile : {GroupedGemmTile::k64x64, GroupedGemmTile::k128x256}) {
+      for (int run = 0; run < 4; ++run) {
+        const GroupedGemmTile tile = run < 2 ? GroupedGemmTile::k64x64 : GroupedGemmTile::k128x256;
+        const bool fused = run % 2 == 1;  // silu-and-mul fused into the epilogue, C = N/2 columns
         GroupedGemmArgs g;
         g.a = a.get();
         g.lda = K;
         g.w = w.get();
         g.c = c.get();
-        g.ldc = N;
+        g.ldc = fused ? N / 2 : N;
+        g.fused_act = fused ? FusedActivation::kSiluMul : FusedActivation::kNone;
         g.num_experts = E;
         g.num_rows_upper_bound = rows;
         g.n = N;
@@ -581,10 +813,11 @@ TEST(GroupedGemm, DISABLED_BenchGemm1) {
         const double us = 1e3 * ms[kReplays / 2] / kLaunchesPerGraph;
         const double flops = 2.0 * rows * N * K;
         const double wbytes = touched_experts * N * K * 2.0;
-        const double all_bytes = wbytes + rows * (K + N) * 2.0;
-        std::printf("| %s | %d | %lld | %s | %.1f | %.1f | %.2f | %.2f |\n", m.name, M,
-                    static_cast<long long>(rows), moekit::cuda::grouped_gemm_tile_name(tile), us,
-                    flops / us * 1e-6, wbytes / us * 1e-6, all_bytes / us * 1e-6);
+        const double all_bytes = wbytes + rows * (K + (fused ? N / 2 : N)) * 2.0;
+        std::printf("| %s | %d | %lld | %s | %s | %.1f | %.1f | %.2f | %.2f |\n", m.name, M,
+                    static_cast<long long>(rows), moekit::cuda::grouped_gemm_tile_name(tile),
+                    fused ? "silu fused" : "plain", us, flops / us * 1e-6, wbytes / us * 1e-6,
+                    all_bytes / us * 1e-6);
         std::fflush(stdout);
         cudaEventDestroy(start);
         cudaEventDestroy(stop);

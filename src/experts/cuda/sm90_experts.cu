@@ -123,6 +123,36 @@ cuda::ActKind act_kind_of(Activation a) {
   return cuda::ActKind::kSilu;
 }
 
+// Sets GEMM1's fused gated activation (the weights are then in blocks-of-32 gate/up order).
+void set_fused_activation(cuda::GroupedGemmArgs& g, Activation act,
+                          const ActivationParams& params) {
+  switch (act) {
+    case Activation::kSilu:
+      g.fused_act = cuda::FusedActivation::kSiluMul;
+      break;
+    case Activation::kGelu:
+      g.fused_act = cuda::FusedActivation::kGeluMul;
+      break;
+    case Activation::kGeluTanh:
+      g.fused_act = cuda::FusedActivation::kGeluTanhMul;
+      break;
+    case Activation::kSwigluOai:
+      g.fused_act = cuda::FusedActivation::kSwigluOai;
+      break;
+    case Activation::kSwigluStep:
+      g.fused_act = cuda::FusedActivation::kSwigluStep;
+      break;
+    case Activation::kRelu2:
+      g.fused_act = cuda::FusedActivation::kRelu2Mul;
+      break;
+    default:
+      MOEKIT_CHECK(false, "activation {} has no fused GEMM1 epilogue", activation_name(act));
+  }
+  g.has_clamp_limit = params.clamp_limit.has_value();
+  if (params.clamp_limit) g.clamp_limit = *params.clamp_limit;
+  g.alpha = params.alpha;
+}
+
 void run_gemm(const cuda::GroupedGemmArgs& args, Stream stream, const char* what) {
   const std::string why = cuda::can_implement(args);
   MOEKIT_CHECK(why.empty(), "{}: the grouped GEMM cannot run this problem: {}", what, why);
@@ -242,17 +272,26 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
-  run_gemm(g1, ctx.stream, "GEMM1");
-  ctx.stage_done("gemm1");
-
-  // 3. activation on the valid rows.
   void* act = at<void>(ws2, l.act);
-  run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(), act,
-                 dtype, capacity, N, total, permuted, ctx.stream);
-  ctx.stage_done("activation");
+  if (sm90_fuses_activation(moe_config())) {
+    // 2+3. GEMM1 with the gated activation in its epilogue: (rows, N/2) straight into ws2.
+    set_fused_activation(g1, args.activation, moe_config().activation_params());
+    g1.c = act;
+    g1.ldc = d;
+    run_gemm(g1, ctx.stream, "GEMM1 + activation");
+    ctx.stage_done("gemm1");
+  } else {
+    run_gemm(g1, ctx.stream, "GEMM1");
+    ctx.stage_done("gemm1");
+    // 3. activation on the valid rows.
+    run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(), act,
+                   dtype, capacity, N, total, permuted, ctx.stream);
+    ctx.stage_done("activation");
+  }
 
   // 4. GEMM2: (rows, K) into workspace2's second region.
   cuda::GroupedGemmArgs g2 = g1;
+  g2.fused_act = cuda::FusedActivation::kNone;
   g2.a = act;
   g2.lda = d;
   g2.gather_rows = nullptr;
@@ -344,13 +383,22 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
-  run_gemm(g1, ctx.stream, "batched GEMM1");
-  ctx.stage_done("gemm1");
-  // Rows past each expert's count hold stale values; their activations are never read.
-  run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(),
-                 args.workspace2.data(), dtype, E * T, N, nullptr, nullptr, ctx.stream);
-  ctx.stage_done("activation");
+  if (sm90_fuses_activation(moe_config())) {
+    set_fused_activation(g1, args.activation, moe_config().activation_params());
+    g1.c = args.workspace2.data();
+    g1.ldc = d;
+    run_gemm(g1, ctx.stream, "batched GEMM1 + activation");
+    ctx.stage_done("gemm1");
+  } else {
+    run_gemm(g1, ctx.stream, "batched GEMM1");
+    ctx.stage_done("gemm1");
+    // Rows past each expert's count hold stale values; their activations are never read.
+    run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(),
+                   args.workspace2.data(), dtype, E * T, N, nullptr, nullptr, ctx.stream);
+    ctx.stage_done("activation");
+  }
   cuda::GroupedGemmArgs g2 = g1;
+  g2.fused_act = cuda::FusedActivation::kNone;
   g2.a = args.workspace2.data();
   g2.lda = d;
   g2.w = args.w2.data();

@@ -19,17 +19,21 @@
 //      Decode tile (64x64, grouped_gemm_sync_kernel): the previous single-role loop (every
 //      thread loads with cp.async, one __syncthreads per K step), faster at few rows per expert.
 //   4. Epilogue: fp32 accumulators + bias, rounded to bf16/fp16, stored straight from the
-//      accumulator fragment with row (expert range) and column (N) predicates.
+//      accumulator fragment with row (expert range) and column (N) predicates. With a fused
+//      gated activation (W rows gate/up interleaved in blocks of 32), each thread pairs its gate
+//      and up accumulators (column groups j and j + 4), applies the activation in fp32 and stores
+//      n / 2 columns; the kind is a runtime switch (no extra instantiations).
 #include "experts/cuda/sm90_grouped_gemm.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -59,6 +63,11 @@ struct KernelParams {
   int n_tiles;
   int k_tiles;
   bool bias_is_fp32;
+  // Fused gated activation (kNone: plain store of n columns).
+  FusedActivation act;
+  bool has_clamp;
+  float limit;
+  float alpha;
 };
 
 // Tile shapes. kConsumers warpgroups of 64 rows each compute; one more warpgroup loads. Every
@@ -148,15 +157,13 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (done == 0);
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile(
-      "{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
-      : "memory");
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+               : "memory");
 }
 // Arrives and adds `bytes` to the transactions the current phase waits for.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile(
-      "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
-          bar),
+      "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
       "r"(bytes)
       : "memory");
 }
@@ -338,6 +345,157 @@ __device__ __forceinline__ void tile_prefix_by_warp(const KernelParams& p, int* 
   }
 }
 
+// ---- epilogue ---------------------------------------------------------------------------------
+
+// Activation math: the gated kinds of moe_activation.cu, written the same way (keep in sync).
+__device__ __forceinline__ float act_sigmoidf(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float act_siluf(float x) {
+  return x / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float act_gelu_erf(float x) {
+  return 0.5f * x * erfcf(-x * 0.70710678118654752f);
+}
+__device__ __forceinline__ float act_gelu_tanh(float x) {
+  const float z = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+  return x / (1.0f + expf(-2.0f * z));
+}
+__device__ __forceinline__ float act_clampf(float v, float lim) {
+  return fminf(fmaxf(v, -lim), lim);
+}
+// The kind is resolved once per tile (store_tile's switch) and each kind's epilogue is its own
+// straight-line unrolled copy: a per-element switch measured ~20 us per 128x256 item slower
+// (branchy, instruction-cache-missing code; bench/grouped_gemm_notes.md).
+enum class ActImpl { kSilu, kSiluClamp, kGelu, kGeluTanh, kSwigluOai, kSwigluStep, kRelu2 };
+template <ActImpl kA>
+__device__ __forceinline__ float gated_act(const KernelParams& p, float g, float u) {
+  if constexpr (kA == ActImpl::kSilu) {
+    return act_siluf(g) * u;
+  } else if constexpr (kA == ActImpl::kSiluClamp) {
+    return act_siluf(fminf(g, p.limit)) * act_clampf(u, p.limit);
+  } else if constexpr (kA == ActImpl::kGelu) {
+    return act_gelu_erf(g) * u;
+  } else if constexpr (kA == ActImpl::kGeluTanh) {
+    return act_gelu_tanh(g) * u;
+  } else if constexpr (kA == ActImpl::kSwigluOai) {
+    const float gc = fminf(g, p.limit);
+    const float uc = act_clampf(u, p.limit);
+    return (uc + 1.0f) * gc * act_sigmoidf(p.alpha * gc);
+  } else if constexpr (kA == ActImpl::kSwigluStep) {
+    return fminf(act_siluf(g), p.limit) * act_clampf(u, p.limit);
+  } else {
+    const float r = fmaxf(g, 0.0f);
+    return r * r * u;
+  }
+}
+
+// Bias of columns (col, col + 1) of expert e, or zeros.
+template <typename T>
+__device__ __forceinline__ float2 bias_pair(const KernelParams& p, int expert, int col) {
+  float2 b = make_float2(0.0f, 0.0f);
+  if (p.bias != nullptr) {
+    const int64_t bi = static_cast<int64_t>(expert) * p.n + col;
+    if (p.bias_is_fp32) {
+      b = *reinterpret_cast<const float2*>(static_cast<const float*>(p.bias) + bi);
+    } else {
+      const T* bt = static_cast<const T*>(p.bias) + bi;
+      b.x = Pair<T>::to_float(bt[0]);
+      b.y = Pair<T>::to_float(bt[1]);
+    }
+  }
+  return b;
+}
+
+// Fused epilogue of one activation kind (see store_tile).
+template <typename T, int kBN, ActImpl kA>
+__device__ __forceinline__ void store_tile_fused(const KernelParams& p, const float (&acc)[kBN / 2],
+                                                 int expert, int row0, int row_end, int n0,
+                                                 int lane) {
+  using P = Pair<T>;
+  static_assert(kBN % 64 == 0, "the fused epilogue pairs columns within 64-column blocks");
+#pragma unroll
+  for (int jb = 0; jb < kBN / 64; ++jb) {
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 8 * jb + jj;  // gate group; up group is j + 4
+      const int gcol = n0 + j * 8 + (lane & 3) * 2;
+      if (gcol >= p.n) continue;
+      const float2 bg = bias_pair<T>(p, expert, gcol);
+      const float2 bu = bias_pair<T>(p, expert, gcol + kFusedGateUpBlock);
+      const int ocol = (n0 + 64 * jb) / 2 + jj * 8 + (lane & 3) * 2;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + h * 8;
+        if (row < row_end) {
+          const float o0 =
+              gated_act<kA>(p, acc[4 * j + 2 * h] + bg.x, acc[4 * (j + 4) + 2 * h] + bu.x);
+          const float o1 =
+              gated_act<kA>(p, acc[4 * j + 2 * h + 1] + bg.y, acc[4 * (j + 4) + 2 * h + 1] + bu.y);
+          auto* dst = reinterpret_cast<typename P::type*>(
+              p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(ocol) * 2);
+          *dst = P::make(o0, o1);
+        }
+      }
+    }
+  }
+}
+
+// Stores one warpgroup's 64 x kBN accumulator fragment. The m64nN wgmma fragment gives this
+// thread rows row0 and row0 + 8 and, for every 8-column group j, columns j*8 + (lane%4)*2 + {0,1}:
+// acc[4j + 2h + {0,1}] is (row0 + 8h, n0 + 8j + (lane%4)*2 + {0,1}).
+// Fused: each 64-column block jb of the tile holds gate columns [64jb, 64jb + 32) and the up
+// columns 32 further on, i.e. groups j and j + 4 of the same thread; output column
+// (n0 + 64jb) / 2 + 8(j%8) + (lane%4)*2. n is a multiple of 64, so the gate column's predicate
+// covers its up column.
+template <typename T, int kBN>
+__device__ __forceinline__ void store_tile(const KernelParams& p, const float (&acc)[kBN / 2],
+                                           int expert, int row0, int row_end, int n0, int lane) {
+  using P = Pair<T>;
+  if (p.act == FusedActivation::kNone) {
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int col = n0 + j * 8 + (lane & 3) * 2;
+      if (col >= p.n) continue;
+      const float2 b = bias_pair<T>(p, expert, col);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + h * 8;
+        if (row < row_end) {
+          auto* dst = reinterpret_cast<typename P::type*>(
+              p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2);
+          *dst = P::make(acc[4 * j + 2 * h] + b.x, acc[4 * j + 2 * h + 1] + b.y);
+        }
+      }
+    }
+    return;
+  }
+  switch (p.act) {
+    case FusedActivation::kSiluMul:
+      if (p.has_clamp) {
+        store_tile_fused<T, kBN, ActImpl::kSiluClamp>(p, acc, expert, row0, row_end, n0, lane);
+      } else {
+        store_tile_fused<T, kBN, ActImpl::kSilu>(p, acc, expert, row0, row_end, n0, lane);
+      }
+      break;
+    case FusedActivation::kGeluMul:
+      store_tile_fused<T, kBN, ActImpl::kGelu>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+    case FusedActivation::kGeluTanhMul:
+      store_tile_fused<T, kBN, ActImpl::kGeluTanh>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+    case FusedActivation::kSwigluOai:
+      store_tile_fused<T, kBN, ActImpl::kSwigluOai>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+    case FusedActivation::kSwigluStep:
+      store_tile_fused<T, kBN, ActImpl::kSwigluStep>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+    default:
+      store_tile_fused<T, kBN, ActImpl::kRelu2>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+  }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 
 // A work item resolved against the schedule.
@@ -385,7 +543,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
   constexpr bool kBF16 = std::is_same_v<T, __nv_bfloat16>;
 
   extern __shared__ uint8_t smem_dynamic[];
-  __shared__ int s_tile_prefix[kMaxExperts + 1];  // m-tiles of experts [0, e)
+  __shared__ int s_tile_prefix[kMaxExperts + 1];    // m-tiles of experts [0, e)
   __shared__ alignas(8) uint64_t s_full[kStages];   // stage landed (producer -> consumers)
   __shared__ alignas(8) uint64_t s_empty[kStages];  // stage consumed (consumers -> producer)
   __shared__ int64_t s_a_offset[2][kBM];  // producer: byte offset of each A row, -1 = zeros
@@ -504,34 +662,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
 
     // 4. Epilogue.
     const int row0 = w.m0 + warpgroup * 64 + warp_in_group * 16 + (lane >> 2);
-    using P = Pair<T>;
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int col = n0 + j * 8 + (lane & 3) * 2;
-      if (col >= p.n) continue;
-      float b0 = 0.0f, b1 = 0.0f;
-      if (p.bias != nullptr) {
-        const int64_t bi = static_cast<int64_t>(w.expert) * p.n + col;
-        if (p.bias_is_fp32) {
-          const float2 b = *reinterpret_cast<const float2*>(static_cast<const float*>(p.bias) + bi);
-          b0 = b.x;
-          b1 = b.y;
-        } else {
-          const T* bt = static_cast<const T*>(p.bias) + bi;
-          b0 = P::to_float(bt[0]);
-          b1 = P::to_float(bt[1]);
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row0 + h * 8;
-        if (row < w.row_end) {
-          auto* dst = reinterpret_cast<typename P::type*>(
-              p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2);
-          *dst = P::make(acc[4 * j + 2 * h] + b0, acc[4 * j + 2 * h + 1] + b1);
-        }
-      }
-    }
+    store_tile<T, kBN>(p, acc, w.expert, row0, w.row_end, n0, lane);
   }
 }
 
@@ -674,34 +805,7 @@ __global__ void __launch_bounds__(Shape::kThreads, Shape::kMinBlocks)
     const int lane = tid & 31;
     const int warp_in_group = (tid & 127) >> 5;
     const int row0 = m0 + warpgroup * 64 + warp_in_group * 16 + (lane >> 2);
-    using P = Pair<T>;
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int col = n0 + j * 8 + (lane & 3) * 2;
-      if (col >= p.n) continue;
-      float b0 = 0.0f, b1 = 0.0f;
-      if (p.bias != nullptr) {
-        const int64_t bi = static_cast<int64_t>(expert) * p.n + col;
-        if (p.bias_is_fp32) {
-          const float2 b = *reinterpret_cast<const float2*>(static_cast<const float*>(p.bias) + bi);
-          b0 = b.x;
-          b1 = b.y;
-        } else {
-          const T* bt = static_cast<const T*>(p.bias) + bi;
-          b0 = P::to_float(bt[0]);
-          b1 = P::to_float(bt[1]);
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row0 + h * 8;
-        if (row < row_end) {
-          auto* dst = reinterpret_cast<typename P::type*>(
-              p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2);
-          *dst = P::make(acc[4 * j + 2 * h] + b0, acc[4 * j + 2 * h + 1] + b1);
-        }
-      }
-    }
+    store_tile<T, kBN>(p, acc, expert, row0, row_end, n0, lane);
   }
 }
 
@@ -740,10 +844,10 @@ cudaError_t make_w_map(const GroupedGemmArgs& args, CUtensorMap* map) {
   const CUtensorMapDataType dtype = std::is_same_v<T, __nv_bfloat16>
                                         ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                         : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult r = encode(map, dtype, 3, const_cast<void*>(args.w), dims, strides, box,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode(map, dtype, 3, const_cast<void*>(args.w), dims, strides, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -767,6 +871,10 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
   p.n_tiles = div_up(args.n, Shape::kBN);
   p.k_tiles = div_up(args.k, kBK);
   p.bias_is_fp32 = args.bias_is_fp32;
+  p.act = args.fused_act;
+  p.has_clamp = args.has_clamp_limit;
+  p.limit = args.clamp_limit;
+  p.alpha = args.alpha;
 
   int device = 0;
   int sms = 0;
@@ -803,8 +911,7 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
   } else {
     CUtensorMap w_map;
     if (cudaError_t e = make_w_map<T, Shape>(args, &w_map); e != cudaSuccess) return e;
-    kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p,
-                                                                                         w_map);
+    kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p, w_map);
   }
   return cudaGetLastError();
 }
@@ -839,8 +946,25 @@ std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& 
     return "lda=" + to_string(args.lda) +
            " is not a multiple of 8 that is >= k=" + to_string(args.k);
   }
-  if (args.ldc < args.n || args.ldc % 2 != 0) {
-    return "ldc=" + to_string(args.ldc) + " is not an even number >= n=" + to_string(args.n);
+  const bool fused = args.fused_act != FusedActivation::kNone;
+  if (static_cast<int>(args.fused_act) < 0 ||
+      static_cast<int>(args.fused_act) > static_cast<int>(FusedActivation::kRelu2Mul)) {
+    return "fused_act is unknown";
+  }
+  if (fused && args.n % (2 * kFusedGateUpBlock) != 0) {
+    return "n=" + to_string(args.n) +
+           " is not a multiple of 64 (a fused activation needs whole 64-row gate/up blocks)";
+  }
+  if (fused) {
+    const bool uses_limit = args.fused_act == FusedActivation::kSwigluOai ||
+                            args.fused_act == FusedActivation::kSwigluStep ||
+                            (args.fused_act == FusedActivation::kSiluMul && args.has_clamp_limit);
+    if (uses_limit && !(args.clamp_limit > 0.0f)) return "clamp_limit must be > 0";
+  }
+  const int n_out = fused ? args.n / 2 : args.n;
+  if (args.ldc < n_out || args.ldc % 2 != 0) {
+    return "ldc=" + to_string(args.ldc) + " is not an even number >= " + (fused ? "n/2=" : "n=") +
+           to_string(n_out);
   }
   if (auto why = misaligned("a", args.a, 16); !why.empty()) return why;
   if (auto why = misaligned("w", args.w, 16); !why.empty()) return why;
@@ -896,8 +1020,38 @@ const char* grouped_gemm_tile_name(GroupedGemmTile tile) {
   return "auto";
 }
 
+void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_t n, int64_t k,
+                             int elem_bytes, bool source_is_pairwise_interleaved) {
+  constexpr int64_t kB = kFusedGateUpBlock;
+  if (src == nullptr || dst == nullptr || src == dst || experts < 0 || k <= 0 || elem_bytes <= 0 ||
+      n <= 0 || n % (2 * kB) != 0) {
+    return;
+  }
+  const int64_t half = n / 2;
+  const size_t row_bytes = static_cast<size_t>(k) * elem_bytes;
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  for (int64_t e = 0; e < experts; ++e) {
+    const uint8_t* se = s + static_cast<size_t>(e) * n * row_bytes;
+    uint8_t* de = d + static_cast<size_t>(e) * n * row_bytes;
+    for (int64_t i = 0; i < half; ++i) {  // output column i
+      const int64_t gate_src = source_is_pairwise_interleaved ? 2 * i : i;
+      const int64_t up_src = source_is_pairwise_interleaved ? 2 * i + 1 : half + i;
+      const int64_t gate_dst = (i / kB) * 2 * kB + i % kB;
+      const int64_t up_dst = gate_dst + kB;
+      std::memcpy(de + gate_dst * row_bytes, se + gate_src * row_bytes, row_bytes);
+      std::memcpy(de + up_dst * row_bytes, se + up_src * row_bytes, row_bytes);
+    }
+  }
+}
+
+void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_t n, int elem_bytes,
+                             bool source_is_pairwise_interleaved) {
+  interleave_gate_up_rows(src, dst, experts, n, 1, elem_bytes, source_is_pairwise_interleaved);
+}
+
 cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
-                             const GroupedGemmParams& params, void* workspace) {
+                             const GroupedGemmParams& params, void* /*workspace*/) {
   if (!can_implement(args, params).empty()) return cudaErrorInvalidValue;
   const GroupedGemmTile tile =
       params.tile == GroupedGemmTile::kAuto ? select_grouped_gemm_tile(args) : params.tile;

@@ -21,6 +21,29 @@ namespace moekit::cuda {
 // Element type of A, W and C (the bias is fp32 or this type).
 enum class GemmDtype { kBF16, kF16 };
 
+// Optional gated activation fused into the epilogue (GEMM1 of an MoE layer). The math is that of
+// the gated kinds of moe_activation.cu, with g the gate and u the up pre-activation (bias added),
+// L = clamp_limit:
+//   kSiluMul      silu(g) * u, or with has_clamp_limit silu(min(g, L)) * clamp(u, -L, L)
+//   kGeluMul      gelu_erf(g) * u
+//   kGeluTanhMul  gelu_tanh(g) * u
+//   kSwigluOai    (clamp(u, -L, L) + 1) * min(g, L) * sigmoid(alpha * min(g, L))  (L always used)
+//   kSwigluStep   min(silu(g), L) * clamp(u, -L, L)                               (L always used)
+//   kRelu2Mul     relu(g)^2 * u
+enum class FusedActivation {
+  kNone,
+  kSiluMul,
+  kGeluMul,
+  kGeluTanhMul,
+  kSwigluOai,
+  kSwigluStep,
+  kRelu2Mul,
+};
+
+// Row block of the fused layout: W rows [64b, 64b + 32) are the gate rows and [64b + 32, 64b + 64)
+// the up rows of output columns [32b, 32b + 32).
+inline constexpr int kFusedGateUpBlock = 32;
+
 // Row alignment the kernel requires of expert_offsets: none. Offsets need not be padded to the tile
 // height; partial tiles are predicated (loads zero-filled, stores masked).
 inline constexpr int kRowAlign = 1;
@@ -35,6 +58,13 @@ inline constexpr int kMaxExperts = 1024;
 //   * batched (expert_counts != nullptr): rows of expert e are
 //       [e * batched_stride, e * batched_stride + expert_counts[e]); expert_offsets is ignored.
 //     Rows outside every expert's range are never read or written.
+// Fused activation (fused_act != kNone): W's n rows are gate/up rows interleaved in blocks of 32
+//   (kFusedGateUpBlock above; interleave_gate_up_rows builds it from the library's w13 layout), the
+//   bias (if any) is in the same row order, n is a multiple of 64, and C has n / 2 columns
+//   (ldc >= n / 2): C[r, i] = act(gate_i, up_i) computed in fp32 on the accumulators (bias added
+//   first) and rounded once to the dtype. NOTE: the unfused pipeline (GEMM1, then
+//   moe_activation) rounds gate and up to the dtype before the activation; the fused result skips
+//   that rounding, so it differs from it by up to ~1 ulp of the dtype (and is closer to fp64).
 // Gather: when gather_rows is non-null, row r reads A[gather_rows[r]]; a negative entry marks a
 //   padding row: it reads zeros, and C[r, :] IS written (with bias[e, :], or zeros without bias).
 struct GroupedGemmArgs {
@@ -44,8 +74,8 @@ struct GroupedGemmArgs {
   const void* w = nullptr;               // (num_experts, n, k) contiguous, dtype
   const void* bias = nullptr;            // (num_experts, n) optional, fp32 or dtype
   bool bias_is_fp32 = true;              // bias element type: fp32 (true) or dtype (false)
-  void* c = nullptr;                     // (num_rows, n) row stride ldc, dtype
-  int64_t ldc = 0;                       // elements; even
+  void* c = nullptr;                     // (num_rows, n) row stride ldc, dtype (n / 2 if fused)
+  int64_t ldc = 0;                       // elements; even; >= n (>= n / 2 if fused)
   const int32_t* expert_offsets = nullptr;  // (num_experts + 1,) nondecreasing, offsets form
   // (num_experts,) batched form, each in [0, batched_stride] (clamped to it)
   const int32_t* expert_counts = nullptr;
@@ -57,6 +87,11 @@ struct GroupedGemmArgs {
   int n = 0;  // output columns; multiple of 8
   int k = 0;  // reduction length; multiple of 8
   GemmDtype dtype = GemmDtype::kBF16;
+  // Fused gated activation (see above); kNone = plain GEMM (C has n columns).
+  FusedActivation fused_act = FusedActivation::kNone;
+  bool has_clamp_limit = false;  // kSiluMul only: clamp g above and u to [-L, L]
+  float clamp_limit = 7.0f;      // L: kSiluMul with has_clamp_limit, kSwigluOai, kSwigluStep
+  float alpha = 1.702f;          // kSwigluOai sigmoid slope
 };
 
 // Tile shapes compiled for sm_90a (BM x BN x 64, K-major 128-byte swizzled shared memory).
@@ -88,5 +123,17 @@ const char* grouped_gemm_tile_name(GroupedGemmTile tile);
 // status. An empty schedule (every expert with 0 rows) launches a grid that writes nothing.
 cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
                              const GroupedGemmParams& params = {}, void* workspace = nullptr);
+
+// Host-side weight conversion for the fused layout (runs once at load time; plain loops).
+// src: (experts, n, k) in the library's w13 layout: rows [0, n/2) gate, [n/2, n) up; or, when
+// source_is_pairwise_interleaved (swigluoai checkpoints), gate = row 2i, up = row 2i + 1.
+// dst: (experts, n, k) in the blocks-of-32 layout the fused epilogue reads. elem_bytes is the
+// size of one element (2 for bf16 / fp16, 4 for fp32). n must be a positive multiple of 64 and
+// src != dst; otherwise nothing is written.
+void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_t n, int64_t k,
+                             int elem_bytes, bool source_is_pairwise_interleaved);
+// The same permutation for a bias (experts, n).
+void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_t n, int elem_bytes,
+                             bool source_is_pairwise_interleaved);
 
 }  // namespace moekit::cuda
