@@ -5,6 +5,8 @@
 
 #include "core/elementwise.h"
 #include "moekit/core/error.h"
+#include "moekit/experts/sm90_experts.h"
+#include "moekit/oracle/unquantized.h"
 
 namespace moekit {
 namespace {
@@ -68,6 +70,48 @@ TEST(WeightLayout, RejectsWidthsNotMultipleOf64AndAliasing) {
   }
   Tensor same = tagged(1, 128, 2);
   EXPECT_THROW(interleave_gate_up_blocks(same, same, false, Stream{}), Error);
+}
+
+MoEConfig small_moe(Activation act) {
+  MoEConfig m;
+  m.num_experts = m.num_local_experts = m.num_logical_experts = 2;
+  m.experts_per_token = 1;
+  m.hidden_dim = 3;
+  m.intermediate_size = 32;
+  m.activation = act;
+  return m;
+}
+
+TEST(WeightLayout, OracleConvertsOnlyForFusedSm90Backends) {
+  const MoEConfig gated = small_moe(Activation::kSilu);
+  ASSERT_TRUE(sm90_fuses_activation(gated));
+  UnquantizedMoEKernelOracle oracle(gated);
+  const Tensor w13 = tagged(2, 64, 3);
+  const Tensor w2 = tagged(2, 3, 32);
+  // The CPU reference keeps the standard layout: the very same tensors come back.
+  auto [c13, c2] = oracle.convert_to_kernel_format(UnquantizedMoeBackend::kCpu, gated, w13, w2);
+  EXPECT_EQ(c13.data(), w13.data());
+  EXPECT_EQ(c2.data(), w2.data());
+  // sm90: a reordered copy of w13 (with I = 32, kernel row 32 is the first up row), w2 unchanged.
+  auto [k13, k2] =
+      oracle.convert_to_kernel_format(UnquantizedMoeBackend::kSm90Grouped, gated, w13, w2);
+  EXPECT_NE(k13.data(), w13.data());
+  EXPECT_EQ(k2.data(), w2.data());
+  const std::vector<float> v = k13.to_float_vector();
+  EXPECT_EQ(v[31 * 3], 31.f);          // gate row 31
+  EXPECT_EQ(v[32 * 3], 32.f);          // up row 0 (source row I + 0 = 32)
+  EXPECT_EQ(v[(64 + 5) * 3], 1005.f);  // expert 1, gate row 5
+  // The bias follows the rows; a non-gated layer is never reordered.
+  const Tensor bias = Tensor::from_floats(std::vector<float>(128, 1.f), {2, 64}, DType::kF32);
+  EXPECT_NE(
+      oracle.convert_w13_bias_to_kernel_format(UnquantizedMoeBackend::kSm90Batched, gated, bias)
+          .data(),
+      bias.data());
+  const MoEConfig plain = small_moe(Activation::kSiluNoMul);
+  EXPECT_FALSE(sm90_fuses_activation(plain));
+  auto [p13, p2] =
+      oracle.convert_to_kernel_format(UnquantizedMoeBackend::kSm90Grouped, plain, w13, w2);
+  EXPECT_EQ(p13.data(), w13.data());
 }
 
 }  // namespace
