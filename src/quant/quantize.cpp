@@ -32,7 +32,6 @@ Grid make_grid(const BlockShape& block, int64_t rows, int64_t cols) {
   return g;
 }
 
-
 // The float format of a floating-point element type.
 std::optional<Format> float_format(QuantDType dtype) {
   switch (dtype) {
@@ -279,8 +278,9 @@ QuantizedTensor quantize_impl(std::span<const float> data, int64_t rows, int64_t
 // ---- QuantScheme --------------------------------------------------------------------------------
 
 std::string QuantScheme::to_string() const {
-  std::string s = fmt::format("{} {} block({},{}) {}", quant_dtype_name(dtype), scale_dtype_name(scale_dtype),
-                              block.rows, block.cols, symmetric ? "sym" : "asym");
+  std::string s =
+      fmt::format("{} {} block({},{}) {}", quant_dtype_name(dtype), scale_dtype_name(scale_dtype),
+                  block.rows, block.cols, symmetric ? "sym" : "asym");
   if (scale_dtype == ScaleDType::kUE8M0) {
     s += e8m0_rounding == E8M0Rounding::kFloor ? " floor" : " ceil";
   }

@@ -1,7 +1,7 @@
 #include "testing.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 

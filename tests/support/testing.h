@@ -16,8 +16,8 @@ namespace moekit::testing {
 // The tolerance table lives in the library (moekit/core/tolerance.h) so tests, `moekit run` and the
 // GPU checks share it.
 using moekit::tolerance;
-using moekit::tolerance_for;
 using moekit::Tolerance;
+using moekit::tolerance_for;
 
 // Uniform values in [lo, hi) with a fixed seed, rounded to dtype; never all zeros.
 Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, float lo = -1.f,

@@ -238,7 +238,6 @@ __global__ void __launch_bounds__(kThreads)
     p.permuted_rows[r] = -1;
 }
 
-
 // ---- small align, M*k <= kTinySlots: one thread per slot, B redundant blocks -------------------
 // Every block counts and scans all slots (at most 1024 ids, a few KB from L2), so no block waits
 // on another; block 0 writes counts, offsets and the slot placements, and all blocks share the -1
@@ -380,7 +379,8 @@ cudaError_t launch_align_tiny(const MoeAlignParams& p, int64_t n, cudaStream_t s
   if (p.row_align > 1) {
     const int64_t cap = moe_align_capacity(p.num_tokens, p.top_k, p.num_local_experts, p.row_align);
     const int64_t by_experts = (E + W - 1) / W;
-    const int64_t by_tail = (cap - n + static_cast<int64_t>(T) * 8 - 1) / (static_cast<int64_t>(T) * 8);
+    const int64_t by_tail =
+        (cap - n + static_cast<int64_t>(T) * 8 - 1) / (static_cast<int64_t>(T) * 8);
     int64_t b = by_experts > by_tail ? by_experts : by_tail;
     if (b > 64) b = 64;
     if (b < 1) b = 1;

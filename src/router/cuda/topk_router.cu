@@ -258,7 +258,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-
 // ---- v2 kernel ----------------------------------------------------------------------------------
 // Lane l owns the contiguous experts l*VPT .. l*VPT+VPT-1 (vector loads; a DeepSeek group of 32
 // experts spans 4 lanes). Each top-k round is two single-instruction warp reductions: the max key
@@ -301,7 +300,8 @@ __device__ __forceinline__ float key_to_float(uint32_t k) {
 }
 
 template <typename T, int VPT>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) topk_router_kernel(const TopkRouterParams p) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    topk_router_kernel(const TopkRouterParams p) {
   pdl_wait_and_release();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) topk_router_kernel(const 
 #pragma unroll
       for (int i = 0; i < VPT; ++i)
         grp[i] = (e0 + i) / gsize;  // >= G for padding
-      uint32_t my_gkey = 0;  // lane g holds group g's key
+      uint32_t my_gkey = 0;         // lane g holds group g's key
       for (int g = 0; g < G; ++g) {
         float a1 = -INFINITY, a2 = -INFINITY;
 #pragma unroll
