@@ -2,6 +2,8 @@
 #include <iostream>
 
 #include "cli_common.h"
+#include "moekit/core/error.h"
+#include "moekit/oracle/make_moe_kernel.h"
 #include "moekit/oracle/unquantized.h"
 
 namespace moekit::cli {
@@ -21,6 +23,16 @@ int explain_command(const DeploymentOptions& deployment) {
   UnquantizedMoEKernelOracle oracle(moe);
   const OracleReport report = oracle.explain();
   std::cout << report.to_string() << "\n";
+  // The prepare/finalize the kernel would pair with (token exchange between EP ranks).
+  const ActivationFormat format = moe.activation_format();
+  try {
+    const auto pf = maybe_make_prepare_finalize(moe, QuantConfig::unquantized(), format, false);
+    std::cout << "prepare/finalize: " << pf->name() << " (" << activation_format_name(format)
+              << " format)\n";
+  } catch (const Error& e) {
+    std::cout << "prepare/finalize: unavailable: " << e.what() << "\n";
+    return 1;
+  }
   return report.ok() ? 0 : 1;
 }
 
