@@ -18,8 +18,15 @@ std::unique_ptr<PrepareFinalize> maybe_make_prepare_finalize(const MoEConfig& mo
   const ParallelConfig& p = moe.parallel;
   const bool no_dispatch = !p.use_all2all_kernels() && !p.use_megakernel() && p.dp_size == 1 &&
                            p.pcp_size == 1 && p.sp_size == 1;
-  const bool batched =
-      p.use_batched_activation_format() || (no_dispatch && is_batched(wanted_by_experts));
+  // NOTE: a multi-rank batched deployment needs the low-latency all-to-all; a local scatter would
+  // silently drop the tokens routed to other ranks' experts, so it is refused until that lands.
+  if (p.use_batched_activation_format()) {
+    throw Error(fmt::format(
+        "prepare/finalize for {} is not available yet (the batched low-latency all-to-all between "
+        "ranks is not implemented)",
+        p.to_string()));
+  }
+  const bool batched = no_dispatch && is_batched(wanted_by_experts);
   if (batched) {
     MOEKIT_CHECK(!monolithic,
                  "monolithic experts take the standard activation format, but the deployment "
@@ -29,7 +36,6 @@ std::unique_ptr<PrepareFinalize> maybe_make_prepare_finalize(const MoEConfig& mo
                  "the batched prepare/finalize needs max_num_tokens > 0 and num_local_experts > 0 "
                  "but got max_num_tokens={}, num_local_experts={}",
                  moe.max_num_tokens, moe.num_local_experts);
-    // TODO(ep): with several ranks the batched low-latency all-to-all replaces this local scatter.
     return std::make_unique<PrepareFinalizeBatched>(moe.max_num_tokens, moe.num_local_experts,
                                                     /*num_dispatchers=*/1, /*rank=*/p.ep_rank);
   }

@@ -777,13 +777,21 @@ TEST_F(OracleTest, PrepareFinalizeChoice) {
   tp.parallel.tp_size = 2;
   EXPECT_EQ(maybe_make_prepare_finalize(tp, q, ActivationFormat::kStandard, false)->name(),
             "PrepareFinalizeNoEP");
-  // The batched-format parallel config: the batched P/F, even for standard-wanting experts, with
-  // this rank's expert range.
-  auto batched = maybe_make_prepare_finalize(batched_moe(), q, ActivationFormat::kStandard, false);
+  // The batched-format parallel config (DP+EP over the low-latency all-to-all) needs communication
+  // between ranks: refused clearly rather than scattering only this rank's tokens.
+  const std::string msg = error_message([&] {
+    (void)maybe_make_prepare_finalize(batched_moe(), q, ActivationFormat::kBatchedExperts, false);
+  });
+  EXPECT_TRUE(contains(msg, "not available yet")) << msg;
+  EXPECT_TRUE(contains(msg, "batched_low_latency")) << msg;
+  // One rank whose experts want the batched format: the local batched P/F with this rank's range.
+  MoEConfig local = cpu_moe();
+  local.num_local_experts = 6;
+  auto batched = maybe_make_prepare_finalize(local, q, ActivationFormat::kBatchedExperts, false);
   const auto* b = dynamic_cast<const PrepareFinalizeBatched*>(batched.get());
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->num_local_experts(), 6);
-  EXPECT_EQ(b->rank(), 1);
+  EXPECT_EQ(b->rank(), 0);
   EXPECT_EQ(b->num_dispatchers(), 1);
 }
 

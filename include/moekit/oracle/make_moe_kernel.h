@@ -17,15 +17,14 @@
 namespace moekit {
 
 // The prepare/finalize for `moe`'s parallel config:
-//   - the parallel config uses the batched format, or the experts want BatchedExperts on a single
-//     rank: PrepareFinalizeBatched(max_num_tokens = moe.max_num_tokens, moe.num_local_experts,
+//   - a single rank (no all-to-all, no DP) whose experts want BatchedExperts:
+//     PrepareFinalizeBatched(max_num_tokens = moe.max_num_tokens, moe.num_local_experts,
 //     num_dispatchers = 1, rank = moe.parallel.ep_rank);
-//   - no token dispatch (dp = pcp = sp = 1, no all-to-all, no megakernel: one rank, TP, or EP over
-//     TP ranks): PrepareFinalizeNoEP, or PrepareFinalizeMonolithicNoEP for monolithic experts;
-//   - any other parallel deployment: moekit::Error (the EP communicators are not available yet).
+//   - a single rank otherwise: PrepareFinalizeNoEP, or PrepareFinalizeMonolithicNoEP for
+//     monolithic experts;
+//   - any deployment that moves tokens between ranks (DP+EP, the batched low-latency all-to-all,
+//     the megakernel): moekit::Error "... is not available yet" (the EP communicators come later).
 // Monolithic experts with the batched format are an error.
-// NOTE: until the EP communicators land, the batched-format parallel config gets the local
-// PrepareFinalizeBatched too: it scatters only this rank's tokens to this rank's experts.
 std::unique_ptr<PrepareFinalize> maybe_make_prepare_finalize(const MoEConfig& moe,
                                                              const QuantConfig& quant,
                                                              ActivationFormat wanted_by_experts,
