@@ -71,6 +71,16 @@ int64_t first_bad_element(const Tensor& out, const std::vector<double>& ref, con
   return -1;
 }
 
+::testing::AssertionResult contains_all(const std::string& message,
+                                        std::initializer_list<std::string_view> needles) {
+  for (std::string_view n : needles) {
+    if (message.find(n) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message \"" << message << "\" lacks \"" << n << "\"";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 bool has_nan(const Tensor& t) {
   for (float v : t.to_float_vector()) {
     if (std::isnan(v)) return true;

@@ -2,12 +2,17 @@
 // table of per-dtype / per-scheme tolerances.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <exception>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "moekit/core/error.h"
 #include "moekit/core/tensor.h"
 #include "moekit/core/tolerance.h"
 
@@ -32,5 +37,25 @@ double relative_l2_error(const Tensor& out, const std::vector<double>& ref);
 int64_t first_bad_element(const Tensor& out, const std::vector<double>& ref, const Tolerance& tol);
 // True if any element is NaN (poison left behind = an unwritten element).
 bool has_nan(const Tensor& t);
+
+// The message of the ErrorT that f throws; a test failure (and "") when f throws nothing or an
+// exception of another type.
+template <typename ErrorT = Error, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ErrorT& e) {
+    return e.what();
+  } catch (...) {
+    ADD_FAILURE() << "threw an exception of another type than expected";
+    return "<wrong exception>";
+  }
+  ADD_FAILURE() << "no exception was thrown";
+  return {};
+}
+
+// EXPECT_TRUE(contains_all(message, {...})): every needle is in the message.
+::testing::AssertionResult contains_all(const std::string& message,
+                                        std::initializer_list<std::string_view> needles);
 
 }  // namespace moekit::testing

@@ -17,6 +17,12 @@
 namespace moekit {
 namespace {
 
+// Errors here may come from the safetensors layer (std::runtime_error) as well as moekit::Error.
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  return testing::error_of<std::exception>(std::forward<Fn>(fn));
+}
+
 namespace fs = std::filesystem;
 
 fs::path temp_dir(const std::string& name) {
@@ -35,16 +41,6 @@ fs::path fixture(const std::string& scheme, const std::string& model = "tiny", i
   o.seed = 3;
   io::write_fixture_checkpoint(d, o);
   return d;
-}
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 void check_layer(CheckpointMoELayer& layer, int64_t M = 33) {

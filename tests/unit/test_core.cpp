@@ -41,30 +41,10 @@
 namespace moekit {
 namespace {
 
+using testing::contains_all;
+using testing::error_of;
+
 using testing::random_tensor;
-
-// ---- helpers ----------------------------------------------------------------------------------
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no moekit::Error was thrown";
-  return {};
-}
-
-::testing::AssertionResult contains_all(const std::string& message,
-                                        std::initializer_list<std::string_view> needles) {
-  for (std::string_view n : needles) {
-    if (message.find(n) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message \"" << message << "\" lacks \"" << n << "\"";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 class ScopedEnv {
  public:

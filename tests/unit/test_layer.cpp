@@ -32,32 +32,13 @@
 namespace moekit {
 namespace {
 
+using testing::contains_all;
+using testing::error_of;
+
 using testing::first_bad_element;
 using testing::has_nan;
 using testing::random_tensor;
 using testing::relative_l2_error;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no moekit::Error was thrown";
-  return {};
-}
-
-::testing::AssertionResult contains_all(const std::string& message,
-                                        std::initializer_list<std::string_view> needles) {
-  for (std::string_view n : needles) {
-    if (message.find(n) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message \"" << message << "\" lacks \"" << n << "\"";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // A fresh directory under the system temp dir, removed at the end of the scope.
 class TempDir {
  public:

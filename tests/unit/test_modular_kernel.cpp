@@ -33,6 +33,9 @@
 namespace moekit {
 namespace {
 
+using testing::contains_all;
+using testing::error_of;
+
 using testing::first_bad_element;
 using testing::has_nan;
 using testing::random_routing;
@@ -40,32 +43,6 @@ using testing::random_tensor;
 using testing::relative_l2_error;
 
 // ---- helpers ----------------------------------------------------------------------------------
-
-// Runs f and returns the moekit::Error message it throws ("" and a failure when it throws none).
-template <typename ErrorT = Error, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ErrorT& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong exception type: " << e.what();
-    return std::string("<wrong exception> ") + e.what();
-  }
-  ADD_FAILURE() << "no exception was thrown";
-  return {};
-}
-
-// EXPECT_TRUE(contains_all(msg, {...})): every needle is in the message.
-::testing::AssertionResult contains_all(const std::string& message,
-                                        std::initializer_list<std::string_view> needles) {
-  for (std::string_view n : needles) {
-    if (message.find(n) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message \"" << message << "\" lacks \"" << n << "\"";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 double silu_d(double x) {
   return x / (1.0 + std::exp(-x));

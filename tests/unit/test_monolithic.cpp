@@ -37,33 +37,11 @@
 namespace moekit {
 namespace {
 
+using testing::contains_all;
+using testing::error_of;
+
 using testing::has_nan;
 using testing::random_tensor;
-
-template <typename ErrorT = Error, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ErrorT& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong exception type: " << e.what();
-    return std::string("<wrong exception> ") + e.what();
-  }
-  ADD_FAILURE() << "no exception was thrown";
-  return {};
-}
-
-::testing::AssertionResult contains_all(const std::string& message,
-                                        std::initializer_list<std::string_view> needles) {
-  for (std::string_view n : needles) {
-    if (message.find(n) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message \"" << message << "\" lacks \"" << n << "\"";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // Same shape, dtype and bytes; reports the first differing element.
 ::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) {

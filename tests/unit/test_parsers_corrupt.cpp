@@ -13,22 +13,15 @@
 #include "moekit/io/fixtures.h"
 #include "moekit/layer/checkpoint.h"
 #include "moekit/quantization/quark/quark_config.h"
+#include "testing.h"
 
 namespace moekit {
 namespace {
 
+using testing::error_of;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 std::string read(const fs::path& p) {
   std::ifstream in(p);

@@ -16,6 +16,12 @@
 namespace moekit::quark {
 namespace {
 
+// Errors here may come from the safetensors layer (std::runtime_error) as well as moekit::Error.
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  return testing::error_of<std::exception>(std::forward<Fn>(fn));
+}
+
 namespace qk = quant_keys;
 
 const char* kFp8T = R"({"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": false})";
@@ -77,16 +83,6 @@ std::unique_ptr<QuarkMoEMethod> method(const std::string& w, const std::string& 
                                        MoEConfig moe = make_moe()) {
   const QuarkConfig c = config(w, a);
   return get_moe_method(c, moe, get_moe_method_target(c, "model.layers.1.mlp.experts"));
-}
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 #define EXPECT_ERROR_HAS(stmt, text) \

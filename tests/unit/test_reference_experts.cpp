@@ -29,6 +29,8 @@
 namespace moekit {
 namespace {
 
+using testing::error_of;
+
 // NOTE: the tolerance table of this file: ||out - ref|| / ||ref|| against float64, per dtype. The
 // reference rounds the GEMM1 output, the activation and the final output to the dtype.
 struct DTypeTolerance {
@@ -53,17 +55,6 @@ constexpr RunContext kCtx{};
 
 // ---- helpers
 // -------------------------------------------------------------------------------------
-
-// The message of the moekit::Error that f throws ("" and a test failure if none).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a moekit::Error";
-  return "";
-}
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;

@@ -16,9 +16,12 @@
 #include "moekit/core/error.h"
 #include "moekit/core/tensor.h"
 #include "moekit/router/router.h"
+#include "testing.h"
 
 namespace moekit {
 namespace {
+
+using testing::error_of;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -579,16 +582,6 @@ TEST(Router, NaNAndInfRowsGiveValidIdsAndFiniteWeights) {
 }
 
 // ---- errors ------------------------------------------------------------------------------------
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 void expect_error_mentions(const std::string& message, std::initializer_list<const char*> parts) {
   for (const char* p : parts) {

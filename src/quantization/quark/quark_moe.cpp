@@ -87,6 +87,11 @@ void reduce_input_scales(ExpertParams& layer, const char* name, int64_t E) {
   layer.replace(name, Tensor::from_floats(std::vector<float>{m}, {1}, DType::kF32));
 }
 
+void reduce_input_scales(ExpertParams& layer, int64_t E) {
+  reduce_input_scales(layer, "w13_input_scale", E);
+  reduce_input_scales(layer, "w2_input_scale", E);
+}
+
 // ---- byte-level helpers -----------------------------------------------------------------
 
 const uint8_t* bytes_of(const Tensor& t) {
@@ -172,6 +177,13 @@ Tensor column0(const Tensor& t) {
 
 ExpertBiases biases_of(const ExpertParams& layer) {
   return {layer.get_or_none("w13_bias"), layer.get_or_none("w2_bias")};
+}
+
+// Static activation scales of both GEMMs, one per expert (checkpoints may store them per expert).
+void register_input_scales(ExpertParams& layer, bool static_scales, int64_t E) {
+  if (!static_scales) return;
+  layer.register_parameter("w13_input_scale", {E}, DType::kF32, 1.0);
+  layer.register_parameter("w2_input_scale", {E}, DType::kF32, 1.0);
 }
 
 void register_biases(ExpertParams& layer, bool has_bias, int64_t E, int64_t N1, int64_t H) {
@@ -545,10 +557,7 @@ void QuarkW8A8Fp8MoEMethod::create_weights(ExpertParams& layer, int64_t E, int64
       break;
     }
   }
-  if (static_input_scales_) {
-    layer.register_parameter("w13_input_scale", {E}, DType::kF32, 1.0);
-    layer.register_parameter("w2_input_scale", {E}, DType::kF32, 1.0);
-  }
+  register_input_scales(layer, static_input_scales_, E);
   register_biases(layer, has_bias(), E, N1, H);
 }
 
@@ -562,8 +571,7 @@ void QuarkW8A8Fp8MoEMethod::process_weights_after_loading(ExpertParams& layer) {
       check_f32_scales(s, n, E);
     }
   }
-  reduce_input_scales(layer, "w13_input_scale", E);
-  reduce_input_scales(layer, "w2_input_scale", E);
+  reduce_input_scales(layer, E);
   if (granularity_ == Granularity::kTensor) {
     merge_shard_scales(layer, moe_.w13_num_shards(), /*fp8=*/true);
   } else if (granularity_ == Granularity::kChannel) {
@@ -637,10 +645,7 @@ void QuarkW8A8Int8MoEMethod::create_weights(ExpertParams& layer, int64_t E, int6
     layer.register_parameter("w13_weight_scale", {E, S}, DType::kF32, 1.0);
     layer.register_parameter("w2_weight_scale", {E}, DType::kF32, 1.0);
   }
-  if (static_input_scales_) {
-    layer.register_parameter("w13_input_scale", {E}, DType::kF32, 1.0);
-    layer.register_parameter("w2_input_scale", {E}, DType::kF32, 1.0);
-  }
+  register_input_scales(layer, static_input_scales_, E);
   register_biases(layer, has_bias(), E, N1, H);
 }
 
@@ -648,8 +653,7 @@ void QuarkW8A8Int8MoEMethod::process_weights_after_loading(ExpertParams& layer) 
   const int64_t E = layer.get("w13_weight").size(0);
   check_f32_scales(layer.get("w13_weight_scale"), "w13_weight_scale", E);
   check_f32_scales(layer.get("w2_weight_scale"), "w2_weight_scale", E);
-  reduce_input_scales(layer, "w13_input_scale", E);
-  reduce_input_scales(layer, "w2_input_scale", E);
+  reduce_input_scales(layer, E);
   if (per_channel_) {
     const Tensor& s13 = layer.get("w13_weight_scale");
     const Tensor& s2 = layer.get("w2_weight_scale");
@@ -707,10 +711,7 @@ void QuarkW4A8Fp8MoEMethod::create_weights(ExpertParams& layer, int64_t E, int64
   layer.register_parameter("w2_weight_scale", {E, H, 1}, DType::kF32, 1.0);
   layer.register_parameter("w13_weight_scale_2", {E, S}, DType::kF32, 1.0);
   layer.register_parameter("w2_weight_scale_2", {E}, DType::kF32, 1.0);
-  if (static_input_scales_) {
-    layer.register_parameter("w13_input_scale", {E}, DType::kF32, 1.0);
-    layer.register_parameter("w2_input_scale", {E}, DType::kF32, 1.0);
-  }
+  register_input_scales(layer, static_input_scales_, E);
   register_biases(layer, has_bias(), E, N1, H);
 }
 
@@ -720,8 +721,7 @@ void QuarkW4A8Fp8MoEMethod::process_weights_after_loading(ExpertParams& layer) {
        {"w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2", "w2_weight_scale_2"}) {
     check_f32_scales(layer.get(n), n, E);
   }
-  reduce_input_scales(layer, "w13_input_scale", E);
-  reduce_input_scales(layer, "w2_input_scale", E);
+  reduce_input_scales(layer, E);
   // Fold the fp8 per-tensor scale into the int4 per-channel one; signed int4 -> uint4b8.
   auto fold = [&](const char* wn, const char* sn, const char* s2n, int64_t shards) {
     Tensor w = layer.get(wn).clone();
@@ -962,10 +962,7 @@ void QuarkOcpMxMoEMethod::create_weights(ExpertParams& layer, int64_t E, int64_t
   layer.register_parameter("w13_weight_scale", {E, N1, H / kBlockSize}, DType::kUInt8, 1.0);
   layer.register_parameter("w2_weight_scale", {E, H, I / kBlockSize}, DType::kUInt8, 1.0);
   register_biases(layer, has_bias(), E, N1, H);
-  if (static_input_scales_) {
-    layer.register_parameter("w13_input_scale", {E}, DType::kF32, 1.0);
-    layer.register_parameter("w2_input_scale", {E}, DType::kF32, 1.0);
-  }
+  register_input_scales(layer, static_input_scales_, E);
 }
 
 void QuarkOcpMxMoEMethod::process_weights_after_loading(ExpertParams& layer) {
@@ -975,8 +972,7 @@ void QuarkOcpMxMoEMethod::process_weights_after_loading(ExpertParams& layer) {
     check_e8m0_scales(s, n, E);
     layer.replace(n, s.reinterpret(s.shape(), DType::kUE8M0));
   }
-  reduce_input_scales(layer, "w13_input_scale", E);
-  reduce_input_scales(layer, "w2_input_scale", E);
+  reduce_input_scales(layer, E);
   setup_kernel(layer);
 }
 
