@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "experts/cuda/moe_activation.h"  // ElemType
+
 namespace moekit::cuda::detail {
 
 template <typename T>
@@ -77,6 +79,39 @@ __device__ __forceinline__ void store_vec(T* p, const float (&f)[N]) {
     for (int i = 0; i < N; ++i)
       p[i] = from_f32<T>(f[i]);
   }
+}
+
+// Calls f(TIn{}, TOut{}) with the element types named at run time (value-initialized tags).
+template <typename F>
+void dispatch_elem_types(ElemType in, ElemType out, F&& f) {
+  auto with_out = [&](auto in_tag) {
+    switch (out) {
+      case ElemType::kF32:
+        f(in_tag, float{});
+        break;
+      case ElemType::kBF16:
+        f(in_tag, __nv_bfloat16{});
+        break;
+      default:
+        f(in_tag, __half{});
+        break;
+    }
+  };
+  switch (in) {
+    case ElemType::kF32:
+      with_out(float{});
+      break;
+    case ElemType::kBF16:
+      with_out(__nv_bfloat16{});
+      break;
+    default:
+      with_out(__half{});
+      break;
+  }
+}
+
+inline bool aligned16(const void* ptr) {
+  return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
 }
 
 }  // namespace moekit::cuda::detail

@@ -129,25 +129,6 @@ void launch_typed(const MoeActivationParams& p, bool vec, cudaStream_t stream) {
   }
 }
 
-template <typename TIn>
-void launch_in(const MoeActivationParams& p, bool vec, cudaStream_t stream) {
-  switch (p.out_type) {
-    case ElemType::kF32:
-      launch_typed<TIn, float>(p, vec, stream);
-      break;
-    case ElemType::kBF16:
-      launch_typed<TIn, __nv_bfloat16>(p, vec, stream);
-      break;
-    default:
-      launch_typed<TIn, __half>(p, vec, stream);
-      break;
-  }
-}
-
-bool aligned16(const void* ptr) {
-  return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
-}
-
 }  // namespace
 
 const char* moe_activation_unsupported_reason(const MoeActivationParams& p) {
@@ -170,18 +151,10 @@ cudaError_t launch_moe_activation(const MoeActivationParams& p, cudaStream_t str
   if (moe_activation_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.d == 0) return cudaSuccess;
   const bool vec = p.d % 8 == 0 && p.in_row_stride % 8 == 0 && p.out_row_stride % 8 == 0 &&
-                   aligned16(p.in) && aligned16(p.out);
-  switch (p.in_type) {
-    case ElemType::kF32:
-      launch_in<float>(p, vec, stream);
-      break;
-    case ElemType::kBF16:
-      launch_in<__nv_bfloat16>(p, vec, stream);
-      break;
-    default:
-      launch_in<__half>(p, vec, stream);
-      break;
-  }
+                   detail::aligned16(p.in) && detail::aligned16(p.out);
+  detail::dispatch_elem_types(p.in_type, p.out_type, [&](auto in_tag, auto out_tag) {
+    launch_typed<decltype(in_tag), decltype(out_tag)>(p, vec, stream);
+  });
   return cudaGetLastError();
 }
 

@@ -99,25 +99,6 @@ void launch_typed(const MoeUnpermuteParams& p, bool vec, cudaStream_t stream) {
   }
 }
 
-template <typename TY>
-void launch_y(const MoeUnpermuteParams& p, bool vec, cudaStream_t stream) {
-  switch (p.out_type) {
-    case ElemType::kF32:
-      launch_typed<TY, float>(p, vec, stream);
-      break;
-    case ElemType::kBF16:
-      launch_typed<TY, __nv_bfloat16>(p, vec, stream);
-      break;
-    default:
-      launch_typed<TY, __half>(p, vec, stream);
-      break;
-  }
-}
-
-bool aligned16(const void* ptr) {
-  return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
-}
-
 }  // namespace
 
 const char* moe_unpermute_unsupported_reason(const MoeUnpermuteParams& p) {
@@ -141,18 +122,10 @@ cudaError_t launch_moe_unpermute(const MoeUnpermuteParams& p, cudaStream_t strea
   if (moe_unpermute_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   if (p.num_tokens == 0 || p.hidden == 0) return cudaSuccess;
   const bool vec = p.hidden % 8 == 0 && p.y_row_stride % 8 == 0 && p.out_row_stride % 8 == 0 &&
-                   aligned16(p.y) && aligned16(p.out);
-  switch (p.y_type) {
-    case ElemType::kF32:
-      launch_y<float>(p, vec, stream);
-      break;
-    case ElemType::kBF16:
-      launch_y<__nv_bfloat16>(p, vec, stream);
-      break;
-    default:
-      launch_y<__half>(p, vec, stream);
-      break;
-  }
+                   detail::aligned16(p.y) && detail::aligned16(p.out);
+  detail::dispatch_elem_types(p.y_type, p.out_type, [&](auto in_tag, auto out_tag) {
+    launch_typed<decltype(in_tag), decltype(out_tag)>(p, vec, stream);
+  });
   return cudaGetLastError();
 }
 
