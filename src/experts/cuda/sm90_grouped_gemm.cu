@@ -25,6 +25,8 @@
 //      n / 2 columns; the kind is a runtime switch (no extra instantiations).
 #include "experts/cuda/sm90_grouped_gemm.h"
 
+#include "core/elementwise.h"
+
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -1022,27 +1024,16 @@ const char* grouped_gemm_tile_name(GroupedGemmTile tile) {
 
 void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_t n, int64_t k,
                              int elem_bytes, bool source_is_pairwise_interleaved) {
-  constexpr int64_t kB = kFusedGateUpBlock;
+  static_assert(kFusedGateUpBlock == 32, "moekit::interleave_gate_up_blocks uses blocks of 32");
   if (src == nullptr || dst == nullptr || src == dst || experts < 0 || k <= 0 || elem_bytes <= 0 ||
-      n <= 0 || n % (2 * kB) != 0) {
+      n <= 0 || n % (2 * kFusedGateUpBlock) != 0) {
     return;
   }
-  const int64_t half = n / 2;
-  const size_t row_bytes = static_cast<size_t>(k) * elem_bytes;
-  const auto* s = static_cast<const uint8_t*>(src);
-  auto* d = static_cast<uint8_t*>(dst);
-  for (int64_t e = 0; e < experts; ++e) {
-    const uint8_t* se = s + static_cast<size_t>(e) * n * row_bytes;
-    uint8_t* de = d + static_cast<size_t>(e) * n * row_bytes;
-    for (int64_t i = 0; i < half; ++i) {  // output column i
-      const int64_t gate_src = source_is_pairwise_interleaved ? 2 * i : i;
-      const int64_t up_src = source_is_pairwise_interleaved ? 2 * i + 1 : half + i;
-      const int64_t gate_dst = (i / kB) * 2 * kB + i % kB;
-      const int64_t up_dst = gate_dst + kB;
-      std::memcpy(de + gate_dst * row_bytes, se + gate_src * row_bytes, row_bytes);
-      std::memcpy(de + up_dst * row_bytes, se + up_src * row_bytes, row_bytes);
-    }
-  }
+  // Rows as bytes: the library's one implementation of the layout does the reordering.
+  const Shape shape = {experts, n, k * elem_bytes};
+  const Tensor s = Tensor::from_blob(const_cast<void*>(src), shape, DType::kUInt8, Device::cpu());
+  Tensor d = Tensor::from_blob(dst, shape, DType::kUInt8, Device::cpu());
+  interleave_gate_up_blocks(d, s, source_is_pairwise_interleaved, Stream{});
 }
 
 void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_t n, int elem_bytes,
