@@ -56,6 +56,7 @@ MoEConfig MoELayer::make_moe_config(const ModelPreset& model, const MoELayerOpti
   moe.hidden_dim_unpadded = model.hidden_size;
   moe.intermediate_size_per_partition_unpadded = model.intermediate_size / options.parallel.tp_size;
   moe.moe_backend = options.backend;
+  moe.tile_config = options.tile_config;
   moe.max_num_tokens = options.max_num_tokens;
   moe.has_bias = model.has_bias;
   moe.swiglu_limit = model.swiglu_limit;
@@ -177,6 +178,7 @@ MoELayer::MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOp
   // kernel instead, with the same shared experts and the same add as the modular path.
   if (selection.experts->is_monolithic()) std::swap(shared, shared_beside_kernel_);
   kernel_ = oracle.make_kernel(quant, moe_, selection.backend, *selection.experts, shared);
+  kernel_->fused_experts().bind_weights(kernel_w13_, kernel_w2_);
 
   if (options_.workspace == nullptr) workspace_ = std::make_unique<WorkspaceManager>(device);
   WorkspaceManager& ws = workspace();

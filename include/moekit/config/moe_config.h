@@ -31,6 +31,9 @@ struct MoEConfig {
   int64_t intermediate_size_per_partition_unpadded = 0;
   int64_t intermediate_pad = 0;
   std::string moe_backend = "auto";  // user-facing backend name, "auto" to let the oracle choose
+  // Forces the experts' GEMM tile configuration by its table name ("auto": the experts choose;
+  // `moekit bench --tile`). Experts without a tile table ignore it only when it is "auto".
+  std::string tile_config = "auto";
   int64_t max_num_tokens = 8192;     // per rank per forward (sizes workspaces and batched buffers)
   bool has_bias = false;
   bool is_lora_enabled = false;

@@ -35,6 +35,7 @@ struct MoELayerOptions {
   DeviceInfo device = cpu_device_info();  // where the layer runs
   ParallelConfig parallel;                // EP rank / size (the expert_map follows from it)
   std::string backend = "auto";           // force an experts backend by name ("auto": the oracle)
+  std::string tile_config = "auto";       // force the experts' GEMM tile config by table name
   int64_t max_num_tokens = 8192;          // per forward; sizes the workspaces once
   // Caller-owned workspaces shared by several layers (grown to this layer's worst case at
   // construction); when null the layer owns its own.

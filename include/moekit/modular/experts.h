@@ -119,6 +119,11 @@ class Experts {
   std::optional<int> num_dispatchers() const { return num_dispatchers_; }
   const Tensor& a2_scale() const { return quant_.a2.scale; }
 
+  // Called once by the layer after the weights are in this class's layout and before the first
+  // apply (outside any graph capture): experts may precompute per-weight launch state here
+  // (tensor maps, kernel attributes). Later applies receive these same tensors. Default: nothing.
+  virtual void bind_weights(const Tensor& /*w1*/, const Tensor& /*w2*/) {}
+
  private:
   const ExpertsClass& klass_;
   MoEConfig moe_;
