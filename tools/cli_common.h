@@ -54,6 +54,11 @@ Tensor make_logits(int64_t M, int E, int k, const std::string& dist, uint64_t se
 
 int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t seed, int check_rows,
                 const std::string& routing_dist);
+// Forwards x (M, H) with logits (M, E) (both on the CPU; moved to the layer's device) and checks
+// `check_rows` sampled rows against layer/reference.h. Prints the result; 0 when within the
+// scheme's tolerance.
+int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logits_host,
+                      int check_rows);
 int explain_command(const DeploymentOptions& deployment);
 // tools/checkpoint.cpp: `run --checkpoint DIR --layer N`, `explain --quant S | --checkpoint DIR`,
 // `make-fixture`.

@@ -1,10 +1,10 @@
-// `moekit explain`: the oracle's full decision table for a deployment, without running anything.
+// `moekit explain`: the plan for a deployment — the experts oracle's table, the prepare/finalize
+// table and the weight layout — without running anything.
 #include <iostream>
 
 #include "cli_common.h"
 #include "moekit/core/error.h"
-#include "moekit/oracle/make_moe_kernel.h"
-#include "moekit/oracle/unquantized.h"
+#include "moekit/oracle/plan.h"
 
 namespace moekit::cli {
 
@@ -20,20 +20,11 @@ int explain_command(const DeploymentOptions& deployment) {
               << " is not present here: GPU kernels are listed but cannot be chosen\n";
   }
   std::cout << "\n";
-  UnquantizedMoEKernelOracle oracle(moe);
-  const OracleReport report = oracle.explain();
-  std::cout << report.to_string() << "\n";
-  // The prepare/finalize the kernel would pair with (token exchange between EP ranks).
-  const ActivationFormat format = moe.activation_format();
-  try {
-    const auto pf = maybe_make_prepare_finalize(moe, QuantConfig::unquantized(), format, false);
-    std::cout << "prepare/finalize: " << pf->name() << " (" << activation_format_name(format)
-              << " format)\n";
-  } catch (const Error& e) {
-    std::cout << "prepare/finalize: unavailable: " << e.what() << "\n";
-    return 1;
-  }
-  return report.ok() ? 0 : 1;
+  PlanOptions plan_options;
+  plan_options.log = false;
+  const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), plan_options);
+  std::cout << plan.to_string();
+  return plan.ok() ? 0 : 1;
 }
 
 }  // namespace moekit::cli

@@ -8,43 +8,54 @@ namespace moekit {
 
 WorkspaceManager::WorkspaceManager(Device device) : device_(device) {}
 
-void WorkspaceManager::reserve(size_t slot0_bytes, size_t slot1_bytes) {
-  const std::array<size_t, 2> want = {slot0_bytes, slot1_bytes};
-  for (int i = 0; i < 2; ++i) {
-    if (capacity(i) < want[i]) {
-      // Round up to 2 MiB so nearby sizes share one allocation.
-      const size_t bytes = ((want[i] + (2u << 20) - 1) / (2u << 20)) * (2u << 20);
-      slots_[i] = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kUInt8, device_);
-    }
-  }
+void WorkspaceManager::reserve(std::string_view slot, size_t bytes) {
+  MOEKIT_CHECK(!slot.empty(), "workspace slot names must not be empty");
+  if (capacity(slot) >= bytes) return;
+  // Round up to 2 MiB so nearby sizes share one allocation.
+  const size_t rounded = ((bytes + (2u << 20) - 1) / (2u << 20)) * (2u << 20);
+  slots_.insert_or_assign(std::string(slot),
+                          Tensor::empty({static_cast<int64_t>(rounded)}, DType::kUInt8, device_));
 }
 
-size_t WorkspaceManager::capacity(int slot) const {
-  MOEKIT_CHECK(slot == 0 || slot == 1, "workspace slot {} does not exist (0 or 1)", slot);
-  return slots_[slot].defined() ? slots_[slot].nbytes() : 0;
+void WorkspaceManager::reserve(const std::vector<WorkspaceRequest>& requests) {
+  for (const WorkspaceRequest& r : requests)
+    reserve(r.slot, r.bytes);
 }
 
-Tensor WorkspaceManager::take(int slot, const Shape& shape, DType dtype) {
+size_t WorkspaceManager::capacity(std::string_view slot) const {
+  auto it = slots_.find(slot);
+  return it == slots_.end() ? 0 : it->second.nbytes();
+}
+
+std::vector<WorkspaceRequest> WorkspaceManager::slots() const {
+  std::vector<WorkspaceRequest> out;
+  for (const auto& [name, t] : slots_)
+    out.push_back({name, t.nbytes()});
+  return out;
+}
+
+size_t WorkspaceManager::total_bytes() const {
+  size_t total = 0;
+  for (const auto& [name, t] : slots_)
+    total += t.nbytes();
+  return total;
+}
+
+Tensor WorkspaceManager::get(std::string_view slot, const Shape& shape, DType dtype) {
   const size_t need = static_cast<size_t>(numel_of(shape)) * element_size(dtype);
   if (need > capacity(slot)) {
-    MOEKIT_CHECK(
-        !growth_locked_,
-        "workspace slot {} holds {} bytes but {} {} needs {}; the workspace is locked (sized "
-        "for the worst case at construction), so the request exceeds the configured "
-        "max_num_tokens",
-        slot, capacity(slot), dtype_name(dtype), shape_to_string(shape), need);
-    std::array<size_t, 2> want = {capacity(0), capacity(1)};
-    want[slot] = need;
-    reserve(want[0], want[1]);
+    MOEKIT_CHECK(!growth_locked_,
+                 "workspace slot '{}' holds {} bytes but {} {} needs {}; the workspace is locked "
+                 "(sized for the worst case at construction), so the request exceeds the "
+                 "configured max_num_tokens",
+                 slot, capacity(slot), dtype_name(dtype), shape_to_string(shape), need);
+    reserve(slot, need);
   }
-  return slots_[slot].reinterpret(shape, dtype);
-}
-
-std::pair<Tensor, Tensor> WorkspaceManager::get_simultaneous(const Shape& shape0, DType dtype0,
-                                                             const Shape& shape1, DType dtype1) {
-  Tensor a = take(0, shape0, dtype0);
-  Tensor b = take(1, shape1, dtype1);
-  return {a, b};
+  auto it = slots_.find(slot);
+  if (it == slots_.end()) {  // an empty request of a slot never reserved
+    it = slots_.emplace(std::string(slot), Tensor::empty({0}, DType::kUInt8, device_)).first;
+  }
+  return it->second.reinterpret(shape, dtype);
 }
 
 }  // namespace moekit

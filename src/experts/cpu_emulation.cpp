@@ -11,6 +11,7 @@
 #include "moekit/config/quant_factories.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "moekit/oracle/backend.h"
 #include "moekit/quant/moe_input_quant.h"
 #include "moekit/quant/quantize.h"
 
@@ -175,23 +176,26 @@ ExpertsClass::Factory factory_of() {
 std::vector<float> dequantize_expert_weight(const Tensor& w, const QuantDesc& desc,
                                             const QuantDesc& a_desc, int64_t e, int64_t cols) {
   expect_defined(w, "weight");
-  expect_dim(w, "weight", 3);
+  MOEKIT_CHECK(w.dim() == 2 || w.dim() == 3,
+               "weight {} must be (E, rows, Kc) codes or one expert's (rows, Kc)", w.describe());
   MOEKIT_CHECK(w.device().is_cpu(), "weight {} must be on the CPU for the emulation experts",
                w.describe());
   MOEKIT_CHECK(element_size(w.dtype()) == 1, "quantized weight {} must hold one-byte codes",
                w.describe());
-  const int64_t rows = w.size(1);
+  const int64_t rows = w.size(w.dim() - 2);
   quant::QuantizedTensor q;
   q.scheme = weight_scheme(desc);
   q.rows = rows;
   q.cols = cols;
   const int64_t row_bytes = quant::code_row_bytes(desc.dtype, cols);
-  const Tensor codes = expert_slice(w, e, "weight");
+  const Tensor codes =
+      w.dim() == 2 ? (w.is_contiguous() ? w : w.clone()) : expert_slice(w, e, "weight");
   const auto* src = codes.data_as<const uint8_t>();
   q.codes.resize(static_cast<size_t>(rows * row_bytes));
-  if (w.size(2) == row_bytes) {
+  const int64_t code_cols = w.size(w.dim() - 1);
+  if (code_cols == row_bytes) {
     std::memcpy(q.codes.data(), src, q.codes.size());
-  } else if (is_sub_byte(desc.dtype) && w.size(2) == cols) {
+  } else if (is_sub_byte(desc.dtype) && code_cols == cols) {
     for (int64_t r = 0; r < rows; ++r) {
       const std::span<const uint8_t> in(src + r * cols, static_cast<size_t>(cols));
       const std::span<uint8_t> out(q.codes.data() + r * row_bytes, static_cast<size_t>(row_bytes));
@@ -570,5 +574,67 @@ const ExpertsClass& CpuW4A8Experts::klass() {
       factory_of<CpuW4A8Experts>());
   return k;
 }
+
+// ---- backend registrations: the CPU emulation of each quantized oracle -----------------------
+
+namespace {
+
+ExpertsBackend emulation_backend(QuantOracleKind oracle, std::string name,
+                                 std::vector<const ExpertsClass*> classes) {
+  ExpertsBackend b;
+  b.oracle = oracle;
+  b.name = std::move(name);
+  b.priority = kPriorityCpu;
+  b.classes = std::move(classes);
+  b.description = "CPU emulation of the quantized kernels";
+  return b;
+}
+
+}  // namespace
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(fp8_cpu, [] {
+  ExpertsBackend b = emulation_backend(QuantOracleKind::kFp8, "cpu", {&CpuFp8Experts::klass()});
+  b.aliases = {"emulation"};
+  return b;
+}());
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(int8_cpu, emulation_backend(QuantOracleKind::kInt8, "cpu",
+                                                            {&CpuInt8Experts::klass()}));
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(w4a8_cpu, emulation_backend(QuantOracleKind::kW4A8, "cpu",
+                                                            {&CpuW4A8Experts::klass()}));
+
+// WNA16: "cpu" on a CPU device, "emulation" on a GPU one (the original's two names).
+MOEKIT_REGISTER_EXPERTS_BACKEND(wna16_cpu, [] {
+  ExpertsBackend b =
+      emulation_backend(QuantOracleKind::kIntWna16, "cpu", {&CpuWna16Experts::klass()});
+  b.candidate_on = {DeviceType::kCPU};
+  return b;
+}());
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(wna16_emulation, [] {
+  ExpertsBackend b =
+      emulation_backend(QuantOracleKind::kIntWna16, "emulation", {&CpuWna16Experts::klass()});
+  b.candidate_on = {DeviceType::kCUDA};
+  return b;
+}());
+
+// NVFP4 emulation quantizes after the permutation, with each expert's own global scale.
+MOEKIT_REGISTER_EXPERTS_BACKEND(nvfp4_emulation, [] {
+  ExpertsBackend b =
+      emulation_backend(QuantOracleKind::kNvfp4, "emulation", {&CpuNvfp4Experts::klass()});
+  b.traits.per_expert_input_global_scale = true;
+  return b;
+}());
+
+// OCP MX emulation works on whole MX blocks (32).
+MOEKIT_REGISTER_EXPERTS_BACKEND(mxfp4_emulation, [] {
+  ExpertsBackend b = emulation_backend(QuantOracleKind::kMxfp4, "emulation",
+                                       {&CpuMxfp4Experts::klass(), &CpuOcpMxExperts::klass()});
+  b.aliases = {"cpu"};
+  b.traits.hidden_align = 32;
+  b.traits.intermediate_align = 32;
+  return b;
+}());
 
 }  // namespace moekit

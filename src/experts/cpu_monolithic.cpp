@@ -17,6 +17,7 @@
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/experts/cpu_reference.h"
+#include "moekit/oracle/backend.h"
 #include "prepare_finalize/prepare_common.h"
 
 namespace moekit {
@@ -198,5 +199,19 @@ Tensor CpuReferenceMonolithicExperts::apply(const MonolithicApplyArgs& args, Run
   ctx.stage_done("finalize");
   return out;
 }
+
+// NOTE: last on purpose. On the CPU, routing inside the experts saves nothing: it runs the same
+// router and the same reference pipeline as "cpu" (bitwise the same result), so it can only win
+// when forced, which is what it is for: exercising the monolithic path end to end. A GPU
+// monolithic kernel, which fuses the router into the experts' launch, would rank first instead.
+MOEKIT_REGISTER_EXPERTS_BACKEND(cpu_monolithic, [] {
+  ExpertsBackend b;
+  b.oracle = QuantOracleKind::kUnquantized;
+  b.name = "cpu_monolithic";
+  b.priority = kPriorityCpu + 90;
+  b.classes = {&CpuReferenceMonolithicExperts::klass()};
+  b.description = "the CPU reference routing inside the experts (router logits in)";
+  return b;
+}());
 
 }  // namespace moekit

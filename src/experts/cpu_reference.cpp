@@ -1,6 +1,7 @@
 // CPU reference experts: one expert MLP per (token, slot) row, fp32 accumulation, intermediates
 // rounded where a GPU kernel stores them (see the header).
 #include "moekit/experts/cpu_reference.h"
+#include "moekit/oracle/backend.h"
 
 #include <algorithm>
 #include <cstring>
@@ -43,7 +44,7 @@ float dot(const float* x, const WT* w, int64_t n) {
 }
 
 // Expert weights of one layer, checked: w1 (E, N, K), w2 (E, K, D), biases as floats.
-struct ExpertWeights {
+struct ReferenceWeightView {
   const void* w1 = nullptr;
   const void* w2 = nullptr;
   DType w_dtype = DType::kF32;
@@ -73,9 +74,9 @@ std::vector<float> bias_as_floats(const Tensor& bias, const char* name, int64_t 
 }
 
 // Checks w1 (E, N, K) and w2 (E, K, D) against the activation; E may be -1 (any).
-ExpertWeights make_weights(const Tensor& w1, const Tensor& w2, Activation activation,
-                           const ActivationParams& params, const Tensor& b1, const Tensor& b2,
-                           DType act_dtype) {
+ReferenceWeightView make_weights(const Tensor& w1, const Tensor& w2, Activation activation,
+                                 const ActivationParams& params, const Tensor& b1, const Tensor& b2,
+                                 DType act_dtype) {
   expect_defined(w1, "w1");
   expect_defined(w2, "w2");
   expect_dim(w1, "w1", 3);
@@ -91,7 +92,7 @@ ExpertWeights make_weights(const Tensor& w1, const Tensor& w2, Activation activa
   }
   MOEKIT_CHECK(w1.dtype() == w2.dtype(), "w1 dtype {} and w2 dtype {} must match",
                dtype_name(w1.dtype()), dtype_name(w2.dtype()));
-  ExpertWeights w;
+  ReferenceWeightView w;
   w.w1 = w1.data();
   w.w2 = w2.data();
   w.w_dtype = w1.dtype();
@@ -112,7 +113,7 @@ ExpertWeights make_weights(const Tensor& w1, const Tensor& w2, Activation activa
 }
 
 template <typename WT>
-void run_rows_typed(const ExpertWeights& w, const void* in, DType in_dtype, void* out,
+void run_rows_typed(const ReferenceWeightView& w, const void* in, DType in_dtype, void* out,
                     DType out_dtype, const std::vector<RowJob>& jobs) {
   const auto* w1 = static_cast<const WT*>(w.w1);
   const auto* w2 = static_cast<const WT*>(w.w2);
@@ -152,8 +153,8 @@ void run_rows_typed(const ExpertWeights& w, const void* in, DType in_dtype, void
   }
 }
 
-void run_rows(const ExpertWeights& w, const void* in, DType in_dtype, void* out, DType out_dtype,
-              const std::vector<RowJob>& jobs) {
+void run_rows(const ReferenceWeightView& w, const void* in, DType in_dtype, void* out,
+              DType out_dtype, const std::vector<RowJob>& jobs) {
   switch (w.w_dtype) {
     case DType::kF32:
       return run_rows_typed<float>(w, in, in_dtype, out, out_dtype, jobs);
@@ -249,7 +250,7 @@ void CpuReferenceExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   MOEKIT_CHECK(!args.a1q_scale.defined(),
                "CpuReferenceExperts: a1q_scale is set but the reference experts take unquantized "
                "inputs only");
-  const ExpertWeights w =
+  const ReferenceWeightView w =
       make_weights(args.w1, args.w2, args.activation, moe_config().activation_params(),
                    quant_config().w1_bias(), quant_config().w2_bias(), args.output.dtype());
   const int64_t M = args.hidden_states.size(0);
@@ -331,7 +332,7 @@ void CpuBatchedReferenceExperts::apply(const ExpertsApplyArgs& args, RunContext 
   MOEKIT_CHECK(!args.a1q_scale.defined(),
                "CpuBatchedReferenceExperts: a1q_scale is set but the reference experts take "
                "unquantized inputs only");
-  const ExpertWeights w =
+  const ReferenceWeightView w =
       make_weights(args.w1, args.w2, args.activation, moe_config().activation_params(),
                    quant_config().w1_bias(), quant_config().w2_bias(), args.output.dtype());
   const int64_t E = w.E;
@@ -393,9 +394,9 @@ CpuReferenceSharedExperts::CpuReferenceSharedExperts(Tensor w13, Tensor w2, Acti
 Tensor CpuReferenceSharedExperts::forward(const Tensor& x, RunContext ctx) {
   check_float_cpu(x, "x");
   expect_dim(x, "x", 2);
-  const ExpertWeights w = make_weights(w13_.view({1, w13_.size(0), w13_.size(1)}),
-                                       w2_.view({1, w2_.size(0), w2_.size(1)}), activation_,
-                                       params_, b13_, b2_, x.dtype());
+  const ReferenceWeightView w = make_weights(w13_.view({1, w13_.size(0), w13_.size(1)}),
+                                             w2_.view({1, w2_.size(0), w2_.size(1)}), activation_,
+                                             params_, b13_, b2_, x.dtype());
   const int64_t M = x.size(0);
   expect_shape(x, "x", {M, w.K});
   Tensor out = Tensor::empty({M, w.K}, x.dtype());
@@ -405,5 +406,29 @@ Tensor CpuReferenceSharedExperts::forward(const Tensor& x, RunContext ctx) {
   run_rows(w, x.data(), x.dtype(), out.data(), out.dtype(), jobs);
   return out;
 }
+
+// ---- backend registrations (the unquantized oracle) -------------------------------------------
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(cpu, [] {
+  ExpertsBackend b;
+  b.oracle = QuantOracleKind::kUnquantized;
+  b.name = "cpu";
+  b.aliases = {"reference", "cpu_reference"};
+  b.priority = kPriorityCpu;
+  b.classes = {&CpuReferenceExperts::klass()};
+  b.batched_variant = "cpu_batched";
+  b.description = "the CPU reference, standard format";
+  return b;
+}());
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(cpu_batched, [] {
+  ExpertsBackend b;
+  b.oracle = QuantOracleKind::kUnquantized;
+  b.name = "cpu_batched";
+  b.priority = kPriorityCpu + 10;
+  b.classes = {&CpuBatchedReferenceExperts::klass()};
+  b.description = "the CPU reference, batched format";
+  return b;
+}());
 
 }  // namespace moekit

@@ -3,7 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+#include <numeric>
+
+#include "core/elementwise.h"
 #include "moekit/core/error.h"
+#include "moekit/oracle/backend.h"
 
 namespace moekit {
 namespace {
@@ -128,5 +133,87 @@ Tensor Sm90SharedExperts::forward(const Tensor&, RunContext) {
   throw Error("moekit: Sm90SharedExperts needs CUDA");
 }
 #endif
+
+// ---- backend registrations (the unquantized oracle) -------------------------------------------
+
+namespace {
+
+// w13 (E, N, K) or its bias (E, N) reordered expert by expert into the fused layout, in place,
+// through one expert's worth of scratch.
+void interleave_in_place(Tensor& t, bool pairwise, Stream stream) {
+  const Tensor rows3 = t.dim() == 2 ? t.view({t.size(0), t.size(1), 1}) : t;
+  Tensor scratch = Tensor::empty({1, rows3.size(1), rows3.size(2)}, t.dtype(), t.device());
+  for (int64_t e = 0; e < rows3.size(0); ++e) {
+    Tensor expert = rows3.slice(0, e, e + 1);
+    scratch.copy_from_async(expert, stream);
+    interleave_gate_up_blocks(expert, scratch, pairwise, stream);
+  }
+  synchronize(stream);  // the scratch is released on return
+}
+
+// The inverse on host copies: kernel row r holds standard row source[r].
+void deinterleave_on_host(Tensor& t, bool pairwise) {
+  const Tensor rows3 = t.dim() == 2 ? t.view({t.size(0), t.size(1), 1}) : t;
+  const int64_t E = rows3.size(0), N = rows3.size(1);
+  std::vector<int64_t> identity(static_cast<size_t>(N));
+  std::iota(identity.begin(), identity.end(), 0);
+  const Tensor index = Tensor::from_ints(identity, {1, N, 1}, DType::kInt32);
+  Tensor source = Tensor::empty({1, N, 1}, DType::kInt32);
+  interleave_gate_up_blocks(source, index, pairwise, Stream{});
+  const int32_t* src_row = source.data_as<int32_t>();
+  const Tensor kernel = rows3.clone();
+  const size_t row_bytes = static_cast<size_t>(rows3.size(2)) * element_size(t.dtype());
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < N; ++r) {
+      std::memcpy(static_cast<char*>(t.data()) + (e * N + src_row[r]) * row_bytes,
+                  static_cast<const char*>(kernel.data()) + (e * N + r) * row_bytes, row_bytes);
+    }
+  }
+}
+
+std::optional<WeightLayout> sm90_weight_layout(const MoEConfig& moe) {
+  if (!sm90_fuses_activation(moe)) return std::nullopt;
+  // gpt-oss checkpoints interleave gate and up pairwise (row 2i gate, 2i + 1 up).
+  const bool pairwise = moe.activation == Activation::kSwigluOai;
+  WeightLayout layout;
+  layout.name = "w13 gate/up rows in blocks of 32 (activation fused into GEMM1)";
+  layout.to_kernel = [pairwise](ExpertWeights& w, const MoEConfig&, Stream stream) {
+    interleave_in_place(w.w13, pairwise, stream);
+    if (w.w13_bias.defined()) interleave_in_place(w.w13_bias, pairwise, stream);
+  };
+  layout.to_standard = [pairwise](ExpertWeights& w, const MoEConfig&) {
+    deinterleave_on_host(w.w13, pairwise);
+    if (w.w13_bias.defined()) deinterleave_on_host(w.w13_bias, pairwise);
+  };
+  return layout;
+}
+
+ExpertsBackend sm90_backend(std::string name, const ExpertsClass& klass, int priority) {
+  ExpertsBackend b;
+  b.oracle = QuantOracleKind::kUnquantized;
+  b.name = std::move(name);
+  b.priority = priority;
+  b.candidate_on = {DeviceType::kCUDA};
+  b.classes = {&klass};
+  b.layout = sm90_weight_layout;
+  return b;
+}
+
+}  // namespace
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_grouped, [] {
+  ExpertsBackend b = sm90_backend("sm90_grouped", Sm90GroupedExperts::klass(), kPriorityNativeGpu);
+  b.aliases = {"cuda"};
+  b.batched_variant = "sm90_batched";
+  b.description = "Hopper wgmma grouped GEMMs, standard format";
+  return b;
+}());
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_batched, [] {
+  ExpertsBackend b =
+      sm90_backend("sm90_batched", Sm90BatchedExperts::klass(), kPriorityNativeGpu + 10);
+  b.description = "Hopper wgmma GEMMs on the batched (E, T, H) format";
+  return b;
+}());
 
 }  // namespace moekit

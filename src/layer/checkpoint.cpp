@@ -13,6 +13,7 @@
 #include "moekit/experts/cpu_reference.h"
 #include "moekit/io/safetensors.h"
 #include "moekit/quant/moe_input_quant.h"
+#include "moekit/quantization/quark/quark_moe.h"
 
 namespace moekit {
 namespace {
@@ -151,7 +152,7 @@ Tensor read_piece(const Reader& r, const std::string& name, const Shape& want, D
 
 // Fills one Quark parameter from the per-expert checkpoint tensors.
 void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& params,
-                const std::string& param, int shards) {
+                const std::string& param, int shards, int64_t first_expert) {
   const quark::ParamSpec spec = params.spec(param);
   const bool w13 = param.rfind("w13_", 0) == 0;
   const std::string suffix = param.substr(w13 ? 4 : 3);
@@ -170,7 +171,8 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
     for (int64_t e = 0; e < E; ++e) {
       float m = -INFINITY;
       for (const std::string& p : projs) {
-        const Tensor t = read_piece(r, names.expert(e, p, suffix), {}, DType::kF32, param);
+        const Tensor t =
+            read_piece(r, names.expert(first_expert + e, p, suffix), {}, DType::kF32, param);
         m = std::max(m, t.to_float_vector()[0]);
       }
       v[e] = m;
@@ -189,8 +191,9 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
   auto* dst = static_cast<char*>(staged.data());
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t s = 0; s < S; ++s) {
-      const Tensor t = read_piece(r, names.expert(e, projs[static_cast<size_t>(s)], suffix), piece,
-                                  spec.dtype, param);
+      const Tensor t =
+          read_piece(r, names.expert(first_expert + e, projs[static_cast<size_t>(s)], suffix),
+                     piece, spec.dtype, param);
       std::memcpy(dst + (e * per_expert + s * piece_numel) * esz, t.data(),
                   static_cast<size_t>(piece_numel) * esz);
     }
@@ -200,7 +203,7 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
 
 // Unquantized expert weights stacked into (E, N1, H) / (E, H, I) in `dtype`.
 void load_unquantized(const Reader& r, const LayerNames& names, const MoEConfig& moe, DType dtype,
-                      MoELayerWeights& w, bool has_bias) {
+                      MoELayerWeights& w, bool has_bias, int64_t first_expert) {
   const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t S = moe.w13_num_shards();
@@ -226,15 +229,14 @@ void load_unquantized(const Reader& r, const LayerNames& names, const MoEConfig&
       S == 2 ? std::vector<std::string>{names.gate, names.up} : std::vector<std::string>{names.up};
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t s = 0; s < S; ++s) {
-      put(w.w13, (e * S + s) * I * H, names.expert(e, up_projs[static_cast<size_t>(s)], "weight"),
-          {I, H});
+      const std::string& proj = up_projs[static_cast<size_t>(s)];
+      put(w.w13, (e * S + s) * I * H, names.expert(first_expert + e, proj, "weight"), {I, H});
       if (has_bias) {
-        put(w.w13_bias, (e * S + s) * I, names.expert(e, up_projs[static_cast<size_t>(s)], "bias"),
-            {I});
+        put(w.w13_bias, (e * S + s) * I, names.expert(first_expert + e, proj, "bias"), {I});
       }
     }
-    put(w.w2, e * H * I, names.expert(e, names.down, "weight"), {H, I});
-    if (has_bias) put(w.w2_bias, e * H, names.expert(e, names.down, "bias"), {H});
+    put(w.w2, e * H * I, names.expert(first_expert + e, names.down, "weight"), {H, I});
+    if (has_bias) put(w.w2_bias, e * H, names.expert(first_expert + e, names.down, "bias"), {H});
   }
 }
 
@@ -265,117 +267,7 @@ void load_shared(const Reader& r, int n, const ModelPreset& model, Tensor& w13, 
   std::memcpy(static_cast<char*>(w13.data()) + g.nbytes(), u.data(), u.nbytes());
 }
 
-std::string tolerance_of(const QuantConfig& q, DType dtype) {
-  switch (q.w1.dtype) {
-    case QuantDType::kNone:
-      return std::string(dtype_name(dtype));
-    case QuantDType::kFp8E4M3:
-    case QuantDType::kFp8E5M2:
-      return "fp8_w8a8";
-    case QuantDType::kInt8:
-      return "int8_w8a8";
-    case QuantDType::kInt4:
-      return q.a1.dtype == QuantDType::kNone ? "int4_w4a16" : "w4a8";
-    case QuantDType::kFp4E2M1:
-      return q.w1.shape == GroupShape{1, 16} ? "nvfp4" : "mxfp4";
-    case QuantDType::kFp6E3M2:
-    case QuantDType::kFp6E2M3:
-      return "mxfp6";
-  }
-  return "bf16";
-}
-
 }  // namespace
-
-CheckpointMoELayer::CheckpointMoELayer() = default;
-CheckpointMoELayer::CheckpointMoELayer(CheckpointMoELayer&&) noexcept = default;
-CheckpointMoELayer& CheckpointMoELayer::operator=(CheckpointMoELayer&&) noexcept = default;
-CheckpointMoELayer::~CheckpointMoELayer() = default;
-
-std::string CheckpointMoELayer::scheme() const {
-  if (!method_) return "unquantized";
-  return fmt::format("{} ({} x {})", method_->name(),
-                     quant_key_to_string(method_->weight_quant_key()),
-                     quant_key_to_string(method_->activation_quant_key()));
-}
-
-const QuantConfig& CheckpointMoELayer::quant_config() const {
-  static const QuantConfig kUnquantized = QuantConfig::unquantized();
-  return method_ ? method_->moe_quant_config() : kUnquantized;
-}
-
-std::string CheckpointMoELayer::tolerance_name() const {
-  return tolerance_of(quant_config(), options_.dtype);
-}
-
-const Router& CheckpointMoELayer::router() const {
-  return layer_ ? layer_->router() : *router_;
-}
-
-const OracleReport& CheckpointMoELayer::selection() const {
-  return method_ ? method_->selection() : layer_->selection();
-}
-
-std::string CheckpointMoELayer::experts_name() const {
-  return method_ ? method_->kernel()->fused_experts().name()
-                 : layer_->kernel().fused_experts().name();
-}
-
-Tensor CheckpointMoELayer::router_logits(const Tensor& x) const {
-  MOEKIT_CHECK(router_weight_.defined(),
-               "layer {}: the checkpoint has no router (gate) weight to compute logits with",
-               layer_index_);
-  MOEKIT_CHECK(x.dim() == 2 && x.size(1) == model_.hidden_size,
-               "router_logits: x {} must be (M, {})", x.describe(), model_.hidden_size);
-  const int64_t M = x.size(0), H = x.size(1), E = router_weight_.size(0);
-  const std::vector<float> xv = x.to_float_vector();
-  const std::vector<float> wv = router_weight_.to_float_vector();
-  std::vector<float> out(static_cast<size_t>(M * E));
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t e = 0; e < E; ++e) {
-      double s = 0.0;
-      for (int64_t h = 0; h < H; ++h)
-        s += static_cast<double>(xv[m * H + h]) * wv[e * H + h];
-      out[m * E + e] = static_cast<float>(s);
-    }
-  }
-  return Tensor::from_floats(out, {M, E}, DType::kF32);
-}
-
-Tensor CheckpointMoELayer::forward(const Tensor& x, const Tensor& logits) {
-  if (layer_) return layer_->forward(x, logits);
-  const RoutingResult routing = router_->select_experts(x, logits);
-  Tensor out = method_
-                   ->apply(params_, x, routing.topk_weights, routing.topk_ids,
-                           router_->apply_router_weight_on_input())
-                   .output;
-  if (shared_) {
-    const Tensor s = shared_->forward(x, RunContext{});
-    for (int64_t i = 0; i < out.numel(); ++i) {
-      store_float(out.data(), out.dtype(), i,
-                  load_float(out.data(), out.dtype(), i) + load_float(s.data(), s.dtype(), i));
-    }
-  }
-  return out;
-}
-
-ReferenceWeights CheckpointMoELayer::reference_weights() const {
-  ReferenceWeights w;
-  if (method_) {
-    std::tie(w.w13, w.w2) = method_->dequantized_weights(params_);
-    if (params_.has("w13_bias")) w.w13_bias = params_.get("w13_bias");
-    if (params_.has("w2_bias")) w.w2_bias = params_.get("w2_bias");
-  } else {
-    const MoELayerWeights& lw = layer_->weights();
-    w.w13 = lw.w13.to_dtype(DType::kF32);
-    w.w2 = lw.w2.to_dtype(DType::kF32);
-    if (lw.w13_bias.defined()) w.w13_bias = lw.w13_bias.to_dtype(DType::kF32);
-    if (lw.w2_bias.defined()) w.w2_bias = lw.w2_bias.to_dtype(DType::kF32);
-  }
-  w.shared_w13 = shared_w13_;
-  w.shared_w2 = shared_w2_;
-  return w;
-}
 
 std::optional<quark::QuarkConfig> read_quark_config(const std::filesystem::path& dir) {
   const json root = read_config_json(dir);
@@ -388,184 +280,76 @@ std::optional<quark::QuarkConfig> read_quark_config(const std::filesystem::path&
   return quark::QuarkConfig::from_json(*it, where);
 }
 
-CheckpointMoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
-                                  const CheckpointLoadOptions& options) {
-  CheckpointMoELayer out;
-  out.layer_index_ = layer_index;
-  out.options_ = options;
+MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
+                        const MoELayerOptions& options, CheckpointInfo* info) {
   std::optional<quark::QuarkConfig> qc = read_quark_config(dir);
-  out.model_ = preset_from_hf_config(dir / "config.json");
-  const ModelPreset& model = out.model_;
-  MoELayerOptions lo;
-  lo.dtype = options.dtype;
-  lo.backend = options.backend;
-  lo.max_num_tokens = options.max_num_tokens;
-  out.moe_ = MoELayer::make_moe_config(model, lo);
-  const MoEConfig& moe = out.moe_;
+  const ModelPreset model = preset_from_hf_config(dir / "config.json");
+  const MoEConfig moe = MoELayer::make_moe_config(model, options);
 
   const Reader r(dir);
   const LayerNames names = find_names(r, layer_index, model);
   const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();
+  const int64_t first = moe.parallel.ep_rank * E;  // this rank's experts
+  MoELayerWeights w;
   const std::string router_name = names.moe_prefix + ".gate.weight";
-  if (r.contains(router_name)) out.router_weight_ = read_float(r, router_name, {E, H});
-  if (model.has_e_score_correction_bias) {
-    out.e_score_bias_ = read_float(r, names.moe_prefix + ".gate.e_score_correction_bias", {E});
+  if (r.contains(router_name)) {
+    w.router_weight = read_float(r, router_name, {moe.num_experts, H});
   }
-  load_shared(r, layer_index, model, out.shared_w13_, out.shared_w2_);
+  Tensor e_score_bias;
+  if (model.has_e_score_correction_bias) {
+    e_score_bias =
+        read_float(r, names.moe_prefix + ".gate.e_score_correction_bias", {moe.num_experts});
+  }
+  Tensor shared_w13, shared_w2;
+  load_shared(r, layer_index, model, shared_w13, shared_w2);
+  const Device device = options.device.device();
+  auto placed = [&](const Tensor& t, DType dtype) {
+    if (!t.defined()) return t;
+    const Tensor c = t.dtype() == dtype ? t : t.to_dtype(dtype);
+    return device.is_cpu() ? c : c.to(device);
+  };
+  w.e_score_correction_bias = placed(e_score_bias, DType::kF32);
+  w.shared_w13 = placed(shared_w13, options.dtype);
+  w.shared_w2 = placed(shared_w2, options.dtype);
+  if (info != nullptr) {
+    info->dir = dir;
+    info->layer_index = layer_index;
+    info->method = "unquantized";
+  }
 
   const std::string layer_name = names.moe_prefix + ".experts";
   if (!qc || qc->is_excluded(layer_name)) {
-    MoELayerWeights w;
-    load_unquantized(r, names, moe, options.dtype, w, model.has_bias);
-    w.e_score_correction_bias = out.e_score_bias_;
-    if (out.shared_w13_.defined()) {
-      w.shared_w13 = out.shared_w13_.to_dtype(options.dtype);
-      w.shared_w2 = out.shared_w2_.to_dtype(options.dtype);
-    }
-    out.layer_ = std::make_unique<MoELayer>(model, std::move(w), lo);
-    return out;
+    load_unquantized(r, names, moe, options.dtype, w, model.has_bias, first);
+    for (Tensor* t : {&w.w13, &w.w2, &w.w13_bias, &w.w2_bias})
+      *t = placed(*t, options.dtype);
+    return MoELayer(model, std::move(w), options);
   }
 
   const quark::QuarkMoETarget target = quark::get_moe_method_target(*qc, layer_name);
-  out.method_ = quark::get_moe_method(*qc, moe, target);
-  const auto [H2, I2] = out.method_->maybe_roundup_sizes(H, I, options.dtype, moe.parallel);
+  std::unique_ptr<quark::QuarkMoEMethod> method = quark::get_moe_method(*qc, moe, target);
+  method->plan().check();
+  const auto [H2, I2] = method->maybe_roundup_sizes(H, I, options.dtype, moe.parallel);
   MOEKIT_CHECK(H2 == H && I2 == I,
                "{}: hidden_size={} and intermediate_size={} must already be aligned for backend "
                "{} (needs {} and {}); padding checkpoints on load is not supported",
-               out.method_->name(), H, I, out.method_->backend(), H2, I2);
-  out.method_->create_weights(out.params_, E, H, I, options.dtype);
-  out.params_.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
-  for (const std::string& p : out.params_.names())
-    load_param(r, names, out.params_, p, moe.w13_num_shards());
-  out.method_->process_weights_after_loading(out.params_);
-  out.router_ = make_router(MoELayer::make_router_config(model, out.e_score_bias_));
-  if (out.shared_w13_.defined()) {
-    out.shared_ = std::make_shared<CpuReferenceSharedExperts>(
-        out.shared_w13_.to_dtype(options.dtype), out.shared_w2_.to_dtype(options.dtype),
-        model.activation, moe.activation_params());
+               method->name(), H, I, method->backend(), H2, I2);
+  quark::ExpertParams params;
+  method->create_weights(params, E, H, I, options.dtype);
+  params.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
+  for (const std::string& p : params.names())
+    load_param(r, names, params, p, moe.w13_num_shards(), first);
+  method->process_weights_after_loading(params);
+  if (info != nullptr) info->method = method->name();
+  w.w13 = placed(params.get("w13_weight"), params.get("w13_weight").dtype());
+  w.w2 = placed(params.get("w2_weight"), params.get("w2_weight").dtype());
+  // Scales and biases travel in the method's QuantConfig; the layer builds from the method's plan.
+  QuantConfig quant = method->moe_quant_config();
+  for (QuantDesc* d : {&quant.a1, &quant.a2, &quant.w1, &quant.w2}) {
+    for (Tensor* t : {&d->scale, &d->alpha_or_gscale, &d->zp, &d->bias})
+      *t = placed(*t, t->defined() ? t->dtype() : DType::kF32);
   }
-  return out;
-}
-
-std::vector<double> reference_forward(const CheckpointMoELayer& layer, const Tensor& x,
-                                      const RoutingResult& routing,
-                                      const std::vector<int64_t>& rows) {
-  const ReferenceWeights w = layer.reference_weights();
-  const QuantConfig& q = layer.quant_config();
-  const MoEConfig& moe = layer.moe_config();
-  const int64_t H = moe.hidden_dim, I = moe.intermediate_size_per_partition();
-  const Activation act = moe.activation;
-  const int64_t N = is_gated(act) ? 2 * I : I;
-  const DType dt = x.dtype();
-  const int64_t k = routing.topk_ids.size(1);
-  const std::vector<int64_t> ids = routing.topk_ids.to_int_vector();
-  const std::vector<float> tw = routing.topk_weights.to_float_vector();
-  const std::vector<float> xv = x.to_float_vector();
-  const std::vector<float> w13 = w.w13.to_float_vector(), w2 = w.w2.to_float_vector();
-  const std::vector<float> b13 =
-      w.w13_bias.defined() ? w.w13_bias.to_float_vector() : std::vector<float>{};
-  const std::vector<float> b2 =
-      w.w2_bias.defined() ? w.w2_bias.to_float_vector() : std::vector<float>{};
-  ActivationParams params = moe.activation_params();
-  if (q.gemm1_alpha) params.alpha = *q.gemm1_alpha;
-  if (q.gemm1_beta) params.beta = *q.gemm1_beta;
-  if (q.gemm1_clamp_limit) params.clamp_limit = q.gemm1_clamp_limit;
-  const bool on_input = layer.router().apply_router_weight_on_input();
-  auto gscale = [](const QuantDesc& d, int64_t e) -> std::optional<float> {
-    if (!d.alpha_or_gscale.defined()) return std::nullopt;
-    const std::vector<float> g = d.alpha_or_gscale.to_float_vector();
-    return g.size() > 1 ? g[static_cast<size_t>(e)] : g[0];
-  };
-  auto qdq = [&](std::vector<float>& v, int64_t cols, const QuantDesc& d, int64_t e) {
-    if (d.dtype == QuantDType::kNone) return;
-    if (auto g = gscale(d, e)) {
-      quant_dequant_rows(v, 1, cols, d, *g);
-    } else {
-      quant_dequant_rows(v, 1, cols, d);
-    }
-  };
-  // Pass 1: the intermediates of every (row, slot), so a per-tensor dynamic a2 sees them all.
-  struct Slot {
-    int64_t row, e;
-    double weight;
-    std::vector<float> a;
-  };
-  std::vector<Slot> slots;
-  for (size_t ri = 0; ri < rows.size(); ++ri) {
-    const int64_t m = rows[ri];
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = ids[static_cast<size_t>(m * k + j)];
-      if (e < 0 || e >= moe.num_local_experts) continue;
-      const double wt = tw[static_cast<size_t>(m * k + j)];
-      std::vector<float> h(xv.begin() + m * H, xv.begin() + (m + 1) * H);
-      if (on_input) {
-        for (float& v : h)
-          v = round_to_dtype(static_cast<float>(v * wt), dt);
-      }
-      qdq(h, H, q.a1, e);
-      std::vector<float> g(static_cast<size_t>(N));
-      for (int64_t n = 0; n < N; ++n) {
-        double acc = b13.empty() ? 0.0 : b13[e * N + n];
-        for (int64_t c = 0; c < H; ++c)
-          acc += static_cast<double>(w13[(e * N + n) * H + c]) * h[c];
-        g[n] = round_to_dtype(static_cast<float>(acc), dt);
-      }
-      std::vector<float> a(static_cast<size_t>(I));
-      apply_activation_row(act, params, g.data(), a.data(), I);
-      for (float& v : a)
-        v = round_to_dtype(v, dt);
-      slots.push_back({static_cast<int64_t>(ri), e, on_input ? 1.0 : wt, std::move(a)});
-    }
-  }
-  const bool a2_tensor_dynamic = q.a2.dtype != QuantDType::kNone && q.a2.shape.is_per_tensor() &&
-                                 !q.a2.scale.defined() && !q.a2.alpha_or_gscale.defined();
-  if (a2_tensor_dynamic && !slots.empty()) {
-    std::vector<float> all;
-    for (const Slot& s : slots)
-      all.insert(all.end(), s.a.begin(), s.a.end());
-    quant_dequant_rows(all, static_cast<int64_t>(slots.size()), I, q.a2);
-    for (size_t i = 0; i < slots.size(); ++i)
-      std::copy(all.begin() + static_cast<int64_t>(i) * I,
-                all.begin() + static_cast<int64_t>(i + 1) * I, slots[i].a.begin());
-  } else {
-    for (Slot& s : slots)
-      qdq(s.a, I, q.a2, s.e);
-  }
-  std::vector<double> out(rows.size() * static_cast<size_t>(H), 0.0);
-  for (const Slot& s : slots) {
-    for (int64_t c = 0; c < H; ++c) {
-      double acc = b2.empty() ? 0.0 : b2[s.e * H + c];
-      for (int64_t i = 0; i < I; ++i)
-        acc += static_cast<double>(w2[(s.e * H + c) * I + i]) * s.a[i];
-      out[s.row * H + c] += s.weight * acc;
-    }
-  }
-  if (w.shared_w13.defined()) {
-    const std::vector<float> s13 = w.shared_w13.to_float_vector();
-    const std::vector<float> s2 = w.shared_w2.to_float_vector();
-    const int64_t Is = w.shared_w2.size(1);
-    const int64_t Ns = is_gated(act) ? 2 * Is : Is;
-    for (size_t ri = 0; ri < rows.size(); ++ri) {
-      const int64_t m = rows[ri];
-      std::vector<float> g(static_cast<size_t>(Ns));
-      for (int64_t n = 0; n < Ns; ++n) {
-        double acc = 0.0;
-        for (int64_t c = 0; c < H; ++c)
-          acc += static_cast<double>(s13[n * H + c]) * xv[m * H + c];
-        g[n] = static_cast<float>(acc);
-      }
-      std::vector<float> a(static_cast<size_t>(Is));
-      apply_activation_row(act, params, g.data(), a.data(), Is);
-      for (int64_t c = 0; c < H; ++c) {
-        double acc = 0.0;
-        for (int64_t i = 0; i < Is; ++i)
-          acc += static_cast<double>(s2[c * Is + i]) * a[i];
-        out[ri * H + c] += acc;
-      }
-    }
-  }
-  return out;
+  return MoELayer(model, std::move(quant), std::move(w), options, method->plan());
 }
 
 }  // namespace moekit

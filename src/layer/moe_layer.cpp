@@ -5,11 +5,13 @@
 #include <cmath>
 
 #include "core/elementwise.h"
+#include "moekit/config/quant_factories.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/logging.h"
+#include "moekit/experts/cpu_emulation.h"
 #include "moekit/experts/cpu_reference.h"
 #include "moekit/experts/sm90_experts.h"
-#include "moekit/oracle/unquantized.h"
+#include "moekit/oracle/for_scheme.h"
 
 namespace moekit {
 namespace {
@@ -26,15 +28,52 @@ Tensor on_device(Tensor host, Device device) {
   return device.is_cpu() ? host : host.to(device);
 }
 
+Tensor to_host(const Tensor& t) {
+  return t.device().is_cpu() ? t : t.to(Device::cpu());
+}
+
+// A QuantDesc with its tensors on the host (scales are small).
+QuantDesc desc_on_host(const QuantDesc& d) {
+  QuantDesc h = d;
+  for (Tensor* t : {&h.scale, &h.alpha_or_gscale, &h.zp, &h.bias}) {
+    if (t->defined()) *t = to_host(*t);
+  }
+  return h;
+}
+
 void check_weight(const Tensor& t, std::string_view name, std::initializer_list<int64_t> shape,
-                  DType dtype, Device device) {
+                  std::initializer_list<DType> dtypes, Device device) {
   expect_shape(t, name, shape);
-  expect_dtype(t, name, {dtype});
+  expect_dtype(t, name, dtypes);
   expect_device(t, name, device);
   expect_contiguous(t, name);
 }
 
+size_t bytes_of(const Tensor& t) {
+  return t.defined() ? t.nbytes() : 0;
+}
+
 }  // namespace
+
+std::string tolerance_name_for(const QuantConfig& q, DType dtype) {
+  switch (q.w1.dtype) {
+    case QuantDType::kNone:
+      return std::string(dtype_name(dtype));
+    case QuantDType::kFp8E4M3:
+    case QuantDType::kFp8E5M2:
+      return "fp8_w8a8";
+    case QuantDType::kInt8:
+      return "int8_w8a8";
+    case QuantDType::kInt4:
+      return q.a1.dtype == QuantDType::kNone ? "int4_w4a16" : "w4a8";
+    case QuantDType::kFp4E2M1:
+      return q.w1.shape == GroupShape{1, 16} ? "nvfp4" : "mxfp4";
+    case QuantDType::kFp6E3M2:
+    case QuantDType::kFp6E2M3:
+      return "mxfp6";
+  }
+  return "bf16";
+}
 
 MoEConfig MoELayer::make_moe_config(const ModelPreset& model, const MoELayerOptions& options) {
   MoEConfig moe;
@@ -115,26 +154,71 @@ MoELayerWeights MoELayer::random_weights(const ModelPreset& model, const MoELaye
 }
 
 MoELayer::MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOptions options)
-    : model_(model), options_(std::move(options)), weights_(std::move(weights)) {
-  moe_ = make_moe_config(model_, options_);
+    : MoELayer(model, QuantConfig::unquantized(), std::move(weights), std::move(options)) {}
+
+MoELayer::MoELayer(MoELayer&&) noexcept = default;
+MoELayer& MoELayer::operator=(MoELayer&&) noexcept = default;
+MoELayer::~MoELayer() = default;
+
+void MoELayer::check_weights() const {
   const Device device = options_.device.device();
-  MOEKIT_CHECK(options_.device.present, "cannot build a layer on {}: the device is not present",
-               options_.device.to_string());
   const int64_t E = moe_.num_local_experts;
   const int64_t H = moe_.hidden_dim;
   const int64_t I = moe_.intermediate_size_per_partition();
   const int64_t N = moe_.is_act_and_mul() ? 2 * I : I;
-  check_weight(weights_.w13, "w13", {E, N, H}, options_.dtype, device);
-  check_weight(weights_.w2, "w2", {E, H, I}, options_.dtype, device);
-  MOEKIT_CHECK(weights_.w13_bias.defined() == model_.has_bias &&
-                   weights_.w2_bias.defined() == model_.has_bias,
-               "model {} {} expert biases but w13_bias is {} and w2_bias is {}", model_.name,
-               model_.has_bias ? "has" : "has no", weights_.w13_bias.defined() ? "given" : "absent",
-               weights_.w2_bias.defined() ? "given" : "absent");
-  if (model_.has_bias) {
-    check_weight(weights_.w13_bias, "w13_bias", {E, N}, options_.dtype, device);
-    check_weight(weights_.w2_bias, "w2_bias", {E, H}, options_.dtype, device);
+  const MoELayerWeights& w = weights_;
+  if (!quant_.is_quantized()) {
+    check_weight(w.w13, "w13", {E, N, H}, {options_.dtype}, device);
+    check_weight(w.w2, "w2", {E, H, I}, {options_.dtype}, device);
+  } else {
+    // Codes: the packed width depends on the format; the experts check it against the scheme.
+    check_weight(w.w13, "w13", {E, N, kAnyDim}, {w.w13.dtype()}, device);
+    check_weight(w.w2, "w2", {E, H, kAnyDim}, {w.w2.dtype()}, device);
+    for (const auto& [t, name] : {std::pair{&w.w13, "w13"}, std::pair{&w.w2, "w2"}}) {
+      MOEKIT_CHECK(element_size(t->dtype()) == 1,
+                   "{} {} must hold one-byte codes for the quantized scheme {}", name,
+                   t->describe(), quant_.describe());
+    }
   }
+  MOEKIT_CHECK(w.w13_bias.defined() == model_.has_bias && w.w2_bias.defined() == model_.has_bias,
+               "model {} {} expert biases but w13_bias is {} and w2_bias is {}", model_.name,
+               model_.has_bias ? "has" : "has no", w.w13_bias.defined() ? "given" : "absent",
+               w.w2_bias.defined() ? "given" : "absent");
+  if (model_.has_bias) {
+    // Quantized schemes keep f32 biases (the Quark parameters); unquantized ones the dtype's.
+    const DType alt = quant_.is_quantized() ? DType::kF32 : options_.dtype;
+    check_weight(w.w13_bias, "w13_bias", {E, N}, {options_.dtype, alt}, device);
+    check_weight(w.w2_bias, "w2_bias", {E, H}, {options_.dtype, alt}, device);
+  }
+  if (w.router_weight.defined()) {
+    check_weight(w.router_weight, "router_weight", {moe_.num_experts, H}, {DType::kF32},
+                 Device::cpu());
+  }
+}
+
+MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights weights,
+                   MoELayerOptions options, std::optional<MoEPlan> plan)
+    : model_(model),
+      options_(std::move(options)),
+      quant_(std::move(quant)),
+      weights_(std::move(weights)) {
+  moe_ = make_moe_config(model_, options_);
+  const Device device = options_.device.device();
+  MOEKIT_CHECK(options_.device.present, "cannot build a layer on {}: the device is not present",
+               options_.device.to_string());
+  MOEKIT_CHECK(!quant_.has_bias() || (!weights_.w13_bias.defined() && !weights_.w2_bias.defined()),
+               "expert biases were given both in the weights and in the QuantConfig ({}); give "
+               "them once",
+               quant_.describe());
+  if (quant_.has_bias()) {  // the quantized factories carry the biases: take them over
+    weights_.w13_bias = quant_.w1.bias;
+    weights_.w2_bias = quant_.w2.bias;
+  }
+  check_weights();
+  const int64_t E = moe_.num_local_experts;
+  const int64_t H = moe_.hidden_dim;
+  const int64_t I = moe_.intermediate_size_per_partition();
+  const int64_t N = moe_.is_act_and_mul() ? 2 * I : I;
 
   // This rank owns experts [first, first + E_local); the expert_map sends the others to -1.
   first_local_expert_ = static_cast<int>(moe_.parallel.ep_rank * E);
@@ -147,15 +231,36 @@ MoELayer::MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOp
 
   router_ = make_router(make_router_config(model_, weights_.e_score_correction_bias));
 
-  UnquantizedMoEKernelOracle oracle(moe_);
-  report_ = oracle.explain();
-  const auto selection = oracle.select_backend();
-  auto [w13, w2] =
-      oracle.convert_to_kernel_format(selection.backend, moe_, weights_.w13, weights_.w2);
-  kernel_w13_ = w13;
-  kernel_w2_ = w2;
-  kernel_w13_bias_ =
-      oracle.convert_w13_bias_to_kernel_format(selection.backend, moe_, weights_.w13_bias);
+  // One decision: the experts, the prepare/finalize and the weight layout.
+  if (plan) {
+    MOEKIT_CHECK(plan->oracle == oracle_kind_for(quant_),
+                 "the given plan is for the {} oracle but the weights' scheme ({}) is served by "
+                 "the {} oracle",
+                 quant_oracle_kind_name(plan->oracle), quant_.describe(),
+                 quant_oracle_kind_name(oracle_kind_for(quant_)));
+    plan_ = std::move(*plan);
+  } else {
+    PlanOptions plan_options;
+    plan_options.comm = options_.communicator.get();
+    plan_ = plan_moe(moe_, quant_, plan_options);
+  }
+  plan_.check();
+
+  // The routed experts move out of weights_ and into the kernel's layout, in place.
+  kernel_weights_.w13 = std::move(weights_.w13);
+  kernel_weights_.w2 = std::move(weights_.w2);
+  kernel_weights_.w13_bias = std::move(weights_.w13_bias);
+  kernel_weights_.w2_bias = std::move(weights_.w2_bias);
+  weights_.w13 = weights_.w2 = weights_.w13_bias = weights_.w2_bias = Tensor{};
+  if (plan_.weight_layout) {
+    log::debug_once(fmt::format("{}: weights rewritten into {}", plan_.backend->name,
+                                plan_.weight_layout->name));
+    plan_.weight_layout->to_kernel(kernel_weights_, moe_, Stream{});
+  }
+  if (model_.has_bias) {
+    quant_.w1.bias = kernel_weights_.w13_bias;
+    quant_.w2.bias = kernel_weights_.w2_bias;
+  }
 
   std::shared_ptr<SharedExperts> shared;
   if (model_.num_shared_experts > 0) {
@@ -171,29 +276,101 @@ MoELayer::MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOp
           weights_.shared_w13, weights_.shared_w2, model_.activation, moe_.activation_params());
     }
   }
-  const QuantConfig quant = model_.has_bias
-                                ? QuantConfig::biased(kernel_w13_bias_, weights_.w2_bias)
-                                : QuantConfig::unquantized();
   // Monolithic kernels take no shared experts (the seed's rule): the layer runs them beside the
   // kernel instead, with the same shared experts and the same add as the modular path.
-  if (selection.experts->is_monolithic()) std::swap(shared, shared_beside_kernel_);
-  kernel_ = oracle.make_kernel(quant, moe_, selection.backend, *selection.experts, shared);
-  kernel_->fused_experts().bind_weights(kernel_w13_, kernel_w2_);
+  if (plan_.experts->is_monolithic()) std::swap(shared, shared_beside_kernel_);
+  kernel_ = make_kernel(plan_, moe_, quant_, shared, options_.communicator.get());
+  kernel_->fused_experts().bind_weights(kernel_weights_.w13, kernel_weights_.w2);
 
   if (options_.workspace == nullptr) workspace_ = std::make_unique<WorkspaceManager>(device);
   WorkspaceManager& ws = workspace();
   MOEKIT_CHECK(ws.device() == device, "the workspace manager is on {} but the layer on {}",
                ws.device().to_string(), device.to_string());
-  const auto [b0, b1] =
-      kernel_->workspace_bytes(options_.max_num_tokens, N, H, model_.top_k, moe_.num_experts, E,
-                               moe_.activation, options_.dtype);
+  workspace_requests_ =
+      kernel_->workspace_requests(options_.max_num_tokens, N, H, model_.top_k, moe_.num_experts, E,
+                                  moe_.activation, options_.dtype);
   const bool locked = ws.growth_locked();
   ws.set_growth_locked(false);
-  ws.reserve(b0, b1);
+  ws.reserve(workspace_requests_);
   ws.set_growth_locked(locked || device.is_cuda());
   if (device.is_cuda()) stream_ = std::make_unique<CudaStream>(device.index);
   routing_ids_ = Tensor::empty({options_.max_num_tokens, model_.top_k}, DType::kInt32, device);
   routing_weights_ = Tensor::empty({options_.max_num_tokens, model_.top_k}, DType::kF32, device);
+}
+
+std::string MoELayer::scheme() const {
+  if (!quant_.is_quantized()) return fmt::format("unquantized ({})", dtype_name(options_.dtype));
+  const auto [wk, ak] = quant_keys_of(quant_);
+  return fmt::format("{} ({} x {})", quant_.describe(), quant_key_to_string(wk),
+                     quant_key_to_string(ak));
+}
+
+std::string MoELayer::tolerance_name() const {
+  return tolerance_name_for(quant_, options_.dtype);
+}
+
+size_t MoELayer::expert_weight_bytes() const {
+  size_t total = 0;
+  for (const Tensor* t : {&kernel_weights_.w13, &kernel_weights_.w2, &kernel_weights_.w13_bias,
+                          &kernel_weights_.w2_bias}) {
+    total += bytes_of(*t);
+  }
+  for (const QuantDesc* d : {&quant_.w1, &quant_.w2}) {
+    total += bytes_of(d->scale) + bytes_of(d->alpha_or_gscale) + bytes_of(d->zp);
+  }
+  return total;
+}
+
+ExpertWeights MoELayer::expert_reference(int64_t e) const {
+  MOEKIT_CHECK(e >= 0 && e < moe_.num_local_experts,
+               "expert_reference: local expert {} is outside [0, {})", e, moe_.num_local_experts);
+  auto one = [e](const Tensor& t) {
+    return t.defined() ? to_host(t.slice(0, e, e + 1)).clone() : Tensor{};
+  };
+  ExpertWeights w{one(kernel_weights_.w13), one(kernel_weights_.w2), one(kernel_weights_.w13_bias),
+                  one(kernel_weights_.w2_bias)};
+  if (plan_.weight_layout) plan_.weight_layout->to_standard(w, moe_);
+  const int64_t H = moe_.hidden_dim;
+  const int64_t I = moe_.intermediate_size_per_partition();
+  const int64_t N = moe_.is_act_and_mul() ? 2 * I : I;
+  ExpertWeights out;
+  if (quant_.is_quantized()) {
+    const QuantDesc w1 = desc_on_host(quant_.w1), w2 = desc_on_host(quant_.w2);
+    const QuantDesc a1 = desc_on_host(quant_.a1), a2 = desc_on_host(quant_.a2);
+    out.w13 = Tensor::from_floats(dequantize_expert_weight(w.w13.select(0), w1, a1, e, H), {N, H},
+                                  DType::kF32);
+    out.w2 = Tensor::from_floats(dequantize_expert_weight(w.w2.select(0), w2, a2, e, I), {H, I},
+                                 DType::kF32);
+  } else {
+    out.w13 = w.w13.select(0).to_dtype(DType::kF32);
+    out.w2 = w.w2.select(0).to_dtype(DType::kF32);
+  }
+  if (w.w13_bias.defined()) out.w13_bias = w.w13_bias.select(0).to_dtype(DType::kF32);
+  if (w.w2_bias.defined()) out.w2_bias = w.w2_bias.select(0).to_dtype(DType::kF32);
+  return out;
+}
+
+Tensor MoELayer::router_logits(const Tensor& x) const {
+  const Tensor& wr = weights_.router_weight;
+  MOEKIT_CHECK(wr.defined(),
+               "layer of {}: no router (gate) weight was given to compute logits with",
+               model_.name);
+  expect_shape(x, "x", {kAnyDim, moe_.hidden_dim});
+  expect_device(x, "x", Device::cpu());
+  const int64_t M = x.size(0), H = x.size(1), E = wr.size(0);
+  const std::vector<float> xv = x.to_float_vector();
+  const float* w = wr.data_as<const float>();
+  std::vector<float> out(static_cast<size_t>(M * E));
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t e = 0; e < E; ++e) {
+      double s = 0.0;
+      for (int64_t h = 0; h < H; ++h)
+        s += static_cast<double>(xv[m * H + h]) * w[e * H + h];
+      out[m * E + e] = static_cast<float>(s);
+    }
+  }
+  return Tensor::from_floats(out, {M, E}, DType::kF32);
 }
 
 RunContext MoELayer::complete(RunContext ctx) const {
@@ -272,7 +449,7 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
   MOEKIT_CHECK(!kernel_->is_monolithic(),
                "the {} experts route internally (backend '{}' is monolithic): forward_routed "
                "cannot take topk_ids/topk_weights; use forward() with the router logits",
-               kernel_->fused_experts().name(), report_.chosen_backend);
+               kernel_->fused_experts().name(), plan_.backend->name);
   check_hidden_states(hidden_states);
   const int64_t M = hidden_states.size(0);
   Tensor ids = topk_ids;
@@ -283,8 +460,8 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
   }
   ModularApplyArgs args;
   args.hidden_states = hidden_states;
-  args.w1 = kernel_w13_;
-  args.w2 = kernel_w2_;
+  args.w1 = kernel_weights_.w13;
+  args.w2 = kernel_weights_.w2;
   args.topk_weights = topk_weights;
   args.topk_ids = ids;
   args.activation = moe_.activation;
@@ -306,8 +483,8 @@ void MoELayer::forward_monolithic_into(Tensor& output, const Tensor& hidden_stat
   const RouterConfig& r = router_->config();
   MonolithicApplyArgs args;
   args.hidden_states = hidden_states;
-  args.w1 = kernel_w13_;
-  args.w2 = kernel_w2_;
+  args.w1 = kernel_weights_.w13;
+  args.w2 = kernel_weights_.w2;
   args.router_logits = router_logits;
   args.activation = moe_.activation;
   args.global_num_experts = moe_.num_experts;

@@ -99,19 +99,21 @@ FusedMoEKernel::FusedMoEKernel(std::unique_ptr<PrepareFinalize> prepare_finalize
                activation_format_name(experts_->activation_format()));
 }
 
-std::pair<size_t, size_t> FusedMoEKernel::workspace_bytes(int64_t M, int64_t N, int64_t K,
-                                                          int64_t topk, int64_t global_num_experts,
-                                                          int64_t local_num_experts,
-                                                          Activation activation,
-                                                          DType act_dtype) const {
-  if (is_monolithic()) return {0, 0};
+std::vector<WorkspaceRequest> FusedMoEKernel::workspace_requests(
+    int64_t M, int64_t N, int64_t K, int64_t topk, int64_t global_num_experts,
+    int64_t local_num_experts, Activation activation, DType act_dtype) const {
+  std::vector<WorkspaceRequest> out = prepare_finalize_->workspace_requests(M, K, topk, act_dtype);
+  if (is_monolithic()) return out;
   auto& experts = static_cast<ExpertsModular&>(*experts_);
   const int64_t m = experts.max_num_tokens().value_or(M);
   const WorkspaceShapes s = experts.workspace_shapes(m, N, K, topk, global_num_experts,
                                                      local_num_experts, nullptr, activation);
   const size_t es = element_size(experts.workspace_dtype(act_dtype));
   const int64_t slot0 = std::max(numel_of(s.workspace13), numel_of(s.output));
-  return {static_cast<size_t>(slot0) * es, static_cast<size_t>(numel_of(s.workspace2)) * es};
+  out.push_back({std::string(workspace_slots::kExperts13), static_cast<size_t>(slot0) * es});
+  out.push_back(
+      {std::string(workspace_slots::kExperts2), static_cast<size_t>(numel_of(s.workspace2)) * es});
+  return out;
 }
 
 MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
@@ -187,7 +189,8 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
                             experts.finalize_weight_and_reduce_impl().get()) != nullptr;
     const int64_t common = direct ? numel_of(shapes.workspace13)
                                   : std::max(numel_of(shapes.workspace13), numel_of(shapes.output));
-    auto [slot0, slot1] = ws.get_simultaneous({common}, ws_dtype, shapes.workspace2, ws_dtype);
+    const Tensor slot0 = ws.get(workspace_slots::kExperts13, {common}, ws_dtype);
+    const Tensor slot1 = ws.get(workspace_slots::kExperts2, shapes.workspace2, ws_dtype);
     // Otherwise GEMM1's workspace is reused for the experts' output: by the time GEMM2 writes it,
     // ws13 is dead.
     Tensor workspace13 = slot0.reinterpret(shapes.workspace13, ws_dtype);

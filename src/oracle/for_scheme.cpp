@@ -3,60 +3,10 @@
 #include <fmt/format.h>
 
 #include "moekit/config/quant_factories.h"
-#include "moekit/oracle/fp8.h"
-#include "moekit/oracle/int8.h"
-#include "moekit/oracle/int_wna16.h"
-#include "moekit/oracle/mxfp4.h"
-#include "moekit/oracle/nvfp4.h"
-#include "moekit/oracle/unquantized.h"
-#include "moekit/oracle/w4a8.h"
+#include "moekit/core/error.h"
+#include "moekit/oracle/plan.h"
 
 namespace moekit {
-namespace {
-
-template <typename Fn>
-auto with_oracle(const MoEConfig& moe, const QuantConfig& quant, Fn&& fn) {
-  const auto [wk, ak] = quant_keys_of(quant);
-  switch (oracle_kind_for(quant)) {
-    case QuantOracleKind::kUnquantized:
-      return fn(UnquantizedMoEKernelOracle(moe, wk, ak));
-    case QuantOracleKind::kFp8:
-      return fn(Fp8MoEKernelOracle(moe, wk, ak));
-    case QuantOracleKind::kInt8:
-      return fn(Int8MoEKernelOracle(moe, wk, ak));
-    case QuantOracleKind::kIntWna16:
-      return fn(IntWna16MoEKernelOracle(moe, wk, ak));
-    case QuantOracleKind::kW4A8:
-      return fn(W4A8MoEKernelOracle(moe, wk, ak));
-    case QuantOracleKind::kNvfp4:
-      return fn(Nvfp4MoEKernelOracle(moe, wk, ak));
-    case QuantOracleKind::kMxfp4:
-      return fn(Mxfp4MoEKernelOracle(moe, wk, ak));
-  }
-  throw Error("unknown oracle kind");
-}
-
-}  // namespace
-
-std::string_view quant_oracle_kind_name(QuantOracleKind kind) {
-  switch (kind) {
-    case QuantOracleKind::kUnquantized:
-      return "unquantized";
-    case QuantOracleKind::kFp8:
-      return "fp8";
-    case QuantOracleKind::kInt8:
-      return "int8";
-    case QuantOracleKind::kIntWna16:
-      return "int_wna16";
-    case QuantOracleKind::kW4A8:
-      return "w4a8";
-    case QuantOracleKind::kNvfp4:
-      return "nvfp4";
-    case QuantOracleKind::kMxfp4:
-      return "mxfp4";
-  }
-  return "?";
-}
 
 QuantOracleKind oracle_kind_for(const QuantConfig& quant) {
   const QuantDType w = quant.w1.dtype;
@@ -86,15 +36,23 @@ QuantOracleKind oracle_kind_for(const QuantConfig& quant) {
 }
 
 OracleReport explain_for_scheme(const MoEConfig& moe, const QuantConfig& quant) {
-  return with_oracle(moe, quant, [](const auto& oracle) { return oracle.explain(); });
+  PlanOptions options;
+  options.log = false;
+  try {
+    return plan_moe(moe, quant, options).experts_report;
+  } catch (const UnsupportedError&) {
+    throw;  // no oracle serves the scheme
+  } catch (const Error& e) {
+    OracleReport report;
+    report.error = e.what();
+    return report;
+  }
 }
 
 std::unique_ptr<FusedMoEKernel> make_kernel_for(const MoEConfig& moe, const QuantConfig& quant,
                                                 std::shared_ptr<SharedExperts> shared) {
-  return with_oracle(moe, quant, [&](const auto& oracle) {
-    const auto selection = oracle.select_backend();
-    return oracle.make_kernel(quant, moe, selection.backend, *selection.experts, std::move(shared));
-  });
+  const MoEPlan plan = plan_moe(moe, quant);
+  return make_kernel(plan, moe, quant, std::move(shared));
 }
 
 }  // namespace moekit

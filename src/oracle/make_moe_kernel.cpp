@@ -6,46 +6,9 @@
 
 #include "moekit/core/error.h"
 #include "moekit/core/logging.h"
-#include "moekit/prepare_finalize/batched.h"
-#include "moekit/prepare_finalize/no_ep.h"
+#include "moekit/prepare_finalize/factory.h"
 
 namespace moekit {
-
-std::unique_ptr<PrepareFinalize> maybe_make_prepare_finalize(const MoEConfig& moe,
-                                                             const QuantConfig& quant,
-                                                             ActivationFormat wanted_by_experts,
-                                                             bool monolithic) {
-  const ParallelConfig& p = moe.parallel;
-  const bool no_dispatch = !p.use_all2all_kernels() && !p.use_megakernel() && p.dp_size == 1 &&
-                           p.pcp_size == 1 && p.sp_size == 1;
-  // NOTE: a multi-rank batched deployment needs the low-latency all-to-all; a local scatter would
-  // silently drop the tokens routed to other ranks' experts, so it is refused until that lands.
-  if (p.use_batched_activation_format()) {
-    throw Error(fmt::format(
-        "prepare/finalize for {} is not available yet (the batched low-latency all-to-all between "
-        "ranks is not implemented)",
-        p.to_string()));
-  }
-  const bool batched = no_dispatch && is_batched(wanted_by_experts);
-  if (batched) {
-    MOEKIT_CHECK(!monolithic,
-                 "monolithic experts take the standard activation format, but the deployment "
-                 "({}) uses the batched format",
-                 p.to_string());
-    MOEKIT_CHECK(moe.max_num_tokens > 0 && moe.num_local_experts > 0,
-                 "the batched prepare/finalize needs max_num_tokens > 0 and num_local_experts > 0 "
-                 "but got max_num_tokens={}, num_local_experts={}",
-                 moe.max_num_tokens, moe.num_local_experts);
-    return std::make_unique<PrepareFinalizeBatched>(moe.max_num_tokens, moe.num_local_experts,
-                                                    /*num_dispatchers=*/1, /*rank=*/p.ep_rank);
-  }
-  if (no_dispatch) {
-    if (monolithic) return std::make_unique<PrepareFinalizeMonolithicNoEP>();
-    return std::make_unique<PrepareFinalizeNoEP>();
-  }
-  (void)quant;
-  throw Error(fmt::format("prepare/finalize for {} is not available yet", p.to_string()));
-}
 
 std::unique_ptr<FusedMoEKernel> assemble_moe_kernel(
     const QuantConfig& quant, const MoEConfig& moe, const ExpertsClass& experts_class,
@@ -84,10 +47,11 @@ std::unique_ptr<FusedMoEKernel> assemble_moe_kernel(
 std::unique_ptr<FusedMoEKernel> make_moe_kernel(const QuantConfig& quant, const MoEConfig& moe,
                                                 const ExpertsClass& experts_class,
                                                 std::shared_ptr<SharedExperts> shared_experts,
-                                                std::string_view experts_log) {
-  std::unique_ptr<PrepareFinalize> prepare_finalize = maybe_make_prepare_finalize(
-      moe, quant, experts_class.activation_format(), experts_class.is_monolithic());
-  return assemble_moe_kernel(quant, moe, experts_class, std::move(prepare_finalize),
+                                                std::string_view experts_log, Communicator* comm) {
+  const PrepareFinalizeRequest request{&moe, &quant, &experts_class, comm};
+  const PrepareFinalizeSelection pf = select_prepare_finalize(request);
+  if (!pf.chosen) throw Error(pf.report.error);
+  return assemble_moe_kernel(quant, moe, experts_class, pf.chosen->make(request),
                              std::move(shared_experts), experts_log);
 }
 

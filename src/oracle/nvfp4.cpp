@@ -4,7 +4,8 @@
 #include <vector>
 
 #include "moekit/core/checks.h"
-#include "moekit/experts/cpu_emulation.h"
+#include "moekit/core/error.h"
+#include "seed_backends.h"
 
 namespace moekit {
 namespace {
@@ -36,69 +37,24 @@ Tensor f32_tensor(const std::vector<float>& v) {
   return Tensor::from_floats(v, {static_cast<int64_t>(v.size())}, DType::kF32);
 }
 
+const SeedBackends kSeedNvfp4(QuantOracleKind::kNvfp4,
+                              {
+                                  {"flashinfer_trtllm"},
+                                  {"flashinfer_cutedsl", {}, "flashinfer_cutedsl_batched"},
+                                  {"flashinfer_cutedsl_batched"},
+                                  {"flashinfer_cutlass"},
+                                  {"vllm_cutlass", {}, "", {.per_expert_input_global_scale = true}},
+                                  {"marlin"},
+                                  {"humming"},
+                                  {"b12x", {}, "", {}, {}, /*only_when_forced=*/true},
+                                  {"flashinfer_b12x", {}, "", {}, {}, /*only_when_forced=*/true},
+                              });
+
 }  // namespace
 
-KernelRegistry<NvFp4MoeBackend>& Nvfp4MoEKernelOracle::registry() {
-  // NOTE: the documented registry of this oracle.
-  static KernelRegistry<NvFp4MoeBackend> instance(KernelRegistry<NvFp4MoeBackend>::Table{
-      {NvFp4MoeBackend::kEmulation, {&CpuNvfp4Experts::klass()}},
-  });
-  return instance;
-}
-
-std::vector<NvFp4MoeBackend> Nvfp4MoEKernelOracle::backend_values() const {
-  return {Backend::kB12x,
-          Backend::kFlashinferTrtllm,
-          Backend::kFlashinferCutlass,
-          Backend::kFlashinferCutedsl,
-          Backend::kFlashinferCutedslBatched,
-          Backend::kFlashinferB12x,
-          Backend::kVllmCutlass,
-          Backend::kMarlin,
-          Backend::kHumming,
-          Backend::kEmulation};
-}
-
-std::string Nvfp4MoEKernelOracle::backend_name(Backend backend) const {
-  switch (backend) {
-    case Backend::kB12x:
-      return "b12x";
-    case Backend::kFlashinferTrtllm:
-      return "flashinfer_trtllm";
-    case Backend::kFlashinferCutlass:
-      return "flashinfer_cutlass";
-    case Backend::kFlashinferCutedsl:
-      return "flashinfer_cutedsl";
-    case Backend::kFlashinferCutedslBatched:
-      return "flashinfer_cutedsl_batched";
-    case Backend::kFlashinferB12x:
-      return "flashinfer_b12x";
-    case Backend::kVllmCutlass:
-      return "vllm_cutlass";
-    case Backend::kMarlin:
-      return "marlin";
-    case Backend::kHumming:
-      return "humming";
-    case Backend::kEmulation:
-      return "emulation";
-  }
-  return "unknown";
-}
-
-std::vector<NvFp4MoeBackend> Nvfp4MoEKernelOracle::priority_backends(const MoEConfig&) const {
-  return {
-      Backend::kFlashinferTrtllm,  Backend::kFlashinferCutedsl, Backend::kFlashinferCutedslBatched,
-      Backend::kFlashinferCutlass, Backend::kVllmCutlass,       Backend::kMarlin,
-      Backend::kHumming,           Backend::kEmulation};
-}
-
-std::optional<NvFp4MoeBackend> Nvfp4MoEKernelOracle::batched_variant(Backend backend) const {
-  if (backend == Backend::kFlashinferCutedsl) return Backend::kFlashinferCutedslBatched;
-  return std::nullopt;
-}
-
-QuantConfig Nvfp4MoEKernelOracle::make_quant_config(Backend backend, const MoEWeightShape& shape,
-                                                    const Nvfp4CheckpointScales& s) const {
+QuantConfig Nvfp4MoEKernelOracle::make_quant_config(const ExpertsBackend& backend,
+                                                    const MoEWeightShape& shape,
+                                                    const Nvfp4CheckpointScales& s) {
   const int64_t E = shape.num_experts;
   const std::vector<float> ws13 = per_expert(s.w13_weight_scale_2, "w13_weight_scale_2", E, true);
   const std::vector<float> ws2 = per_expert(s.w2_weight_scale_2, "w2_weight_scale_2", E, true);
@@ -117,7 +73,7 @@ QuantConfig Nvfp4MoEKernelOracle::make_quant_config(Backend backend, const MoEWe
   }
   std::vector<float> in13 = per_expert(s.w13_input_scale, "w13_input_scale", E, false);
   std::vector<float> in2 = per_expert(s.w2_input_scale, "w2_input_scale", E, false);
-  const bool per_expert_gscale = backend == Backend::kEmulation || backend == Backend::kVllmCutlass;
+  const bool per_expert_gscale = backend.traits.per_expert_input_global_scale;
   if (!per_expert_gscale) {
     const float m13 = *std::max_element(in13.begin(), in13.end());
     const float m2 = *std::max_element(in2.begin(), in2.end());

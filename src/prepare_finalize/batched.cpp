@@ -1,5 +1,7 @@
 #include "moekit/prepare_finalize/batched.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
@@ -8,6 +10,7 @@
 #include "modular/batched_layout.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "moekit/prepare_finalize/factory.h"
 #include "prepare_finalize/batched_cuda.h"
 #include "prepare_finalize/prepare_common.h"
 
@@ -120,5 +123,34 @@ void PrepareFinalizeBatched::finalize(const FinalizeArgs& args, RunContext ctx) 
   impl->apply(args.output, args.fused_expert_output, args.topk_weights, args.topk_ids,
               args.apply_router_weight_on_input, ctx);
 }
+
+// ---- factory registration ----------------------------------------------------------------------
+
+// One rank whose experts take the batched format: the local scatter into (E_local, T, H).
+// NOTE: multi-rank batched deployments need the low-latency all-to-all (key
+// kBatchedLowLatency); a local scatter there would drop the tokens of other ranks' experts.
+MOEKIT_REGISTER_PREPARE_FINALIZE(batched_local, [] {
+  PrepareFinalizeFactory f;
+  f.name = "batched_local";
+  f.all2all = std::nullopt;
+  f.priority = 20;
+  f.description = "no token exchange: scatter tokens into per-expert batches (E, T, H)";
+  f.check = [](const PrepareFinalizeRequest& r) -> std::string {
+    if (!is_batched(r.experts->activation_format())) {
+      return r.experts->name() + " takes the standard format";
+    }
+    if (r.experts->is_monolithic()) return "monolithic experts take the standard format";
+    if (r.moe->max_num_tokens <= 0 || r.moe->num_local_experts <= 0) {
+      return fmt::format("needs max_num_tokens > 0 and num_local_experts > 0 (got {} and {})",
+                         r.moe->max_num_tokens, r.moe->num_local_experts);
+    }
+    return {};
+  };
+  f.make = [](const PrepareFinalizeRequest& r) -> std::unique_ptr<PrepareFinalize> {
+    return std::make_unique<PrepareFinalizeBatched>(r.moe->max_num_tokens, r.moe->num_local_experts,
+                                                    /*num_dispatchers=*/1, r.moe->parallel.ep_rank);
+  };
+  return f;
+}());
 
 }  // namespace moekit

@@ -5,6 +5,7 @@
 
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "moekit/prepare_finalize/factory.h"
 #include "prepare_finalize/prepare_common.h"
 
 namespace moekit {
@@ -93,5 +94,26 @@ PrepareMonolithicResult PrepareFinalizeMonolithicNoEP::prepare(const Tensor& a1,
 Tensor PrepareFinalizeMonolithicNoEP::finalize(const Tensor& fused_expert_output, RunContext ctx) {
   return fused_expert_output;
 }
+
+// ---- factory registration ----------------------------------------------------------------------
+
+MOEKIT_REGISTER_PREPARE_FINALIZE(no_ep, [] {
+  PrepareFinalizeFactory f;
+  f.name = "no_ep";
+  f.all2all = std::nullopt;
+  f.priority = 10;
+  f.description = "no token exchange: quantize in prepare, weight and reduce in finalize";
+  f.check = [](const PrepareFinalizeRequest& r) -> std::string {
+    if (is_batched(r.experts->activation_format())) {
+      return r.experts->name() + " takes the batched format";
+    }
+    return {};
+  };
+  f.make = [](const PrepareFinalizeRequest& r) -> std::unique_ptr<PrepareFinalize> {
+    if (r.experts->is_monolithic()) return std::make_unique<PrepareFinalizeMonolithicNoEP>();
+    return std::make_unique<PrepareFinalizeNoEP>();
+  };
+  return f;
+}());
 
 }  // namespace moekit

@@ -47,7 +47,8 @@ MoELayerWeights to_device(const MoELayerWeights& w, Device d) {
           mv(w.w2_bias),
           mv(w.e_score_correction_bias),
           mv(w.shared_w13),
-          mv(w.shared_w2)};
+          mv(w.shared_w2),
+          w.router_weight};
 }
 
 struct Pair {
@@ -168,9 +169,9 @@ TEST(GpuLayer, ExpertMapRanksSumToTheWholeLayer) {
 double compare_batched(Pair& p, int64_t M, int64_t T, uint64_t seed) {
   const ModelPreset& model = p.cpu->model();
   const MoEConfig& moe = p.gpu->moe_config();
-  const QuantConfig quant =
-      model.has_bias ? QuantConfig::biased(p.gpu->kernel_w13_bias(), p.gpu->weights().w2_bias)
-                     : QuantConfig::unquantized();
+  const QuantConfig quant = model.has_bias ? QuantConfig::biased(p.gpu->kernel_weights().w13_bias,
+                                                                 p.gpu->kernel_weights().w2_bias)
+                                           : QuantConfig::unquantized();
   auto kernel =
       assemble_moe_kernel(quant, moe, Sm90BatchedExperts::klass(),
                           std::make_unique<PrepareFinalizeBatched>(T, moe.num_local_experts, 1, 0));
@@ -186,8 +187,8 @@ double compare_batched(Pair& p, int64_t M, int64_t T, uint64_t seed) {
   out.fill_bytes(0xFF);
   ModularApplyArgs args;
   args.hidden_states = x.to(gd);
-  args.w1 = p.gpu->kernel_w13();  // the layout the sm90 experts read
-  args.w2 = p.gpu->weights().w2;
+  args.w1 = p.gpu->kernel_weights().w13;  // the layout the sm90 experts read
+  args.w2 = p.gpu->kernel_weights().w2;
   args.topk_ids = r.topk_ids.to(gd);
   args.topk_weights = r.topk_weights.to(gd);
   args.activation = model.activation;

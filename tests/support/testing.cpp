@@ -88,4 +88,18 @@ bool has_nan(const Tensor& t) {
   return false;
 }
 
+Tensor poisoned(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype);
+  t.fill_bytes(0xFF);
+  return t;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor ca = a.to(Device::cpu()), cb = b.to(Device::cpu());
+  return std::equal(static_cast<const uint8_t*>(ca.data()),
+                    static_cast<const uint8_t*>(ca.data()) + ca.nbytes(),
+                    static_cast<const uint8_t*>(cb.data()));
+}
+
 }  // namespace moekit::testing

@@ -37,6 +37,10 @@ double relative_l2_error(const Tensor& out, const std::vector<double>& ref);
 int64_t first_bad_element(const Tensor& out, const std::vector<double>& ref, const Tolerance& tol);
 // True if any element is NaN (poison left behind = an unwritten element).
 bool has_nan(const Tensor& t);
+// A CPU tensor of 0xFF bytes: NaN in every float format, so an unwritten element shows.
+Tensor poisoned(const Shape& shape, DType dtype);
+// Same shape, dtype and bytes (either may be strided or on any device).
+bool bitwise_equal(const Tensor& a, const Tensor& b);
 
 // The message of the ErrorT that f throws; a test failure (and "") when f throws nothing or an
 // exception of another type.

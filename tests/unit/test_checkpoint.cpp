@@ -12,6 +12,7 @@
 #include "moekit/io/fixtures.h"
 #include "moekit/io/safetensors.h"
 #include "moekit/layer/checkpoint.h"
+#include "moekit/layer/reference.h"
 #include "testing.h"
 
 namespace moekit {
@@ -43,7 +44,7 @@ fs::path fixture(const std::string& scheme, const std::string& model = "tiny", i
   return d;
 }
 
-void check_layer(CheckpointMoELayer& layer, int64_t M = 33) {
+void check_layer(MoELayer& layer, int64_t M = 33) {
   const int64_t H = layer.model().hidden_size;
   const Tensor x = testing::random_tensor({M, H}, DType::kBF16, 11);
   const Tensor logits = layer.router_logits(x);
@@ -86,11 +87,13 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
   for (const SchemeCase& c : cases) {
     SCOPED_TRACE(c.scheme);
     const fs::path dir = fixture(c.scheme);
-    CheckpointMoELayer layer = load_moe_layer(dir, 1);
+    CheckpointInfo info;
+    MoELayer layer = load_moe_layer(dir, 1, {}, &info);
     EXPECT_EQ(layer.is_quantized(), !c.method.empty());
+    EXPECT_EQ(info.method, c.method.empty() ? "unquantized" : c.method);
+    EXPECT_EQ(info.layer_index, 1);
     if (layer.is_quantized()) {
-      EXPECT_EQ(layer.quark_method()->name(), c.method);
-      EXPECT_EQ(layer.experts_name(), c.experts);
+      EXPECT_EQ(layer.kernel().fused_experts().name(), c.experts);
     }
     EXPECT_EQ(layer.tolerance_name(), c.tolerance);
     check_layer(layer);
@@ -101,7 +104,7 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
 TEST(Checkpoint, NamingVariantsShardsAndSharedExperts) {
   {
     const fs::path dir = fixture("fp8_per_channel", "tiny-mixtral");
-    CheckpointMoELayer layer = load_moe_layer(dir, 0);
+    MoELayer layer = load_moe_layer(dir, 0);
     EXPECT_EQ(layer.model().num_experts, 8);
     check_layer(layer, 17);
     fs::remove_all(dir);
@@ -110,9 +113,9 @@ TEST(Checkpoint, NamingVariantsShardsAndSharedExperts) {
     SCOPED_TRACE(scheme);
     const fs::path dir = fixture(scheme, "tiny-deepseek", 3);
     EXPECT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
-    CheckpointMoELayer layer = load_moe_layer(dir, 2);
+    MoELayer layer = load_moe_layer(dir, 2);
     EXPECT_TRUE(layer.has_shared_experts());
-    EXPECT_TRUE(layer.e_score_correction_bias().defined());
+    EXPECT_TRUE(layer.weights().e_score_correction_bias.defined());
     EXPECT_EQ(layer.router().name(), "grouped_topk");
     check_layer(layer, 9);
     EXPECT_NE(error_of([&] { load_moe_layer(dir, 0); }).find("layer 0 is a dense layer"),
@@ -120,6 +123,52 @@ TEST(Checkpoint, NamingVariantsShardsAndSharedExperts) {
     EXPECT_NE(error_of([&] { load_moe_layer(dir, 7); }).find("out of range"), std::string::npos);
     fs::remove_all(dir);
   }
+}
+
+// The acceptance case of "one layer, one plan": a quantized checkpoint runs through
+// MoELayer::forward_into with the caller's workspace and an expert map (EP over two ranks inside
+// one data-parallel group: each rank loads only its experts, the ranks' outputs sum to the whole).
+TEST(Checkpoint, QuantizedLayerForwardIntoWithExpertMap) {
+  const fs::path dir = fixture("fp8_block128");
+  const MoELayer whole = load_moe_layer(dir, 1);
+  const int64_t M = 21, H = whole.model().hidden_size;
+  const Tensor x = testing::random_tensor({M, H}, DType::kBF16, 23);
+  const Tensor logits = whole.router_logits(x);
+  const RoutingResult routing = whole.router().select_experts(x, logits);
+  std::vector<int64_t> rows(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m)
+    rows[m] = m;
+  WorkspaceManager ws;  // one caller-owned workspace for both ranks' layers
+  std::vector<double> sum(static_cast<size_t>(M * H), 0.0);
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(rank);
+    MoELayerOptions o;
+    o.parallel = ParallelConfig::make(/*tp=*/2, /*dp=*/1, /*dp_rank=*/0, /*tp_rank=*/rank,
+                                      /*enable_ep=*/true);
+    o.workspace = &ws;
+    MoELayer layer = load_moe_layer(dir, 1, o);
+    ASSERT_TRUE(layer.is_quantized());
+    ASSERT_TRUE(layer.expert_map().defined());
+    EXPECT_EQ(layer.moe_config().num_local_experts, whole.moe_config().num_local_experts / 2);
+    EXPECT_EQ(layer.first_local_expert(), rank * layer.moe_config().num_local_experts);
+    EXPECT_EQ(layer.kernel_weights().w13.size(0), layer.moe_config().num_local_experts);
+    // This rank's experts are the whole layer's experts [first, first + E_local).
+    const ExpertWeights mine = layer.expert_reference(0);
+    const ExpertWeights same = whole.expert_reference(layer.first_local_expert());
+    EXPECT_TRUE(testing::bitwise_equal(mine.w13, same.w13));
+    EXPECT_TRUE(testing::bitwise_equal(mine.w2, same.w2));
+    Tensor out = testing::poisoned({M, H}, DType::kBF16);
+    layer.forward_into(out, x, logits, RunContext{{}, &ws});
+    ASSERT_FALSE(testing::has_nan(out));
+    const std::vector<double> ref = reference_forward(layer, x, routing, rows);
+    EXPECT_LT(testing::relative_l2_error(out, ref), testing::tolerance("fp8_w8a8").rel_l2);
+    const std::vector<float> o_rank = out.to_float_vector();
+    for (size_t i = 0; i < sum.size(); ++i)
+      sum[i] += o_rank[i];
+  }
+  const std::vector<double> ref_whole = reference_forward(whole, x, routing, rows);
+  EXPECT_LT(testing::relative_l2_error(sum, ref_whole), testing::tolerance("fp8_w8a8").rel_l2);
+  fs::remove_all(dir);
 }
 
 // Rewrites model.safetensors through `edit(name, dtype, shape, bytes) -> keep?`.
@@ -181,7 +230,7 @@ TEST(Checkpoint, ExcludedLayersLoadUnquantizedAndOtherMethodsAreRejected) {
       nlohmann::json::parse(io::fixture_quantization_config("fp8_per_tensor"));
   cfg["quantization_config"]["exclude"] = {"model.layers.1.mlp.experts"};
   std::ofstream(dir / "config.json") << cfg.dump();
-  CheckpointMoELayer excluded = load_moe_layer(dir, 1);
+  MoELayer excluded = load_moe_layer(dir, 1);
   EXPECT_FALSE(excluded.is_quantized());
   check_layer(excluded, 5);
   // Layer 0 is not excluded: the fp8 method looks for its tensors and names the first one missing.

@@ -442,13 +442,11 @@ struct Case {
 // format), so a read of an unwritten workspace element shows up as NaN.
 void reserve_poisoned(WorkspaceManager& ws, const FusedMoEKernel& kernel, const Case& c) {
   const int64_t N = c.w13.size(1);
-  const auto [b0, b1] =
-      kernel.workspace_bytes(c.M, N, kH, c.topk, kE, c.E_local, c.combo.act, c.combo.dtype);
-  ws.reserve(b0, b1);
-  auto [s0, s1] = ws.get_simultaneous({static_cast<int64_t>(ws.capacity(0))}, DType::kUInt8,
-                                      {static_cast<int64_t>(ws.capacity(1))}, DType::kUInt8);
-  s0.fill_bytes(0xFF);
-  s1.fill_bytes(0xFF);
+  ws.reserve(
+      kernel.workspace_requests(c.M, N, kH, c.topk, kE, c.E_local, c.combo.act, c.combo.dtype));
+  for (const WorkspaceRequest& slot : ws.slots()) {
+    ws.get(slot.slot, {static_cast<int64_t>(slot.bytes)}, DType::kUInt8).fill_bytes(0xFF);
+  }
 }
 
 ModularApplyArgs apply_args(const Case& c, const Tensor& output) {

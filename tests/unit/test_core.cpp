@@ -415,24 +415,31 @@ TEST(DLPack, UnsupportedInputsAreErrors) {
 
 // ---- WorkspaceManager -------------------------------------------------------------------------
 
-TEST(Workspace, ReserveCapacityGrowthAndLock) {
+TEST(Workspace, NamedSlotsReserveGrowthAndLock) {
   WorkspaceManager ws;
   EXPECT_TRUE(ws.device().is_cpu());
-  EXPECT_EQ(ws.capacity(0), 0u);
-  EXPECT_EQ(ws.capacity(1), 0u);
+  EXPECT_EQ(ws.capacity("a"), 0u);  // never reserved
+  EXPECT_EQ(ws.total_bytes(), 0u);
   EXPECT_FALSE(ws.growth_locked());
-  EXPECT_TRUE(contains_all(error_of([&] { (void)ws.capacity(2); }), {"slot 2"}));
+  EXPECT_TRUE(contains_all(error_of([&] { ws.reserve("", 10); }), {"empty"}));
 
-  ws.reserve(1000, 5u << 20);
-  const size_t c0 = ws.capacity(0), c1 = ws.capacity(1);
-  EXPECT_GE(c0, 1000u);
-  EXPECT_GE(c1, 5u << 20);
-  ws.reserve(10, 10);  // never shrinks
-  EXPECT_EQ(ws.capacity(0), c0);
-  EXPECT_EQ(ws.capacity(1), c1);
+  ws.reserve({{"a", 1000}, {"b", 5u << 20}});
+  const size_t ca = ws.capacity("a"), cb = ws.capacity("b");
+  EXPECT_GE(ca, 1000u);
+  EXPECT_GE(cb, 5u << 20);
+  EXPECT_EQ(ws.total_bytes(), ca + cb);
+  ws.reserve("a", 10);  // never shrinks
+  ws.reserve("b", 10);
+  EXPECT_EQ(ws.capacity("a"), ca);
+  EXPECT_EQ(ws.capacity("b"), cb);
+  const std::vector<WorkspaceRequest> slots = ws.slots();
+  ASSERT_EQ(slots.size(), 2u);
+  EXPECT_EQ(slots[0], (WorkspaceRequest{"a", ca}));
+  EXPECT_EQ(slots[1], (WorkspaceRequest{"b", cb}));
 
-  // Two non-aliasing contiguous views of the requested shapes.
-  auto [a, b] = ws.get_simultaneous({10, 20}, DType::kF32, {7}, DType::kBF16);
+  // Distinct slots never alias; views of the requested shapes.
+  const Tensor a = ws.get("a", {10, 20}, DType::kF32);
+  const Tensor b = ws.get("b", {7}, DType::kBF16);
   EXPECT_EQ(a.shape(), (Shape{10, 20}));
   EXPECT_EQ(a.dtype(), DType::kF32);
   EXPECT_EQ(b.shape(), (Shape{7}));
@@ -442,28 +449,28 @@ TEST(Workspace, ReserveCapacityGrowthAndLock) {
   const auto* pb = static_cast<const char*>(b.data());
   EXPECT_TRUE(pa + a.nbytes() <= pb || pb + b.nbytes() <= pa) << "the two slots overlap";
   // Reuse: the same memory again while it fits.
-  auto [a2, b2] = ws.get_simultaneous({5}, DType::kF32, {3}, DType::kF32);
-  EXPECT_EQ(a2.data(), a.data());
-  EXPECT_EQ(b2.data(), b.data());
+  EXPECT_EQ(ws.get("a", {5}, DType::kF32).data(), a.data());
+  EXPECT_EQ(ws.get("b", {3}, DType::kF32).data(), b.data());
+  // An empty request of a slot never reserved is an empty view.
+  EXPECT_EQ(ws.get("c", {0}, DType::kF32).numel(), 0);
 
   // Unlocked: a larger request grows the slot.
-  const size_t big = c0 + (4u << 20);
-  auto [g0, g1] = ws.get_simultaneous({static_cast<int64_t>(big)}, DType::kUInt8, {1}, DType::kF32);
-  EXPECT_GE(ws.capacity(0), big);
-  EXPECT_EQ(g0.nbytes(), big);
+  const size_t big = ca + (4u << 20);
+  const Tensor g = ws.get("a", {static_cast<int64_t>(big)}, DType::kUInt8);
+  EXPECT_GE(ws.capacity("a"), big);
+  EXPECT_EQ(g.nbytes(), big);
 
   // Locked: requests within capacity work, larger ones fail and do not allocate.
   ws.set_growth_locked(true);
   EXPECT_TRUE(ws.growth_locked());
-  const size_t locked0 = ws.capacity(0);
-  EXPECT_NO_THROW((void)ws.get_simultaneous({static_cast<int64_t>(locked0)}, DType::kUInt8, {1},
-                                            DType::kUInt8));
-  const std::string msg = error_of([&] {
-    (void)ws.get_simultaneous({static_cast<int64_t>(locked0 + 1)}, DType::kUInt8, {1},
-                              DType::kUInt8);
-  });
-  EXPECT_TRUE(contains_all(msg, {"locked", "max_num_tokens", "slot 0"}));
-  EXPECT_EQ(ws.capacity(0), locked0);
+  const size_t locked = ws.capacity("a");
+  EXPECT_NO_THROW((void)ws.get("a", {static_cast<int64_t>(locked)}, DType::kUInt8));
+  const std::string msg =
+      error_of([&] { (void)ws.get("a", {static_cast<int64_t>(locked + 1)}, DType::kUInt8); });
+  EXPECT_TRUE(contains_all(msg, {"locked", "max_num_tokens", "slot 'a'"}));
+  EXPECT_EQ(ws.capacity("a"), locked);
+  EXPECT_TRUE(contains_all(error_of([&] { (void)ws.get("new", {1}, DType::kUInt8); }),
+                           {"slot 'new'", "locked"}));
 }
 
 // ---- logging ----------------------------------------------------------------------------------

@@ -190,19 +190,8 @@ Tensor ints(const std::vector<int64_t>& values, const Shape& shape, DType dtype)
   return Tensor::from_ints(values, shape, dtype);
 }
 
-Tensor poisoned(const Shape& shape, DType dtype) {
-  Tensor t = Tensor::empty(shape, dtype);
-  t.fill_bytes(0xFF);
-  return t;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor ca = a.clone(), cb = b.clone();
-  return std::equal(static_cast<const uint8_t*>(ca.data()),
-                    static_cast<const uint8_t*>(ca.data()) + ca.nbytes(),
-                    static_cast<const uint8_t*>(cb.data()));
-}
+using testing::bitwise_equal;
+using testing::poisoned;
 
 // A prepare/finalize that forwards to PrepareFinalizeNoEP and records what the kernel called; it
 // can hide the async support to force the synchronous schedule.
@@ -518,21 +507,22 @@ TEST(ModularKernel, UsesTheCallerOwnedWorkspaceManager) {
   const Problem p = Problem::make(9, 8, 2, 151);
   auto kernel = p.kernel();
   WorkspaceManager ws;
-  EXPECT_EQ(ws.capacity(0), 0u);
-  EXPECT_EQ(ws.capacity(1), 0u);
-  const auto [need0, need1] =
-      kernel->workspace_bytes(p.M, 2 * p.I, p.H, p.topk, 8, 8, p.act, p.dtype);
-  EXPECT_GT(need0, 0u);
-  EXPECT_GT(need1, 0u);
+  EXPECT_EQ(ws.total_bytes(), 0u);
+  const std::vector<WorkspaceRequest> need =
+      kernel->workspace_requests(p.M, 2 * p.I, p.H, p.topk, 8, 8, p.act, p.dtype);
+  ASSERT_EQ(need.size(), 2u);
+  EXPECT_EQ(need[0].slot, workspace_slots::kExperts13);
+  EXPECT_EQ(need[1].slot, workspace_slots::kExperts2);
+  EXPECT_GT(need[0].bytes, 0u);
+  EXPECT_GT(need[1].bytes, 0u);
   const MoEOutput r = kernel->apply(p.args(poisoned({p.M, p.H}, p.dtype)), RunContext{{}, &ws});
-  EXPECT_GE(ws.capacity(0), need0);
-  EXPECT_GE(ws.capacity(1), need1);
+  for (const WorkspaceRequest& n : need)
+    EXPECT_GE(ws.capacity(n.slot), n.bytes) << n.slot;
   expect_matches(r.output, p.reference(), p.dtype, "with a caller workspace");
   // A second forward reuses it without growing it.
-  const size_t c0 = ws.capacity(0), c1 = ws.capacity(1);
+  const size_t total = ws.total_bytes();
   kernel->apply(p.args(), RunContext{{}, &ws});
-  EXPECT_EQ(ws.capacity(0), c0);
-  EXPECT_EQ(ws.capacity(1), c1);
+  EXPECT_EQ(ws.total_bytes(), total);
 }
 
 TEST(ModularKernel, LockedWorkspaceTooSmallNamesMaxNumTokens) {
@@ -543,7 +533,7 @@ TEST(ModularKernel, LockedWorkspaceTooSmallNamesMaxNumTokens) {
     ws.set_growth_locked(true);
     const std::string msg = error_of([&] { p.kernel()->apply(p.args(), RunContext{{}, &ws}); });
     EXPECT_TRUE(contains_all(msg, {"max_num_tokens", "workspace"}));
-    EXPECT_EQ(ws.capacity(0), 0u) << "a locked manager must not grow";
+    EXPECT_EQ(ws.total_bytes(), 0u) << "a locked manager must not grow";
   }
   // Reserved for fewer tokens than the forward brings (slots round up to 2 MiB, so the forward
   // needs more than that: 6000 tokens * 2 slots * 96 f32 values = 4.6 MB).
@@ -551,13 +541,12 @@ TEST(ModularKernel, LockedWorkspaceTooSmallNamesMaxNumTokens) {
     const Problem p = Problem::make(6000, 8, 2, 171, DType::kF32);
     auto kernel = p.kernel();
     WorkspaceManager ws;
-    const auto [b0, b1] = kernel->workspace_bytes(16, 2 * p.I, p.H, p.topk, 8, 8, p.act, p.dtype);
-    ws.reserve(b0, b1);
+    ws.reserve(kernel->workspace_requests(16, 2 * p.I, p.H, p.topk, 8, 8, p.act, p.dtype));
     ws.set_growth_locked(true);
-    const size_t c0 = ws.capacity(0);
+    const size_t total = ws.total_bytes();
     const std::string msg = error_of([&] { kernel->apply(p.args(), RunContext{{}, &ws}); });
     EXPECT_TRUE(contains_all(msg, {"max_num_tokens"}));
-    EXPECT_EQ(ws.capacity(0), c0);
+    EXPECT_EQ(ws.total_bytes(), total);
   }
 }
 
@@ -566,13 +555,12 @@ TEST(ModularKernel, OneWorkspaceManagerServesLayersOfDifferentSizes) {
   const Problem large = Problem::make(40, 4, 2, 191, DType::kBF16, 64, 96);
   auto k_small = small.kernel();
   auto k_large = large.kernel();
-  const auto need_small =
-      k_small->workspace_bytes(small.M, 2 * small.I, small.H, 2, 8, 8, small.act, small.dtype);
-  const auto need_large =
-      k_large->workspace_bytes(large.M, 2 * large.I, large.H, 2, 4, 4, large.act, large.dtype);
   WorkspaceManager ws;
-  ws.reserve(std::max(need_small.first, need_large.first),
-             std::max(need_small.second, need_large.second));
+  // Each slot grows to the larger of the two layers' requests.
+  ws.reserve(
+      k_small->workspace_requests(small.M, 2 * small.I, small.H, 2, 8, 8, small.act, small.dtype));
+  ws.reserve(
+      k_large->workspace_requests(large.M, 2 * large.I, large.H, 2, 4, 4, large.act, large.dtype));
   ws.set_growth_locked(true);  // sized once for the worst case
   for (int round = 0; round < 2; ++round) {
     const Tensor a = k_small->apply(small.args(), RunContext{{}, &ws}).output;

@@ -29,6 +29,7 @@
 #include "moekit/layer/moe_layer.h"
 #include "moekit/layer/presets.h"
 #include "moekit/modular/kernel.h"
+#include "moekit/oracle/plan.h"
 #include "moekit/oracle/unquantized.h"
 #include "moekit/prepare_finalize/no_ep.h"
 #include "moekit/router/router.h"
@@ -447,34 +448,55 @@ TEST(Monolithic, CapabilityRecordOptsInToRoutingMethodsAndLogitsDtypes) {
 TEST(Monolithic, OracleServesCpuMonolithicOnlyWhenForced) {
   MoEConfig moe = Problem::make(method_cases()[5], DType::kBF16, DType::kF32, false, 1, 1).moe();
   UnquantizedMoEKernelOracle oracle(moe);
-  using Backend = UnquantizedMoeBackend;
-  EXPECT_EQ(oracle.map_backend("cpu_monolithic"), Backend::kCpuMonolithic);
-  EXPECT_EQ(oracle.backend_name(Backend::kCpuMonolithic), "cpu_monolithic");
-  EXPECT_EQ(oracle.priority_backends(moe).back(), Backend::kCpuMonolithic);
+  EXPECT_EQ(oracle.map_backend("cpu_monolithic"), "cpu_monolithic");
+  const ExpertsBackend record = oracle.backend("cpu_monolithic");
+  EXPECT_EQ(record.name, "cpu_monolithic");
+  EXPECT_EQ(record.classes,
+            (std::vector<const ExpertsClass*>{&CpuReferenceMonolithicExperts::klass()}));
+  // Registered after every CPU backend, so last in the priority list: in effect it serves only when
+  // forced, since "cpu" serves the same deployments first.
+  EXPECT_GT(record.priority, oracle.backend("cpu").priority);
+  EXPECT_GT(record.priority, oracle.backend("cpu_batched").priority);
+  EXPECT_EQ(oracle.priority_backends(moe).back(), "cpu_monolithic");
+  EXPECT_FALSE(record.layout_for(moe).has_value());
   // Auto: cpu wins although cpu_monolithic would serve too.
-  EXPECT_EQ(oracle.select_backend().backend, Backend::kCpu);
+  const auto automatic = oracle.select_backend();
+  EXPECT_EQ(automatic.backend.name, "cpu");
+  bool listed_as_supported = false;
+  for (const auto& c : automatic.report.candidates) {
+    if (c.backend == "cpu_monolithic") listed_as_supported = c.supported && c.considered;
+  }
+  EXPECT_TRUE(listed_as_supported) << automatic.report.to_string();
 
   moe.moe_backend = "cpu_monolithic";
-  auto selection = oracle.select_backend(moe, std::nullopt, std::nullopt);
-  EXPECT_EQ(selection.backend, Backend::kCpuMonolithic);
+  UnquantizedMoEKernelOracle forced(moe);
+  auto selection = forced.select_backend();
+  EXPECT_EQ(selection.backend.name, "cpu_monolithic");
   EXPECT_EQ(selection.experts, &CpuReferenceMonolithicExperts::klass());
   EXPECT_EQ(selection.forced_by, "config");
-  const auto kernel =
-      oracle.make_kernel(QuantConfig::unquantized(), moe, selection.backend, *selection.experts);
+  const auto kernel = forced.make_kernel(QuantConfig::unquantized(), selection);
   EXPECT_TRUE(kernel->is_monolithic());
   EXPECT_EQ(kernel->prepare_finalize().name(), "PrepareFinalizeMonolithicNoEP");
+  // The plan makes the same decision, with the no-token-exchange prepare/finalize.
+  const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), PlanOptions{.log = false});
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  EXPECT_EQ(plan.backend->name, "cpu_monolithic");
+  EXPECT_EQ(plan.experts, &CpuReferenceMonolithicExperts::klass());
+  EXPECT_EQ(plan.prepare_finalize->name, "no_ep");
+  EXPECT_FALSE(plan.weight_layout.has_value());
+  EXPECT_TRUE(make_kernel(plan, moe, QuantConfig::unquantized())->is_monolithic());
   {
     ScopedEnv env(kMoeBackendEnvVar, "cpu_monolithic");
-    EXPECT_EQ(oracle.select_backend().backend, Backend::kCpuMonolithic);
+    EXPECT_EQ(oracle.select_backend().backend.name, "cpu_monolithic");
   }
   // Forced with a routing method it does not list: no fallback, the reason is given.
   moe.routing_method = RoutingMethodType::kTopK;
-  const std::string msg = error_of<UnsupportedError>(
-      [&] { (void)oracle.select_backend(moe, std::nullopt, std::nullopt); });
+  const std::string msg =
+      error_of<UnsupportedError>([&] { (void)UnquantizedMoEKernelOracle(moe).select_backend(); });
   EXPECT_TRUE(contains_all(
       msg, {"'cpu_monolithic'", "kernel does not support routing method topk", "no fallback"}));
   // The batched format has no monolithic variant.
-  EXPECT_EQ(oracle.batched_variant(Backend::kCpuMonolithic), std::nullopt);
+  EXPECT_EQ(oracle.batched_variant("cpu_monolithic"), std::nullopt);
 }
 
 // ---- MoELayer forced to cpu_monolithic

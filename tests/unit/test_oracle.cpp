@@ -1,5 +1,8 @@
-// The kernel-selection oracle: the generic MoEKernelOracle (registry, forcing, rejections, log
-// lines, explain), make_moe_kernel and the unquantized oracle. Selection only: no kernel runs.
+// The kernel-selection oracle: the backend registry (backends as data, BackendRegistration's
+// displace-and-restore), the generic MoEKernelOracle over a private registry (priority walk,
+// forcing, rejections, log lines, explain, priority_for policies, candidate_on, only_when_forced),
+// the prepare/finalize factories, make_moe_kernel and the unquantized oracle. Selection only: no
+// kernel runs.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,16 +17,19 @@
 #include "moekit/core/error.h"
 #include "moekit/core/logging.h"
 #include "moekit/experts/cpu_reference.h"
+#include "moekit/oracle/backend.h"
 #include "moekit/oracle/make_moe_kernel.h"
 #include "moekit/oracle/oracle.h"
+#include "moekit/oracle/plan.h"
 #include "moekit/oracle/unquantized.h"
 #include "moekit/prepare_finalize/batched.h"
+#include "moekit/prepare_finalize/factory.h"
 #include "moekit/prepare_finalize/no_ep.h"
 
 namespace moekit {
 namespace {
 
-using Backend = UnquantizedMoeBackend;
+using Names = std::vector<std::string>;
 
 // ---- helpers
 // -------------------------------------------------------------------------------------
@@ -213,39 +219,268 @@ class OracleTest : public ::testing::Test {
   ScopedEnv no_env_{kMoeBackendEnvVar, std::nullopt};
 };
 
-// ---- a generic oracle over a test enum
+// ---- backends of the global registry, with other classes
+// -------------------------------------------------------------------------------------
+
+// A copy of a registered unquantized backend (name, aliases, priority, batched variant, layout)
+// with other experts classes. Registered with BackendRegistration it displaces the original for
+// its lifetime; the original comes back afterwards.
+ExpertsBackend unquantized_with(const std::string& name, std::vector<const ExpertsClass*> classes) {
+  ExpertsBackend b = UnquantizedMoEKernelOracle(cpu_moe()).backend(name);
+  b.classes = std::move(classes);
+  return b;
+}
+
+// The same with `klass` in front of the registered classes.
+ExpertsBackend unquantized_prepending(const std::string& name, const ExpertsClass* klass) {
+  ExpertsBackend b = UnquantizedMoEKernelOracle(cpu_moe()).backend(name);
+  b.classes.insert(b.classes.begin(), klass);
+  return b;
+}
+
+// Two decision tables agree in every field.
+::testing::AssertionResult same_report(const OracleReport& a, const OracleReport& b) {
+  auto fail = [&](const std::string& what) {
+    return ::testing::AssertionFailure() << what << " differs:\n"
+                                         << a.to_string() << "error: " << a.error << "\nvs\n"
+                                         << b.to_string() << "error: " << b.error;
+  };
+  if (a.oracle_name != b.oracle_name) return fail("oracle_name");
+  if (a.chosen_backend != b.chosen_backend) return fail("chosen_backend");
+  if (a.chosen_experts != b.chosen_experts) return fail("chosen_experts");
+  if (a.error != b.error) return fail("error");
+  if (a.forced_by != b.forced_by) return fail("forced_by");
+  if (a.candidates.size() != b.candidates.size()) return fail("the number of candidates");
+  for (size_t i = 0; i < a.candidates.size(); ++i) {
+    const OracleReport::Candidate &x = a.candidates[i], &y = b.candidates[i];
+    if (x.backend != y.backend || x.experts_class != y.experts_class ||
+        x.supported != y.supported || x.reason != y.reason || x.considered != y.considered) {
+      return fail("candidate " + std::to_string(i));
+    }
+  }
+  if (a.to_string() != b.to_string()) return fail("to_string()");
+  return ::testing::AssertionSuccess();
+}
+
+// ---- a toy oracle over a private registry
 // -----------------------------------------------------------
 
-enum class ToyBackend { kFast, kSlow, kSpare };
+// The toy backends live in a private BackendRegistry (passed to the oracle's constructor) under
+// this kind: the global registry's unquantized backends never show up in it, and back.
+constexpr QuantOracleKind kToyKind = QuantOracleKind::kUnquantized;
 
-class ToyOracle final : public MoEKernelOracle<ToyBackend> {
- public:
-  using MoEKernelOracle::MoEKernelOracle;
-  static KernelRegistry<ToyBackend>& registry() {
-    static KernelRegistry<ToyBackend> instance;  // empty by default
-    return instance;
+// "fast" (alias "quick", batched variant "spare"), "slow", and "spare" (only when forced), in
+// that priority order; `classes` empty: no kernel.
+ExpertsBackend toy_backend(const std::string& name, std::vector<const ExpertsClass*> classes = {}) {
+  ExpertsBackend b;
+  b.oracle = kToyKind;
+  b.name = name;
+  b.classes = std::move(classes);
+  if (name == "fast") {
+    b.priority = 10;
+    b.aliases = {"quick"};
+    b.batched_variant = "spare";
+  } else if (name == "slow") {
+    b.priority = 20;
+  } else {
+    b.priority = 30;
+    b.only_when_forced = true;
   }
+  return b;
+}
+
+class ToyOracle final : public MoEKernelOracle {
+ public:
+  // An ordering policy (priority_for): nullopt leaves a backend out of the priority list.
+  using Policy = std::function<std::optional<int>(const ExpertsBackend&, const MoEConfig&)>;
+
+  ToyOracle(MoEConfig moe, const BackendRegistry& registry, Policy policy = {})
+      : MoEKernelOracle(kToyKind, std::move(moe), std::nullopt, std::nullopt, registry),
+        policy_(std::move(policy)) {}
   std::string name() const override { return "Toy"; }
   std::string type_name() const override { return "ToyOracle"; }
-  std::vector<ToyBackend> backend_values() const override {
-    return {ToyBackend::kFast, ToyBackend::kSlow, ToyBackend::kSpare};
+
+ protected:
+  std::optional<int> priority_for(const ExpertsBackend& backend,
+                                  const MoEConfig& moe_config) const override {
+    return policy_ ? policy_(backend, moe_config)
+                   : MoEKernelOracle::priority_for(backend, moe_config);
   }
-  std::string backend_name(ToyBackend b) const override {
-    switch (b) {
-      case ToyBackend::kFast:
-        return "fast";
-      case ToyBackend::kSlow:
-        return "slow";
-      case ToyBackend::kSpare:
-        return "spare";
-    }
-    return "?";
-  }
-  std::vector<ToyBackend> priority_backends(const MoEConfig&) const override {
-    return {ToyBackend::kFast, ToyBackend::kSlow};
-  }
-  KernelRegistry<ToyBackend>& kernel_registry() const override { return registry(); }
+
+ private:
+  Policy policy_;
 };
+
+// Every toy test owns a private registry holding the three toy backends without classes; a test
+// gives a backend classes by registering a same-named record over it (BackendRegistration puts the
+// original back when it goes out of scope).
+class ToyOracleTest : public OracleTest {
+ protected:
+  BackendRegistry registry_;
+  BackendRegistration fast_{toy_backend("fast"), registry_};
+  BackendRegistration slow_{toy_backend("slow"), registry_};
+  BackendRegistration spare_{toy_backend("spare"), registry_};
+};
+
+// ---- the registry
+// -------------------------------------------------------------------------------------
+
+TEST(BackendRegistryTest, OrdersByPriorityThenRegistration) {
+  BackendRegistry registry;
+  auto add = [&](const std::string& name, int priority) {
+    ExpertsBackend b;
+    b.oracle = kToyKind;
+    b.name = name;
+    b.priority = priority;
+    registry.add(b);
+  };
+  add("c", 30);
+  add("a", 10);
+  add("b2", 20);
+  add("b1", 20);  // same priority as b2, registered later: after it
+  Names names;
+  for (const ExpertsBackend& b : registry.backends(kToyKind))
+    names.push_back(b.name);
+  EXPECT_EQ(names, (Names{"a", "b2", "b1", "c"}));
+  // Oracles are separate tables.
+  EXPECT_TRUE(registry.backends(QuantOracleKind::kFp8).empty());
+  EXPECT_FALSE(registry.find(QuantOracleKind::kFp8, "a").has_value());
+  ASSERT_TRUE(registry.find(kToyKind, "b1").has_value());
+  EXPECT_EQ(registry.find(kToyKind, "b1")->priority, 20);
+  // remove() hands the record back, once.
+  const auto removed = registry.remove(kToyKind, "b2");
+  ASSERT_TRUE(removed.has_value());
+  EXPECT_EQ(removed->name, "b2");
+  EXPECT_FALSE(registry.remove(kToyKind, "b2").has_value());
+  EXPECT_FALSE(registry.find(kToyKind, "b2").has_value());
+  EXPECT_EQ(registry.backends(kToyKind).size(), 3u);
+}
+
+TEST(BackendRegistryTest, RefusesDuplicateNamesAndAliases) {
+  BackendRegistry registry;
+  registry.add(toy_backend("fast"));  // alias "quick"
+  auto named = [](const std::string& name, std::vector<std::string> aliases) {
+    ExpertsBackend b;
+    b.oracle = kToyKind;
+    b.name = name;
+    b.aliases = std::move(aliases);
+    return b;
+  };
+  // The same name, a name that is another's alias, an alias that is another's name or alias.
+  EXPECT_TRUE(contains(error_message([&] { registry.add(named("fast", {})); }),
+                       "the unquantized oracle already has a backend named 'fast' (registering "
+                       "'fast')"));
+  EXPECT_TRUE(contains(error_message([&] { registry.add(named("quick", {})); }),
+                       "the unquantized oracle already has a backend named 'quick' (registering "
+                       "'quick')"));
+  EXPECT_TRUE(contains(error_message([&] { registry.add(named("other", {"fast"})); }),
+                       "the unquantized oracle already has a backend named 'fast' (registering "
+                       "'other')"));
+  EXPECT_TRUE(contains(error_message([&] { registry.add(named("other", {"quick"})); }),
+                       "the unquantized oracle already has a backend named 'quick' (registering "
+                       "'other')"));
+  EXPECT_THROW(registry.add(named("fast", {})), Error);
+  // Nameless records and null classes are refused too.
+  EXPECT_TRUE(contains(error_message([&] { registry.add(named("", {})); }), "needs a name"));
+  ExpertsBackend null_class = named("nulls", {});
+  null_class.classes = {nullptr};
+  EXPECT_TRUE(contains(error_message([&] { registry.add(null_class); }), "null experts class"));
+  // A refused record leaves the table as it was.
+  ASSERT_EQ(registry.backends(kToyKind).size(), 1u);
+  EXPECT_EQ(registry.backends(kToyKind)[0].aliases, (Names{"quick"}));
+  // The same name in another oracle is a different backend.
+  ExpertsBackend fp8 = named("fast", {"quick"});
+  fp8.oracle = QuantOracleKind::kFp8;
+  EXPECT_NO_THROW(registry.add(fp8));
+  EXPECT_TRUE(registry.find(QuantOracleKind::kFp8, "fast").has_value());
+}
+
+TEST(BackendRegistryTest, RegistrationDisplacesAndRestores) {
+  BackendRegistry registry;
+  FakeKind original(cpu_caps("OriginalExperts")), replacement(cpu_caps("ReplacementExperts"));
+  auto record = [&](const std::string& name, int priority, const ExpertsClass* klass) {
+    ExpertsBackend b;
+    b.oracle = kToyKind;
+    b.name = name;
+    b.priority = priority;
+    b.aliases = {name + "_alias"};
+    b.classes = {klass};
+    return b;
+  };
+  auto names = [&] {
+    Names out;
+    for (const ExpertsBackend& b : registry.backends(kToyKind))
+      out.push_back(b.name);
+    return out;
+  };
+  BackendRegistration a(record("a", 10, original.ptr()), registry);
+  BackendRegistration b(record("b", 20, original.ptr()), registry);
+  {
+    // A new name: added, and removed again at the end of the scope.
+    BackendRegistration c(record("c", 15, original.ptr()), registry);
+    EXPECT_EQ(names(), (Names{"a", "c", "b"}));
+  }
+  EXPECT_EQ(names(), (Names{"a", "b"}));
+  {
+    // A taken name: the original is taken out for the registration's lifetime.
+    ExpertsBackend other = record("a", 30, replacement.ptr());
+    other.aliases = {"a_other"};
+    BackendRegistration over(other, registry);
+    EXPECT_EQ(names(), (Names{"b", "a"}));
+    EXPECT_EQ(registry.find(kToyKind, "a")->classes,
+              (std::vector<const ExpertsClass*>{replacement.ptr()}));
+    EXPECT_EQ(registry.find(kToyKind, "a")->aliases, (Names{"a_other"}));
+    {
+      // Nested: restored in reverse order.
+      BackendRegistration inner(record("a", 5, original.ptr()), registry);
+      EXPECT_EQ(registry.find(kToyKind, "a")->priority, 5);
+    }
+    EXPECT_EQ(registry.find(kToyKind, "a")->priority, 30);
+  }
+  // The original record is back, whole: priority (hence position), aliases and classes.
+  EXPECT_EQ(names(), (Names{"a", "b"}));
+  const ExpertsBackend back = *registry.find(kToyKind, "a");
+  EXPECT_EQ(back.priority, 10);
+  EXPECT_EQ(back.aliases, (Names{"a_alias"}));
+  EXPECT_EQ(back.classes, (std::vector<const ExpertsClass*>{original.ptr()}));
+
+  // A registration that the registry refuses (its alias is b's name) throws and puts the record it
+  // displaced back.
+  ExpertsBackend clash = record("a", 1, replacement.ptr());
+  clash.aliases = {"b"};
+  EXPECT_TRUE(contains(error_message([&] { BackendRegistration bad(clash, registry); }),
+                       "already has a backend named 'b' (registering 'a')"));
+  EXPECT_EQ(names(), (Names{"a", "b"}));
+  EXPECT_EQ(registry.find(kToyKind, "a")->priority, 10);
+  EXPECT_EQ(registry.find(kToyKind, "a")->classes,
+            (std::vector<const ExpertsClass*>{original.ptr()}));
+}
+
+TEST(BackendRegistryTest, LayoutForDefaultsToStandard) {
+  ExpertsBackend b = toy_backend("fast");
+  EXPECT_FALSE(b.layout_for(cpu_moe()).has_value());
+  b.layout = [](const MoEConfig& moe) -> std::optional<WeightLayout> {
+    if (moe.hidden_dim != 40) return std::nullopt;
+    WeightLayout layout;
+    layout.name = "toy layout";
+    return layout;
+  };
+  ASSERT_TRUE(b.layout_for(cpu_moe()).has_value());
+  EXPECT_EQ(b.layout_for(cpu_moe())->name, "toy layout");
+  MoEConfig other = cpu_moe();
+  other.hidden_dim = 64;
+  EXPECT_FALSE(b.layout_for(other).has_value());
+}
+
+TEST(BackendRegistryTest, QuantOracleKindNames) {
+  EXPECT_EQ(quant_oracle_kind_name(QuantOracleKind::kUnquantized), "unquantized");
+  EXPECT_EQ(quant_oracle_kind_name(QuantOracleKind::kFp8), "fp8");
+  EXPECT_EQ(quant_oracle_kind_name(QuantOracleKind::kInt8), "int8");
+  EXPECT_EQ(quant_oracle_kind_name(QuantOracleKind::kIntWna16), "int_wna16");
+  EXPECT_EQ(quant_oracle_kind_name(QuantOracleKind::kW4A8), "w4a8");
+  EXPECT_EQ(quant_oracle_kind_name(QuantOracleKind::kNvfp4), "nvfp4");
+  EXPECT_EQ(quant_oracle_kind_name(QuantOracleKind::kMxfp4), "mxfp4");
+}
 
 // ---- the unquantized oracle on the CPU
 // ------------------------------------------------------------
@@ -254,17 +489,29 @@ TEST_F(OracleTest, CpuSelectionPicksCpuReference) {
   const MoEConfig moe = cpu_moe();
   UnquantizedMoEKernelOracle oracle(moe);
   EXPECT_EQ(oracle.name(), "Unquantized");
-  // cpu_monolithic is last: it serves this deployment too, but only when forced.
-  EXPECT_EQ(oracle.priority_backends(moe),
-            (std::vector<Backend>{Backend::kCpu, Backend::kCpuBatched, Backend::kCpuMonolithic}));
+  EXPECT_EQ(oracle.kind(), QuantOracleKind::kUnquantized);
+  EXPECT_EQ(&oracle.registry(), &BackendRegistry::global());
+  // Every registered backend, in priority order.
+  EXPECT_EQ(oracle.backend_values(),
+            (Names{"sm90_grouped", "sm90_batched", "cpu", "cpu_batched", "cpu_monolithic"}));
+  // The sm90 backends are candidates on CUDA only. cpu_monolithic is last: it serves this
+  // deployment too, but only when forced.
+  EXPECT_EQ(oracle.priority_backends(moe), (Names{"cpu", "cpu_batched", "cpu_monolithic"}));
 
-  const auto selection = oracle.select_backend(moe, std::nullopt, std::nullopt);
-  EXPECT_EQ(selection.backend, Backend::kCpu);
+  const auto selection = oracle.select_backend();
+  EXPECT_EQ(selection.backend.name, "cpu");
+  EXPECT_EQ(selection.backend.classes,
+            (std::vector<const ExpertsClass*>{&CpuReferenceExperts::klass()}));
   EXPECT_EQ(selection.experts, &CpuReferenceExperts::klass());
   EXPECT_TRUE(selection.rejections.empty());
   EXPECT_EQ(selection.forced_by, "");
-  // The no-argument overload uses the oracle's own deployment.
-  EXPECT_EQ(oracle.select_backend().experts, &CpuReferenceExperts::klass());
+  EXPECT_EQ(selection.report.chosen_backend, "cpu");
+  EXPECT_EQ(selection.report.chosen_experts, "CpuReferenceExperts");
+  // The oracle decides for its own deployment: another deployment needs another oracle.
+  MoEConfig gelu = moe;
+  gelu.activation = Activation::kGelu;
+  EXPECT_EQ(UnquantizedMoEKernelOracle(gelu).moe_config().activation, Activation::kGelu);
+  EXPECT_EQ(oracle.moe_config().activation, Activation::kSilu);
 }
 
 TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {
@@ -272,13 +519,16 @@ TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {
   moe.device = h200_info();
   UnquantizedMoEKernelOracle oracle(moe);
   EXPECT_EQ(oracle.priority_backends(moe),
-            (std::vector<Backend>{Backend::kSm90Grouped, Backend::kSm90Batched, Backend::kCpu,
-                                  Backend::kCpuBatched, Backend::kCpuMonolithic}));
-  // Nothing serves a CUDA device in the default table here (the CPU reference rejects it), so
+            (Names{"sm90_grouped", "sm90_batched", "cpu", "cpu_batched", "cpu_monolithic"}));
+  // With the sm90 classes replaced by one that rejects this device too, nothing serves it: the
   // selection fails and names every candidate with its reason, in priority order.
-  const std::string msg =
-      error_message([&] { (void)oracle.select_backend(moe, std::nullopt, std::nullopt); });
-  const size_t sm90 = msg.find("sm90_grouped / ");
+  ExpertsCapabilities sm100_caps = cpu_caps("FakeSm100Experts");
+  sm100_caps.device_types = {DeviceType::kCUDA};
+  sm100_caps.min_compute_capability = 100;
+  FakeKind sm100(sm100_caps);
+  BackendRegistration reg(unquantized_with("sm90_grouped", {sm100.ptr()}));
+  const std::string msg = error_message([&] { (void)oracle.select_backend(); });
+  const size_t sm90 = msg.find("sm90_grouped / FakeSm100Experts: ");
   const size_t cpu = msg.find("cpu / CpuReferenceExperts: kernel does not support current device");
   const size_t cpu_b = msg.find("cpu_batched / CpuBatchedReferenceExperts: ");
   const size_t cpu_m = msg.find(
@@ -290,61 +540,94 @@ TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {
   EXPECT_LT(sm90, cpu);
   EXPECT_LT(cpu, cpu_b);
   EXPECT_LT(cpu_b, cpu_m);
+  EXPECT_TRUE(contains(msg,
+                       "(5 tried: ['sm90_grouped', 'sm90_batched', 'cpu', 'cpu_batched', "
+                       "'cpu_monolithic'])"))
+      << msg;
 }
 
 TEST_F(OracleTest, ScopedRegistrationInjectsAndRestores) {
   const MoEConfig moe = cpu_moe();
   UnquantizedMoEKernelOracle oracle(moe);
   FakeKind fake(cpu_caps("FakeFirstExperts"));
-  const auto before = UnquantizedMoEKernelOracle::registry().classes(Backend::kCpu);
+  const ExpertsBackend before = oracle.backend("cpu");
+  const Names values_before = oracle.backend_values();
   {
-    ScopedKernelRegistration<Backend> reg(UnquantizedMoEKernelOracle::registry(), Backend::kCpu,
-                                          {fake.ptr()}, RegistrationMode::kPrepend);
-    EXPECT_EQ(oracle.backend_to_kernel_classes(Backend::kCpu),
+    // A record of the same name displaces the registered one; the oracle reads it at call time.
+    BackendRegistration reg(unquantized_prepending("cpu", fake.ptr()));
+    EXPECT_EQ(oracle.backend_to_kernel_classes("cpu"),
               (std::vector<const ExpertsClass*>{fake.ptr(), &CpuReferenceExperts::klass()}));
     const auto selection = oracle.select_backend();
-    EXPECT_EQ(selection.backend, Backend::kCpu);
+    EXPECT_EQ(selection.backend.name, "cpu");
     EXPECT_EQ(selection.experts, fake.ptr());
+    EXPECT_EQ(oracle.map_backend("reference"), "cpu") << "the copy keeps the aliases";
     {
       // Nested replacement, restored in reverse order.
       FakeKind other(cpu_caps("FakeOtherExperts"));
-      ScopedKernelRegistration<Backend> inner(UnquantizedMoEKernelOracle::registry(), Backend::kCpu,
-                                              {other.ptr()});
+      BackendRegistration inner(unquantized_with("cpu", {other.ptr()}));
       EXPECT_EQ(oracle.select_backend().experts, other.ptr());
     }
     EXPECT_EQ(oracle.select_backend().experts, fake.ptr());
   }
-  EXPECT_EQ(UnquantizedMoEKernelOracle::registry().classes(Backend::kCpu), before);
+  EXPECT_EQ(oracle.backend_to_kernel_classes("cpu"), before.classes);
+  EXPECT_EQ(oracle.backend("cpu").aliases, before.aliases);
+  EXPECT_EQ(oracle.backend("cpu").priority, before.priority);
+  EXPECT_EQ(oracle.backend("cpu").batched_variant, before.batched_variant);
+  EXPECT_EQ(oracle.backend_values(), values_before);
   EXPECT_EQ(oracle.select_backend().experts, &CpuReferenceExperts::klass());
 }
 
-TEST_F(OracleTest, InjectedClassWinsAtHigherPriorityBackend) {
+// ---- the generic oracle (toy backends in a private registry)
+// ------------------------------------------------
+
+TEST_F(ToyOracleTest, SeesOnlyItsOwnRegistry) {
+  ToyOracle oracle(cpu_moe(), registry_);
+  EXPECT_EQ(&oracle.registry(), &registry_);
+  EXPECT_EQ(oracle.backend_values(), (Names{"fast", "slow", "spare"}));
+  // spare is only_when_forced: never in a priority list.
+  EXPECT_EQ(oracle.priority_backends(cpu_moe()), (Names{"fast", "slow"}));
+  EXPECT_EQ(oracle.backend("fast").aliases, (Names{"quick"}));
+  EXPECT_EQ(oracle.backend_to_kernel_classes("fast"), (std::vector<const ExpertsClass*>{}));
+  // The global registry's unquantized backends are not the toy's, and the toy's are not global.
+  EXPECT_THROW((void)oracle.map_backend("cpu"), Error);
+  EXPECT_THROW((void)oracle.backend("cpu"), Error);
+  EXPECT_TRUE(oracle.backend_to_kernel_classes("cpu").empty());
+  EXPECT_FALSE(BackendRegistry::global().find(kToyKind, "fast").has_value());
+  EXPECT_FALSE(BackendRegistry::global().find(kToyKind, "quick").has_value());
+}
+
+TEST_F(ToyOracleTest, InjectedClassWinsAtHigherPriorityBackend) {
   const MoEConfig moe = cpu_moe();
-  ToyOracle oracle(moe);
+  ToyOracle oracle(moe, registry_);
   FakeKind slow(cpu_caps("SlowExperts"));
-  ScopedKernelRegistration<ToyBackend> slow_reg(ToyOracle::registry(), ToyBackend::kSlow,
-                                                {slow.ptr()});
+  BackendRegistration slow_reg(toy_backend("slow", {slow.ptr()}), registry_);
   // Nothing at "fast": "slow" wins, and the empty backend is a recorded rejection.
   auto selection = oracle.select_backend();
-  EXPECT_EQ(selection.backend, ToyBackend::kSlow);
+  EXPECT_EQ(selection.backend.name, "slow");
   EXPECT_EQ(selection.experts, slow.ptr());
   ASSERT_EQ(selection.rejections.size(), 1u);
-  EXPECT_EQ(selection.rejections[0].backend, ToyBackend::kFast);
+  EXPECT_EQ(selection.rejections[0].backend, "fast");
   EXPECT_EQ(selection.rejections[0].experts, nullptr);
+  EXPECT_EQ(selection.rejections[0].experts_name(), "");
   EXPECT_EQ(selection.rejections[0].reason, kNoKernelRegisteredReason);
 
   FakeKind fast(cpu_caps("FastExperts"));
-  ScopedKernelRegistration<ToyBackend> fast_reg(ToyOracle::registry(), ToyBackend::kFast,
-                                                {fast.ptr()});
-  selection = oracle.select_backend();
-  EXPECT_EQ(selection.backend, ToyBackend::kFast);
-  EXPECT_EQ(selection.experts, fast.ptr());
-  EXPECT_TRUE(selection.rejections.empty());
+  {
+    BackendRegistration fast_reg(toy_backend("fast", {fast.ptr()}), registry_);
+    selection = oracle.select_backend();
+    EXPECT_EQ(selection.backend.name, "fast");
+    EXPECT_EQ(selection.backend.aliases, (Names{"quick"}));
+    EXPECT_EQ(selection.experts, fast.ptr());
+    EXPECT_TRUE(selection.rejections.empty());
+  }
+  // The class-less "fast" is back: "slow" wins again.
+  EXPECT_EQ(oracle.select_backend().experts, slow.ptr());
+  EXPECT_EQ(fast.made + slow.made, 0) << "selection constructed experts";
 }
 
-TEST_F(OracleTest, EveryRejectionIsKeptInOrder) {
+TEST_F(ToyOracleTest, EveryRejectionIsKeptInOrder) {
   const MoEConfig moe = cpu_moe();
-  ToyOracle oracle(moe);
+  ToyOracle oracle(moe, registry_);
 
   ExpertsCapabilities cuda_only = cpu_caps("CudaOnlyExperts");
   cuda_only.device_types = {DeviceType::kCUDA};
@@ -355,31 +638,39 @@ TEST_F(OracleTest, EveryRejectionIsKeptInOrder) {
   FakeKind a(cuda_only), b(gelu_only), c(fp8_only), winner(cpu_caps("WinnerExperts")),
       after(cpu_caps("NeverProbedExperts"));
 
-  ScopedKernelRegistration<ToyBackend> fast(ToyOracle::registry(), ToyBackend::kFast,
-                                            {a.ptr(), b.ptr()});
-  ScopedKernelRegistration<ToyBackend> slow(ToyOracle::registry(), ToyBackend::kSlow,
-                                            {c.ptr(), winner.ptr(), after.ptr()});
+  BackendRegistration fast(toy_backend("fast", {a.ptr(), b.ptr()}), registry_);
+  BackendRegistration slow(toy_backend("slow", {c.ptr(), winner.ptr(), after.ptr()}), registry_);
 
   // try_backend on one backend: both misses, in order.
-  const auto probe = oracle.try_backend(ToyBackend::kFast);
+  const auto probe = oracle.try_backend("fast");
   EXPECT_EQ(probe.experts, nullptr);
   ASSERT_EQ(probe.rejections.size(), 2u);
   EXPECT_EQ(probe.rejections[0].experts, a.ptr());
   EXPECT_EQ(probe.rejections[1].experts, b.ptr());
+  EXPECT_EQ(probe.rejections[1].backend, "fast");
 
   // try_backend with explicit classes ignores the registry.
-  const auto explicit_probe = oracle.try_backend(
-      ToyBackend::kFast, std::vector<const ExpertsClass*>{b.ptr(), winner.ptr(), a.ptr()});
+  const auto explicit_probe =
+      oracle.try_backend("fast", std::vector<const ExpertsClass*>{b.ptr(), winner.ptr(), a.ptr()});
   EXPECT_EQ(explicit_probe.experts, winner.ptr());
   ASSERT_EQ(explicit_probe.rejections.size(), 1u);
   EXPECT_EQ(explicit_probe.rejections[0].experts, b.ptr());
 
+  // try_backend with another activation key: the fp8 class accepts fp8 activations only with fp8
+  // weights, so it still rejects; the reason names the scheme.
+  const auto keyed = oracle.try_backend("slow", std::vector<const ExpertsClass*>{c.ptr()},
+                                        std::optional<QuantKey>(quant_keys::kFp8DynamicTokenSym));
+  EXPECT_EQ(keyed.experts, nullptr);
+  ASSERT_EQ(keyed.rejections.size(), 1u);
+  EXPECT_TRUE(contains(keyed.rejections[0].reason, "quantization scheme"))
+      << keyed.rejections[0].reason;
+
   const auto selection = oracle.select_backend();
-  EXPECT_EQ(selection.backend, ToyBackend::kSlow);
+  EXPECT_EQ(selection.backend.name, "slow");
   EXPECT_EQ(selection.experts, winner.ptr());
   ASSERT_EQ(selection.rejections.size(), 3u);
   const ExpertsClass* expected[] = {a.ptr(), b.ptr(), c.ptr()};
-  const ToyBackend expected_backend[] = {ToyBackend::kFast, ToyBackend::kFast, ToyBackend::kSlow};
+  const char* expected_backend[] = {"fast", "fast", "slow"};
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(selection.rejections[i].experts, expected[i]) << i;
     EXPECT_EQ(selection.rejections[i].backend, expected_backend[i]) << i;
@@ -399,13 +690,18 @@ TEST_F(OracleTest, EveryRejectionIsKeptInOrder) {
       << selection.rejections[2].reason;
   EXPECT_EQ(a.made + b.made + c.made + winner.made + after.made, 0)
       << "selection constructed experts";
+  // The table probes every class once, the one after the winner included (never chosen).
+  ASSERT_EQ(selection.report.candidates.size(), 6u);
+  EXPECT_EQ(selection.report.candidates[4].experts_class, "NeverProbedExperts");
+  EXPECT_TRUE(selection.report.candidates[4].supported);
+  EXPECT_EQ(selection.report.candidates[5].backend, "spare");
+  EXPECT_FALSE(selection.report.candidates[5].considered);
 
-  // With no winner anywhere: UnsupportedError listing all five candidates, one per line.
-  ScopedKernelRegistration<ToyBackend> slow_bad(ToyOracle::registry(), ToyBackend::kSlow,
-                                                {c.ptr()});
+  // With no winner anywhere: UnsupportedError listing all three candidates, one per line.
+  BackendRegistration slow_bad(toy_backend("slow", {c.ptr()}), registry_);
   const std::string msg = error_message([&] { (void)oracle.select_backend(); });
   EXPECT_TRUE(contains(msg, "No Toy MoE backend supports the deployment configuration")) << msg;
-  EXPECT_TRUE(contains(msg, "['fast', 'slow']")) << msg;
+  EXPECT_TRUE(contains(msg, "(2 tried: ['fast', 'slow'])")) << msg;
   EXPECT_TRUE(contains(msg, "\n  fast / CudaOnlyExperts: kernel does not support current device"))
       << msg;
   EXPECT_TRUE(contains(msg, "\n  fast / GeluOnlyExperts: kernel does not support silu activation"))
@@ -413,21 +709,22 @@ TEST_F(OracleTest, EveryRejectionIsKeptInOrder) {
   EXPECT_TRUE(
       contains(msg, "\n  slow / Fp8OnlyExperts: kernel does not support quantization scheme"))
       << msg;
+  EXPECT_FALSE(contains(msg, "spare")) << msg;
   EXPECT_THROW((void)oracle.select_backend(), UnsupportedError);
+  EXPECT_EQ(MoEKernelOracle::format_rejections({}), "");
 }
 
-TEST_F(OracleTest, ReturnOrRaiseListsEveryCandidate) {
+TEST_F(ToyOracleTest, ReturnOrRaiseListsEveryCandidate) {
   const MoEConfig moe = cpu_moe();
-  ToyOracle oracle(moe);
+  ToyOracle oracle(moe, registry_);
   ExpertsCapabilities cuda_only = cpu_caps("CudaOnlyExperts");
   cuda_only.device_types = {DeviceType::kCUDA};
   ExpertsCapabilities gelu_only = cpu_caps("GeluOnlyExperts");
   gelu_only.activations = {Activation::kGelu};
   FakeKind a(cuda_only), b(gelu_only), ok(cpu_caps("OkExperts"));
-  ScopedKernelRegistration<ToyBackend> fast(ToyOracle::registry(), ToyBackend::kFast,
-                                            {a.ptr(), b.ptr()});
+  BackendRegistration fast(toy_backend("fast", {a.ptr(), b.ptr()}), registry_);
   try {
-    (void)oracle.return_or_raise(ToyBackend::kFast);
+    (void)oracle.return_or_raise("fast");
     ADD_FAILURE() << "return_or_raise did not throw";
   } catch (const UnsupportedError& e) {
     const std::string msg = e.what();
@@ -442,185 +739,276 @@ TEST_F(OracleTest, ReturnOrRaiseListsEveryCandidate) {
         contains(msg, "\n  fast / GeluOnlyExperts: kernel does not support silu activation"))
         << msg;
   }
+  // A backend without classes: the no-kernel reason, with the "<none>" class.
+  const std::string none = error_message([&] { (void)oracle.return_or_raise("slow"); });
+  EXPECT_EQ(none,
+            "Toy MoE backend 'slow' does not support the deployment configuration since no kernel "
+            "is registered for this backend.\nCandidates:\n  slow / <none>: no kernel is "
+            "registered for this backend");
   LogCapture logs;
-  ScopedKernelRegistration<ToyBackend> slow(ToyOracle::registry(), ToyBackend::kSlow, {ok.ptr()});
-  const auto [backend, klass] =
-      oracle.return_or_raise(ToyBackend::kSlow, std::vector<ToyBackend>{ToyBackend::kSlow});
-  EXPECT_EQ(backend, ToyBackend::kSlow);
+  BackendRegistration slow(toy_backend("slow", {ok.ptr()}), registry_);
+  const auto [backend, klass] = oracle.return_or_raise("slow", Names{"slow"});
+  EXPECT_EQ(backend, "slow");
   EXPECT_EQ(klass, ok.ptr());
   EXPECT_TRUE(logs.has(log::Level::kInfo,
                        "Using slow Toy MoE backend out of potential backends: ['slow']."))
       << logs.dump();
+  // LoRA wording.
+  EXPECT_TRUE(contains(error_message([&] {
+                         (void)oracle.return_or_raise("fast", std::nullopt, std::nullopt,
+                                                      std::nullopt, /*is_lora=*/true);
+                       }),
+                       "Toy MoE LoRA backend 'fast' does not support"));
 }
 
-// ---- forcing
-// -------------------------------------------------------------------------------------
-
-TEST_F(OracleTest, ForcedUnsupportedBackendThrowsAndNeverFallsBack) {
-  MoEConfig moe = cpu_moe();
-  moe.moe_backend = "sm90_grouped";
-  UnquantizedMoEKernelOracle oracle(moe);
-  // First with no kernel at the forced backend at all.
-  std::optional<ScopedKernelRegistration<Backend>> empty_sm90(
-      std::in_place, UnquantizedMoEKernelOracle::registry(), Backend::kSm90Grouped,
-      std::vector<const ExpertsClass*>{}, RegistrationMode::kReplace);
-  LogCapture logs;
-  try {
-    (void)oracle.select_backend();
-    ADD_FAILURE() << "forced unsupported backend did not throw";
-  } catch (const UnsupportedError& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.substr(0, msg.find('\n')),
-              "Unquantized MoE backend 'sm90_grouped' does not support the deployment "
-              "configuration since no kernel is registered for this backend.");
-    EXPECT_TRUE(contains(msg, "forced by config")) << msg;
-    EXPECT_TRUE(
-        contains(msg, "\n  sm90_grouped / <none>: no kernel is registered for this backend"))
-        << msg;
-    EXPECT_FALSE(contains(msg, "CpuReferenceExperts")) << msg;
-  }
-  EXPECT_EQ(logs.count_containing("Using "), 0) << logs.dump();
-  empty_sm90.reset();
-
-  // A registered class that rejects the CPU: its device reason is in the error.
-  ExpertsCapabilities cuda_caps = cpu_caps("FakeSm90Experts");
-  cuda_caps.device_types = {DeviceType::kCUDA};
-  cuda_caps.min_compute_capability = 90;
-  cuda_caps.max_compute_capability = 90;
-  FakeKind cuda(cuda_caps);
-  ScopedKernelRegistration<Backend> reg(UnquantizedMoEKernelOracle::registry(),
-                                        Backend::kSm90Grouped, {cuda.ptr()});
-  const std::string msg = error_message([&] { (void)oracle.select_backend(); });
-  EXPECT_TRUE(contains(msg,
-                       "\n  sm90_grouped / FakeSm90Experts: kernel does not support current "
-                       "device cpu"))
-      << msg;
-
-  // Forcing the batched CPU backend on a standard-format deployment is rejected, not mapped back.
-  moe.moe_backend = "cpu_batched";
-  const std::string batched_msg =
-      error_message([&] { (void)oracle.select_backend(moe, std::nullopt, std::nullopt); });
-  EXPECT_TRUE(contains(batched_msg, "Unquantized MoE backend 'cpu_batched' does not support"))
-      << batched_msg;
-  EXPECT_TRUE(contains(batched_msg, "standard activation format")) << batched_msg;
-  EXPECT_THROW((void)oracle.select_backend(moe, std::nullopt, std::nullopt), UnsupportedError);
-}
-
-TEST_F(OracleTest, EnvVarForcesBackend) {
+TEST_F(ToyOracleTest, PriorityForPolicyOrdersAndDrops) {
   const MoEConfig moe = cpu_moe();
-  UnquantizedMoEKernelOracle oracle(moe);
-  {
-    ScopedKernelRegistration<Backend> empty(
-        UnquantizedMoEKernelOracle::registry(), Backend::kSm90Batched,
-        std::vector<const ExpertsClass*>{}, RegistrationMode::kReplace);
-    ScopedEnv env(kMoeBackendEnvVar, "sm90_batched");
-    const std::string msg = error_message([&] { (void)oracle.select_backend(); });
-    EXPECT_EQ(msg.substr(0, msg.find('\n')),
-              "Unquantized MoE backend 'sm90_batched' does not support the deployment "
-              "configuration since no kernel is registered for this backend.");
-    EXPECT_TRUE(contains(msg, "forced by env MOEKIT_MOE_BACKEND")) << msg;
-    EXPECT_THROW((void)oracle.select_backend(), UnsupportedError);
-  }
-  {
-    // A supported forced backend: chosen, with its source; the alias works too.
-    ScopedEnv env(kMoeBackendEnvVar, "reference");
-    LogCapture logs;
-    const auto selection = oracle.select_backend();
-    EXPECT_EQ(selection.backend, Backend::kCpu);
-    EXPECT_EQ(selection.experts, &CpuReferenceExperts::klass());
-    EXPECT_EQ(selection.forced_by, "env MOEKIT_MOE_BACKEND");
-    EXPECT_TRUE(logs.has(log::Level::kInfo, "Using cpu Unquantized MoE backend.")) << logs.dump();
-  }
-  {
-    // The config wins over the environment.
-    ScopedEnv env(kMoeBackendEnvVar, "sm90_grouped");
-    MoEConfig forced = moe;
-    forced.moe_backend = "CPU";
-    const auto selection = oracle.select_backend(forced, std::nullopt, std::nullopt);
-    EXPECT_EQ(selection.backend, Backend::kCpu);
-    EXPECT_EQ(selection.forced_by, "config");
-  }
-  {
-    // "auto" in the environment means no force.
-    ScopedEnv env(kMoeBackendEnvVar, "auto");
-    EXPECT_EQ(oracle.select_backend().forced_by, "");
-  }
+  FakeKind fast(cpu_caps("FastExperts")), slow(cpu_caps("SlowExperts"));
+  BackendRegistration fast_reg(toy_backend("fast", {fast.ptr()}), registry_);
+  BackendRegistration slow_reg(toy_backend("slow", {slow.ptr()}), registry_);
+  // The default policy: the registered priorities.
+  EXPECT_EQ(ToyOracle(moe, registry_).select_backend().experts, fast.ptr());
+
+  // A policy moving slow ahead of fast: it is tried (and wins) first.
+  ToyOracle slow_first(moe, registry_, [](const ExpertsBackend& b, const MoEConfig&) {
+    return std::optional<int>(b.name == "slow" ? 1 : b.priority);
+  });
+  EXPECT_EQ(slow_first.priority_backends(moe), (Names{"slow", "fast"}));
+  auto selection = slow_first.select_backend();
+  EXPECT_EQ(selection.backend.name, "slow");
+  EXPECT_TRUE(selection.rejections.empty());
+  EXPECT_TRUE(contains(selection.report.to_string(), "chosen: slow / SlowExperts"));
+  EXPECT_EQ(selection.report.candidates[0].backend, "slow");
+  // The policy is asked with the deployment it orders for; it never sees only_when_forced ones.
+  MoEConfig gelu = moe;
+  gelu.activation = Activation::kGelu;
+  Names asked;
+  ToyOracle by_deployment(moe, registry_, [&](const ExpertsBackend& b, const MoEConfig& m) {
+    asked.push_back(b.name);
+    return m.activation == Activation::kGelu ? std::optional<int>(-b.priority)
+                                             : std::optional<int>(b.priority);
+  });
+  EXPECT_EQ(by_deployment.priority_backends(gelu), (Names{"slow", "fast"}));
+  EXPECT_EQ(by_deployment.priority_backends(moe), (Names{"fast", "slow"}));
+  EXPECT_EQ(asked, (Names{"fast", "slow", "fast", "slow"}));
+
+  // A policy leaving fast out: not considered, so not chosen, but still in the table (skipped),
+  // and still forceable by name.
+  ToyOracle no_fast(moe, registry_, [](const ExpertsBackend& b, const MoEConfig&) {
+    return b.name == "fast" ? std::nullopt : std::optional<int>(b.priority);
+  });
+  EXPECT_EQ(no_fast.priority_backends(moe), (Names{"slow"}));
+  selection = no_fast.select_backend();
+  EXPECT_EQ(selection.backend.name, "slow");
+  EXPECT_TRUE(selection.rejections.empty());
+  const OracleReport report = no_fast.explain();
+  ASSERT_EQ(report.candidates.size(), 3u);
+  EXPECT_EQ(report.candidates[0].backend, "slow");
+  EXPECT_EQ(report.candidates[1].backend, "fast");
+  EXPECT_FALSE(report.candidates[1].considered);
+  EXPECT_TRUE(report.candidates[1].supported);
+  EXPECT_TRUE(contains(report.to_string(), "skipped")) << report.to_string();
+  MoEConfig forced = moe;
+  forced.moe_backend = "fast";
+  EXPECT_EQ(ToyOracle(forced, registry_,
+                      [](const ExpertsBackend& b, const MoEConfig&) {
+                        return b.name == "fast" ? std::nullopt : std::optional<int>(b.priority);
+                      })
+                .select_backend()
+                .experts,
+            fast.ptr());
 }
 
-TEST_F(OracleTest, UnknownBackendNameListsValidNames) {
+TEST_F(ToyOracleTest, CandidateOnFiltersThePriorityListByDevice) {
+  ExpertsCapabilities cuda_caps = cpu_caps("FakeCudaExperts");
+  cuda_caps.device_types = {DeviceType::kCUDA};
+  FakeKind cuda(cuda_caps), slow(cpu_caps("SlowExperts"));
+  ExpertsBackend gpu = toy_backend("gpu", {cuda.ptr()});
+  gpu.priority = 5;
+  gpu.only_when_forced = false;
+  gpu.candidate_on = {DeviceType::kCUDA};
+  BackendRegistration gpu_reg(gpu, registry_);
+  BackendRegistration slow_reg(toy_backend("slow", {slow.ptr()}), registry_);
+
+  MoEConfig on_cuda = cpu_moe();
+  on_cuda.device = h200_info();
+  EXPECT_EQ(ToyOracle(on_cuda, registry_).priority_backends(on_cuda),
+            (Names{"gpu", "fast", "slow"}));
+  // There it is the first candidate probed (whether its class accepts an absent device depends on
+  // the build, so only the order is checked).
+  const OracleReport on_cuda_report = ToyOracle(on_cuda, registry_).explain();
+  ASSERT_FALSE(on_cuda_report.candidates.empty());
+  EXPECT_EQ(on_cuda_report.candidates[0].backend, "gpu");
+  EXPECT_TRUE(on_cuda_report.candidates[0].considered);
+
+  // On the CPU, gpu is no candidate: never probed for the selection, listed as skipped.
+  const MoEConfig moe = cpu_moe();
+  ToyOracle oracle(moe, registry_);
+  EXPECT_EQ(oracle.backend_values(), (Names{"gpu", "fast", "slow", "spare"}));
+  EXPECT_EQ(oracle.priority_backends(moe), (Names{"fast", "slow"}));
+  const auto selection = oracle.select_backend();
+  EXPECT_EQ(selection.backend.name, "slow");
+  ASSERT_EQ(selection.rejections.size(), 1u);
+  EXPECT_EQ(selection.rejections[0].backend, "fast");
+  const OracleReport& report = selection.report;
+  ASSERT_EQ(report.candidates.size(), 4u);
+  EXPECT_EQ(report.candidates[2].backend, "gpu");
+  EXPECT_FALSE(report.candidates[2].considered);
+  EXPECT_EQ(report.candidates[2].reason, "kernel does not support current device cpu");
+
+  // Forced by name it is considered (candidate_on only shapes the priority list) and rejected
+  // with its class's reason; no fallback to slow.
+  MoEConfig forced = moe;
+  forced.moe_backend = "gpu";
+  const std::string msg =
+      error_message([&] { (void)ToyOracle(forced, registry_).select_backend(); });
+  EXPECT_TRUE(contains(msg,
+                       "Toy MoE backend 'gpu' does not support the deployment "
+                       "configuration since kernel does not support current device cpu."))
+      << msg;
+  EXPECT_TRUE(contains(msg, "there is no fallback")) << msg;
+  EXPECT_FALSE(contains(msg, "SlowExperts")) << msg;
+}
+
+TEST_F(ToyOracleTest, OnlyWhenForcedBackendServesByNameOnly) {
+  FakeKind spare(cpu_caps("SpareExperts"));
+  BackendRegistration spare_reg(toy_backend("spare", {spare.ptr()}), registry_);
+  const MoEConfig moe = cpu_moe();
+  // Auto: fast and slow have no kernel; the supported spare is never tried.
+  const std::string msg = error_message([&] { (void)ToyOracle(moe, registry_).select_backend(); });
+  EXPECT_TRUE(contains(msg, "(2 tried: ['fast', 'slow'])")) << msg;
+  EXPECT_FALSE(contains(msg, "spare")) << msg;
+  const OracleReport report = ToyOracle(moe, registry_).explain();
+  EXPECT_FALSE(report.ok());
+  ASSERT_EQ(report.candidates.size(), 3u);
+  EXPECT_EQ(report.candidates[2].backend, "spare");
+  EXPECT_TRUE(report.candidates[2].supported);
+  EXPECT_FALSE(report.candidates[2].considered);
+
+  // Forced through the config (case-insensitive) and through the environment.
+  MoEConfig forced = moe;
+  forced.moe_backend = "SPARE";
+  auto selection = ToyOracle(forced, registry_).select_backend();
+  EXPECT_EQ(selection.backend.name, "spare");
+  EXPECT_TRUE(selection.backend.only_when_forced);
+  EXPECT_EQ(selection.experts, spare.ptr());
+  EXPECT_EQ(selection.forced_by, "config");
+  EXPECT_TRUE(selection.rejections.empty());
+  ScopedEnv env(kMoeBackendEnvVar, "spare");
+  selection = ToyOracle(moe, registry_).select_backend();
+  EXPECT_EQ(selection.backend.name, "spare");
+  EXPECT_EQ(selection.forced_by, "env MOEKIT_MOE_BACKEND");
+}
+
+TEST_F(ToyOracleTest, ForcingAnAliasSwapsInTheBatchedVariant) {
+  FakeKind fast(cpu_caps("FastExperts")),
+      spare(cpu_caps("SpareExperts", ActivationFormat::kBatchedExperts));
+  BackendRegistration fast_reg(toy_backend("fast", {fast.ptr()}), registry_);
+  BackendRegistration spare_reg(toy_backend("spare", {spare.ptr()}), registry_);
+  ToyOracle oracle(cpu_moe(), registry_);
+  EXPECT_EQ(oracle.map_backend("QUICK"), "fast");
+  EXPECT_EQ(oracle.batched_variant("fast"), std::optional<std::string>("spare"));
+  EXPECT_EQ(oracle.batched_variant("slow"), std::nullopt);
+  EXPECT_THROW((void)oracle.batched_variant("nonsense"), Error);
+
+  // Standard format: forcing the alias gives fast itself.
+  MoEConfig forced = cpu_moe();
+  forced.moe_backend = "quick";
+  EXPECT_EQ(ToyOracle(forced, registry_).select_backend().backend.name, "fast");
+  // Batched format: its batched variant.
+  MoEConfig batched = batched_moe();
+  batched.moe_backend = "quick";
+  const auto selection = ToyOracle(batched, registry_).select_backend();
+  EXPECT_EQ(selection.backend.name, "spare");
+  EXPECT_EQ(selection.experts, spare.ptr());
+  EXPECT_EQ(selection.forced_by, "config");
+}
+
+TEST_F(ToyOracleTest, UnknownNamesListValidNamesAndAliases) {
+  ToyOracle oracle(cpu_moe(), registry_);
+  EXPECT_EQ(oracle.valid_names(), "auto, fast, slow, spare (aliases: quick -> fast)");
+  EXPECT_EQ(error_message([&] { (void)oracle.map_backend("turbo"); }),
+            "Unknown Toy MoE backend 'turbo'; valid names: auto, fast, slow, spare (aliases: "
+            "quick -> fast)");
+  EXPECT_EQ(error_message([&] { (void)oracle.backend("quick"); }),
+            "Unknown Toy MoE backend 'quick'; valid names: auto, fast, slow, spare (aliases: "
+            "quick -> fast)")
+      << "backend() takes canonical names only";
+  // A new registration shows up in the list at call time.
+  ExpertsBackend extra = toy_backend("slow");
+  extra.aliases = {"snail", "tortoise"};
+  {
+    BackendRegistration reg(extra, registry_);
+    EXPECT_EQ(oracle.valid_names(),
+              "auto, fast, slow, spare (aliases: quick -> fast, snail -> slow, tortoise -> slow)");
+    EXPECT_EQ(oracle.map_backend("Tortoise"), "slow");
+  }
+  EXPECT_THROW((void)oracle.map_backend("tortoise"), Error);
+  // Requested by config and by the environment: the source is named.
   MoEConfig moe = cpu_moe();
-  UnquantizedMoEKernelOracle oracle(moe);
-  EXPECT_EQ(oracle.map_backend("sm90_grouped"), Backend::kSm90Grouped);
-  EXPECT_EQ(oracle.map_backend("sm90_batched"), Backend::kSm90Batched);
-  EXPECT_EQ(oracle.map_backend("cpu"), Backend::kCpu);
-  EXPECT_EQ(oracle.map_backend("cpu_batched"), Backend::kCpuBatched);
-  EXPECT_EQ(oracle.map_backend("cpu_monolithic"), Backend::kCpuMonolithic);
-  EXPECT_EQ(oracle.map_backend("cuda"), Backend::kSm90Grouped);
-  EXPECT_EQ(oracle.map_backend("reference"), Backend::kCpu);
-
-  const std::string msg = error_message([&] { (void)oracle.map_backend("triton"); });
-  EXPECT_TRUE(contains(msg, "Unknown Unquantized MoE backend 'triton'")) << msg;
-  for (const char* name : {"sm90_grouped", "sm90_batched", "cpu", "cpu_batched", "cpu_monolithic",
-                           "cuda -> sm90_grouped", "reference -> cpu"}) {
-    EXPECT_TRUE(contains(msg, name)) << name << " missing from: " << msg;
-  }
-  EXPECT_THROW((void)oracle.map_backend("triton"), Error);
-
-  moe.moe_backend = "triton";
-  const std::string cfg_msg =
-      error_message([&] { (void)oracle.select_backend(moe, std::nullopt, std::nullopt); });
-  EXPECT_TRUE(contains(cfg_msg, "'triton'")) << cfg_msg;
-  EXPECT_TRUE(contains(cfg_msg, "requested by config")) << cfg_msg;
-  ScopedEnv env(kMoeBackendEnvVar, "tpu");
-  const std::string env_msg = error_message([&] { (void)oracle.select_backend(); });
-  EXPECT_TRUE(contains(env_msg, "'tpu'")) << env_msg;
-  EXPECT_TRUE(contains(env_msg, "requested by env MOEKIT_MOE_BACKEND")) << env_msg;
+  moe.moe_backend = "turbo";
+  const std::string cfg = error_message([&] { (void)ToyOracle(moe, registry_).select_backend(); });
+  EXPECT_EQ(cfg,
+            "Unknown Toy MoE backend 'turbo'; valid names: auto, fast, slow, spare (aliases: "
+            "quick -> fast) (requested by config)");
+  ScopedEnv env(kMoeBackendEnvVar, "warp");
+  const std::string from_env = error_message([&] { (void)oracle.select_backend(); });
+  EXPECT_TRUE(contains(from_env, "'warp'")) << from_env;
+  EXPECT_TRUE(contains(from_env, "(requested by env MOEKIT_MOE_BACKEND)")) << from_env;
 }
 
-// ---- log lines
+// ---- one pass, one answer
 // -----------------------------------------------------------------------------------
 
-TEST_F(OracleTest, SeedLogLineWording) {
-  UnquantizedMoEKernelOracle oracle(cpu_moe());
-  EXPECT_EQ(oracle.make_log_backend(Backend::kCpu), "Using cpu Unquantized MoE backend.");
-  EXPECT_EQ(oracle.make_log_backend(Backend::kCpu,
-                                    std::vector<Backend>{Backend::kCpu, Backend::kCpuBatched}),
-            "Using cpu Unquantized MoE backend out of potential backends: ['cpu', 'cpu_batched'].");
-  EXPECT_EQ(oracle.make_log_backend(Backend::kSm90Grouped, std::vector<Backend>{}, true),
-            "Using sm90_grouped Unquantized MoE LoRA backend out of potential backends: [].");
-  EXPECT_EQ(oracle.make_log_unsupported(Backend::kCpuBatched, "kernel does not support LoRA"),
-            "Unquantized MoE backend 'cpu_batched' does not support the deployment configuration "
-            "since kernel does not support LoRA.");
-  EXPECT_EQ(oracle.make_log_unsupported(Backend::kCpu, ""),
-            "Unquantized MoE backend 'cpu' does not support the deployment configuration.");
-  EXPECT_EQ(oracle.make_log_unsupported(Backend::kCpu, "x", true),
-            "Unquantized MoE LoRA backend 'cpu' does not support the deployment configuration "
-            "since x.");
-}
-
-TEST_F(OracleTest, SelectionEmitsSeedLogLines) {
-  const MoEConfig moe = cpu_moe();
-  UnquantizedMoEKernelOracle oracle(moe);
-  ExpertsCapabilities gelu_only = cpu_caps("GeluOnlyExperts");
-  gelu_only.activations = {Activation::kGelu};
-  FakeKind gelu(gelu_only);
-  ScopedKernelRegistration<Backend> reg(UnquantizedMoEKernelOracle::registry(), Backend::kCpu,
-                                        {gelu.ptr()}, RegistrationMode::kPrepend);
-  LogCapture logs;
-  (void)oracle.select_backend();
-  (void)oracle.select_backend();  // *_once: no second copy
-  EXPECT_TRUE(
-      logs.has(log::Level::kDebug,
-               "Unquantized MoE backend 'cpu' does not support the deployment configuration "
-               "since kernel does not support silu activation."))
-      << logs.dump();
-  EXPECT_TRUE(logs.has(log::Level::kInfo,
-                       "Using cpu Unquantized MoE backend out of potential backends: ['cpu', "
-                       "'cpu_batched', 'cpu_monolithic']."))
-      << logs.dump();
-  EXPECT_EQ(logs.count_containing("Using cpu Unquantized"), 1) << logs.dump();
-  EXPECT_EQ(logs.count_containing("since kernel does not support silu activation"), 1)
-      << logs.dump();
+TEST_F(OracleTest, SelectionReportIsExplain) {
+  // Auto, forced by config, forced through the environment, the batched format, and with an
+  // injected class rejected first: the selection's table is explain()'s and decide()'s.
+  std::vector<MoEConfig> deployments;
+  deployments.push_back(cpu_moe());
+  deployments.push_back(cpu_moe());
+  deployments.back().moe_backend = "cpu_monolithic";
+  deployments.push_back(batched_moe());
+  MoEConfig on_cuda = cpu_moe();
+  on_cuda.device = h200_info();
+  on_cuda.moe_backend = "cpu";  // the CPU reference rejects the device: no selection
+  for (const MoEConfig& moe : deployments) {
+    UnquantizedMoEKernelOracle oracle(moe);
+    const auto selection = oracle.select_backend();
+    EXPECT_TRUE(same_report(selection.report, oracle.explain()));
+    const auto decision = oracle.decide(/*log=*/false);
+    ASSERT_TRUE(decision.selection.has_value());
+    EXPECT_TRUE(same_report(selection.report, decision.report));
+    EXPECT_EQ(decision.error, "");
+    EXPECT_EQ(decision.selection->experts, selection.experts);
+    EXPECT_EQ(decision.selection->rejections.size(), selection.rejections.size());
+    EXPECT_EQ(selection.report.chosen_backend, selection.backend.name);
+    EXPECT_EQ(selection.report.forced_by, selection.forced_by);
+  }
+  {
+    ScopedEnv env(kMoeBackendEnvVar, "cpu_monolithic");
+    UnquantizedMoEKernelOracle oracle(cpu_moe());
+    const auto selection = oracle.select_backend();
+    EXPECT_EQ(selection.forced_by, "env MOEKIT_MOE_BACKEND");
+    EXPECT_TRUE(same_report(selection.report, oracle.explain()));
+  }
+  {
+    ExpertsCapabilities caps = cpu_caps("GeluOnlyExperts");
+    caps.activations = {Activation::kGelu};
+    FakeKind rejected(caps);
+    BackendRegistration reg(unquantized_prepending("cpu", rejected.ptr()));
+    UnquantizedMoEKernelOracle oracle(cpu_moe());
+    const auto selection = oracle.select_backend();
+    ASSERT_EQ(selection.rejections.size(), 1u);
+    EXPECT_TRUE(same_report(selection.report, oracle.explain()));
+  }
+  // No selection: the error select_backend throws is the table's.
+  UnquantizedMoEKernelOracle failing(on_cuda);
+  const std::string msg = error_message([&] { (void)failing.select_backend(); });
+  const auto decision = failing.decide(/*log=*/false);
+  EXPECT_FALSE(decision.selection.has_value());
+  EXPECT_EQ(decision.error, msg);
+  EXPECT_EQ(decision.report.error, msg);
+  EXPECT_TRUE(same_report(decision.report, failing.explain()));
 }
 
 // ---- is_supported_config order
@@ -704,11 +1092,18 @@ TEST_F(OracleTest, MakeMoeKernelStandardUsesNoEP) {
   EXPECT_TRUE(logs.has(log::Level::kInfo, "Using PrepareFinalizeNoEP")) << logs.dump();
   EXPECT_TRUE(logs.has(log::Level::kInfo, "Using FakeStandardExperts MoE experts")) << logs.dump();
 
-  // The oracle's make_kernel goes through the same path.
+  // The oracle's make_kernel builds the selection's class through the same path.
+  BackendRegistration reg(unquantized_prepending("cpu", fake.ptr()));
   UnquantizedMoEKernelOracle oracle(moe);
-  auto via_oracle =
-      oracle.make_kernel(QuantConfig::unquantized(), moe, Backend::kCpu, fake.klass());
+  const auto selection = oracle.select_backend();
+  ASSERT_EQ(selection.experts, fake.ptr());
+  auto via_oracle = oracle.make_kernel(QuantConfig::unquantized(), selection);
   EXPECT_EQ(via_oracle->prepare_finalize().name(), "PrepareFinalizeNoEP");
+  EXPECT_EQ(&via_oracle->fused_experts().klass(), fake.ptr());
+  EXPECT_EQ(fake.made, 2);
+  // A selection without a class is refused.
+  EXPECT_THROW((void)oracle.make_kernel(QuantConfig::unquantized(), MoEKernelOracle::Selection{}),
+               Error);
   EXPECT_EQ(fake.made, 2);
 }
 
@@ -745,50 +1140,127 @@ TEST_F(OracleTest, MakeMoeKernelFormatMismatch) {
   EXPECT_EQ(batched.made + standard.made, 0) << "experts were built despite the mismatch";
 }
 
+// NOTE: behaviour change. make_moe_kernel now selects through the prepare/finalize registry, so a
+// deployment that exchanges tokens fails with "no prepare/finalize is registered for all-to-all
+// backend '<name>' ..." (it said "prepare/finalize for ... is not available yet").
 TEST_F(OracleTest, MakeMoeKernelRejectsUnavailableParallelDeployments) {
-  MoEConfig moe = cpu_moe();
-  moe.parallel.use_ep = true;
-  moe.parallel.dp_size = 2;
-  moe.parallel.ep_size = 2;
-  moe.parallel.all2all_backend = All2AllBackend::kNcclAllToAll;
-  moe.num_local_experts = 6;
   FakeKind fake(cpu_caps("FakeStandardExperts"));
-  const std::string msg =
-      error_message([&] { (void)make_moe_kernel(QuantConfig::unquantized(), moe, fake.klass()); });
-  EXPECT_TRUE(contains(msg, "prepare/finalize for ")) << msg;
-  EXPECT_TRUE(contains(msg, "is not available yet")) << msg;
+  for (All2AllBackend backend : {All2AllBackend::kNcclAllToAll, All2AllBackend::kNaive}) {
+    MoEConfig moe = cpu_moe();
+    moe.parallel.use_ep = true;
+    moe.parallel.dp_size = 2;
+    moe.parallel.ep_size = 2;
+    moe.parallel.all2all_backend = backend;
+    moe.num_local_experts = 6;
+    const std::string name(all2all_backend_name(backend));
+    const std::string msg = error_message(
+        [&] { (void)make_moe_kernel(QuantConfig::unquantized(), moe, fake.klass()); });
+    EXPECT_TRUE(
+        contains(msg, "no prepare/finalize is registered for all-to-all backend '" + name + "'"))
+        << msg;
+    EXPECT_TRUE(contains(msg, moe.parallel.to_string())) << msg;
+    EXPECT_THROW((void)make_moe_kernel(QuantConfig::unquantized(), moe, fake.klass()), Error);
+  }
   EXPECT_EQ(fake.made, 0);
 }
 
+// What select_prepare_finalize builds for experts of `klass` (throws its error when none fits).
+std::unique_ptr<PrepareFinalize> make_prepare_finalize(const MoEConfig& moe,
+                                                       const ExpertsClass& klass,
+                                                       PrepareFinalizeReport* report = nullptr) {
+  const QuantConfig quant = QuantConfig::unquantized();
+  const PrepareFinalizeRequest request{&moe, &quant, &klass, nullptr};
+  const PrepareFinalizeSelection selection = select_prepare_finalize(request);
+  if (report) *report = selection.report;
+  if (!selection.chosen) throw Error(selection.report.error);
+  EXPECT_EQ(selection.report.chosen, selection.chosen->name);
+  return selection.chosen->make(request);
+}
+
+const PrepareFinalizeReport::Candidate* find_candidate(const PrepareFinalizeReport& report,
+                                                       const std::string& name) {
+  for (const auto& c : report.candidates) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+// NOTE: maybe_make_prepare_finalize is gone; the same choices are made by the prepare/finalize
+// factories (select_prepare_finalize), keyed by dispatch_key(parallel).
 TEST_F(OracleTest, PrepareFinalizeChoice) {
   const MoEConfig moe = cpu_moe();
-  const QuantConfig q = QuantConfig::unquantized();
-  EXPECT_EQ(maybe_make_prepare_finalize(moe, q, ActivationFormat::kStandard, false)->name(),
-            "PrepareFinalizeNoEP");
-  auto mono = maybe_make_prepare_finalize(moe, q, ActivationFormat::kStandard, true);
+  FakeKind standard(cpu_caps("FakeStandardExperts"));
+  FakeKind batched(cpu_caps("FakeBatchedExperts", ActivationFormat::kBatchedExperts));
+  ExpertsCapabilities batched_mono_caps =
+      cpu_caps("FakeBatchedMonolithicExperts", ActivationFormat::kBatchedExperts);
+  batched_mono_caps.monolithic = true;
+  FakeKind batched_mono(batched_mono_caps);
+
+  PrepareFinalizeReport report;
+  EXPECT_EQ(make_prepare_finalize(moe, standard.klass(), &report)->name(), "PrepareFinalizeNoEP");
+  EXPECT_EQ(report.key, "no token exchange");
+  EXPECT_EQ(report.chosen, "no_ep");
+  const auto* local = find_candidate(report, "batched_local");
+  ASSERT_NE(local, nullptr) << report.to_string();
+  EXPECT_FALSE(local->supported);
+  EXPECT_EQ(local->reason, "FakeStandardExperts takes the standard format");
+  EXPECT_TRUE(contains(report.to_string(), "chosen: no_ep")) << report.to_string();
+
+  auto mono = make_prepare_finalize(moe, CpuReferenceMonolithicExperts::klass());
   EXPECT_EQ(mono->name(), "PrepareFinalizeMonolithicNoEP");
   EXPECT_TRUE(mono->is_monolithic());
-  EXPECT_EQ(maybe_make_prepare_finalize(moe, q, ActivationFormat::kBatchedExperts, false)->name(),
-            "PrepareFinalizeBatched");
-  EXPECT_THROW((void)maybe_make_prepare_finalize(moe, q, ActivationFormat::kBatchedExperts, true),
-               Error);
-  // TP=2 without DP: no dispatch, NoEP.
+  EXPECT_EQ(make_prepare_finalize(moe, batched.klass(), &report)->name(), "PrepareFinalizeBatched");
+  EXPECT_EQ(report.chosen, "batched_local");
+  ASSERT_NE(find_candidate(report, "no_ep"), nullptr);
+  EXPECT_EQ(find_candidate(report, "no_ep")->reason, "FakeBatchedExperts takes the batched format");
+  // Monolithic experts on the batched format: nothing fits, every reason is given.
+  const std::string mono_msg =
+      error_message([&] { (void)make_prepare_finalize(moe, batched_mono.klass()); });
+  EXPECT_TRUE(contains(mono_msg, "no prepare/finalize can serve")) << mono_msg;
+  EXPECT_TRUE(contains(mono_msg, "no_ep: FakeBatchedMonolithicExperts takes the batched format"))
+      << mono_msg;
+  EXPECT_TRUE(contains(mono_msg, "batched_local: monolithic experts take the standard format"))
+      << mono_msg;
+  EXPECT_THROW((void)make_prepare_finalize(moe, batched_mono.klass()), Error);
+  // The batched P/F needs max_num_tokens.
+  MoEConfig no_tokens = moe;
+  no_tokens.max_num_tokens = 0;
+  EXPECT_TRUE(
+      contains(error_message([&] { (void)make_prepare_finalize(no_tokens, batched.klass()); }),
+               "needs max_num_tokens > 0 and num_local_experts > 0 (got 0 and 12)"));
+  // TP=2 without DP, and EP inside one DP group: no dispatch, NoEP.
   MoEConfig tp = moe;
   tp.parallel.tp_size = 2;
-  EXPECT_EQ(maybe_make_prepare_finalize(tp, q, ActivationFormat::kStandard, false)->name(),
-            "PrepareFinalizeNoEP");
+  EXPECT_EQ(dispatch_key(tp.parallel), std::nullopt);
+  EXPECT_EQ(make_prepare_finalize(tp, standard.klass())->name(), "PrepareFinalizeNoEP");
+  MoEConfig ep = moe;
+  ep.parallel.use_ep = true;
+  ep.parallel.ep_size = 2;
+  EXPECT_EQ(dispatch_key(ep.parallel), std::nullopt);
+  EXPECT_EQ(make_prepare_finalize(ep, standard.klass())->name(), "PrepareFinalizeNoEP");
   // The batched-format parallel config (DP+EP over the low-latency all-to-all) needs communication
   // between ranks: refused clearly rather than scattering only this rank's tokens.
-  const std::string msg = error_message([&] {
-    (void)maybe_make_prepare_finalize(batched_moe(), q, ActivationFormat::kBatchedExperts, false);
-  });
-  EXPECT_TRUE(contains(msg, "not available yet")) << msg;
-  EXPECT_TRUE(contains(msg, "batched_low_latency")) << msg;
+  // NOTE: behaviour change: the error was "... is not available yet".
+  const MoEConfig ll = batched_moe();
+  EXPECT_EQ(dispatch_key(ll.parallel),
+            std::optional<All2AllBackend>(All2AllBackend::kBatchedLowLatency));
+  const std::string msg =
+      error_message([&] { (void)make_prepare_finalize(ll, batched.klass(), &report); });
+  EXPECT_TRUE(contains(msg,
+                       "no prepare/finalize is registered for all-to-all backend "
+                       "'batched_low_latency'"))
+      << msg;
+  EXPECT_EQ(report.key, "batched_low_latency");
+  EXPECT_EQ(report.chosen, "");
+  ASSERT_NE(find_candidate(report, "batched_local"), nullptr);
+  EXPECT_EQ(find_candidate(report, "batched_local")->reason,
+            "serves deployments that exchange no tokens, not batched_low_latency");
+  EXPECT_EQ(batched.made, 0);
   // One rank whose experts want the batched format: the local batched P/F with this rank's range.
-  MoEConfig local = cpu_moe();
-  local.num_local_experts = 6;
-  auto batched = maybe_make_prepare_finalize(local, q, ActivationFormat::kBatchedExperts, false);
-  const auto* b = dynamic_cast<const PrepareFinalizeBatched*>(batched.get());
+  MoEConfig one_rank = cpu_moe();
+  one_rank.num_local_experts = 6;
+  auto batched_pf = make_prepare_finalize(one_rank, batched.klass());
+  const auto* b = dynamic_cast<const PrepareFinalizeBatched*>(batched_pf.get());
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->num_local_experts(), 6);
   EXPECT_EQ(b->rank(), 0);
@@ -806,21 +1278,20 @@ TEST_F(OracleTest, MakeQuantConfigThrowsForUnquantized) {
   EXPECT_THROW((void)oracle.make_quant_config(), Error);
 }
 
-TEST_F(OracleTest, ConvertToKernelFormatDefaultIsIdentity) {
+// NOTE: convert_to_kernel_format is replaced by the chosen backend's layout_for(moe); the CPU
+// backends keep the standard layout (nullopt), and so does the plan built on them.
+TEST_F(OracleTest, CpuBackendsKeepTheStandardLayout) {
   const MoEConfig moe = cpu_moe();
   UnquantizedMoEKernelOracle oracle(moe);
-  std::vector<float> v13(2 * 6 * 5), v2(2 * 5 * 3);
-  for (size_t i = 0; i < v13.size(); ++i)
-    v13[i] = 0.25f * static_cast<float>(i) - 3.0f;
-  for (size_t i = 0; i < v2.size(); ++i)
-    v2[i] = 1.5f - 0.125f * static_cast<float>(i);
-  Tensor w13 = Tensor::from_floats(v13, {2, 6, 5}, DType::kF32);
-  Tensor w2 = Tensor::from_floats(v2, {2, 5, 3}, DType::kF32);
-  auto [c13, c2] = oracle.convert_to_kernel_format(Backend::kCpu, moe, w13, w2);
-  EXPECT_EQ(c13.data(), w13.data());
-  EXPECT_EQ(c2.data(), w2.data());
-  EXPECT_EQ(c13.to_float_vector(), v13);
-  EXPECT_EQ(c2.to_float_vector(), v2);
+  for (const char* name : {"cpu", "cpu_batched", "cpu_monolithic"}) {
+    EXPECT_FALSE(oracle.backend(name).layout_for(moe).has_value()) << name;
+  }
+  const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), PlanOptions{.log = false});
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  ASSERT_TRUE(plan.backend.has_value());
+  EXPECT_EQ(plan.backend->name, "cpu");
+  EXPECT_FALSE(plan.weight_layout.has_value());
+  EXPECT_TRUE(same_report(plan.experts_report, oracle.explain()));
 }
 
 // ---- explain
@@ -834,8 +1305,7 @@ TEST_F(OracleTest, ExplainOnCpuShowsDeviceReasonForCudaOnlyBackend) {
   cuda_caps.min_compute_capability = 90;
   cuda_caps.max_compute_capability = 90;
   FakeKind cuda(cuda_caps);
-  ScopedKernelRegistration<Backend> reg(UnquantizedMoEKernelOracle::registry(),
-                                        Backend::kSm90Grouped, {cuda.ptr()});
+  BackendRegistration reg(unquantized_with("sm90_grouped", {cuda.ptr()}));
 
   const OracleReport report = oracle.explain();
   EXPECT_EQ(report.oracle_name, "Unquantized");
@@ -843,7 +1313,7 @@ TEST_F(OracleTest, ExplainOnCpuShowsDeviceReasonForCudaOnlyBackend) {
   EXPECT_EQ(report.chosen_backend, "cpu");
   EXPECT_EQ(report.chosen_experts, "CpuReferenceExperts");
   EXPECT_EQ(report.forced_by, "");
-  // Considered backends first (cpu, cpu_batched, cpu_monolithic), then the rest in enum order.
+  // Considered backends first (cpu, cpu_batched, cpu_monolithic), then the rest in registry order.
   ASSERT_EQ(report.candidates.size(), 5u);
   EXPECT_EQ(report.candidates[0].backend, "cpu");
   EXPECT_TRUE(report.candidates[0].supported);
@@ -874,17 +1344,16 @@ TEST_F(OracleTest, ExplainOnCpuShowsDeviceReasonForCudaOnlyBackend) {
 
 TEST_F(OracleTest, ExplainNeverThrowsForUnsupportedOrUnknown) {
   MoEConfig moe = cpu_moe();
-  UnquantizedMoEKernelOracle oracle(moe);
   moe.moe_backend = "sm90_grouped";
+  UnquantizedMoEKernelOracle oracle(moe);
   OracleReport report;
   {
     LogCapture logs;
-    EXPECT_NO_THROW(report = oracle.explain(moe, std::nullopt, std::nullopt));
+    EXPECT_NO_THROW(report = oracle.explain());
     EXPECT_EQ(logs.dump(), "") << "explain logs nothing";
   }
   // The same error select_backend throws.
-  EXPECT_EQ(report.error,
-            error_message([&] { (void)oracle.select_backend(moe, std::nullopt, std::nullopt); }));
+  EXPECT_EQ(report.error, error_message([&] { (void)oracle.select_backend(); }));
   EXPECT_FALSE(report.ok());
   EXPECT_EQ(report.forced_by, "config");
   EXPECT_EQ(report.chosen_backend, "");
@@ -897,15 +1366,188 @@ TEST_F(OracleTest, ExplainNeverThrowsForUnsupportedOrUnknown) {
     EXPECT_FALSE(report.candidates[i].considered);
 
   moe.moe_backend = "nonsense";
-  EXPECT_NO_THROW(report = oracle.explain(moe, std::nullopt, std::nullopt));
+  UnquantizedMoEKernelOracle unknown(moe);
+  EXPECT_NO_THROW(report = unknown.explain());
   EXPECT_FALSE(report.ok());
   EXPECT_TRUE(contains(report.error, "Unknown Unquantized MoE backend 'nonsense'")) << report.error;
+  EXPECT_EQ(report.error, error_message([&] { (void)unknown.select_backend(); }));
 
   ScopedEnv env(kMoeBackendEnvVar, "cpu");
-  report = oracle.explain();
+  report = UnquantizedMoEKernelOracle(cpu_moe()).explain();
   EXPECT_TRUE(report.ok()) << report.error;
   EXPECT_EQ(report.forced_by, "env MOEKIT_MOE_BACKEND");
   EXPECT_EQ(report.chosen_backend, "cpu");
+}
+
+// ---- forcing
+// -------------------------------------------------------------------------------------
+
+TEST_F(OracleTest, ForcedUnsupportedBackendThrowsAndNeverFallsBack) {
+  MoEConfig moe = cpu_moe();
+  moe.moe_backend = "sm90_grouped";
+  UnquantizedMoEKernelOracle oracle(moe);
+  // First with no kernel at the forced backend at all.
+  std::optional<BackendRegistration> empty_sm90;
+  empty_sm90.emplace(unquantized_with("sm90_grouped", {}));
+  LogCapture logs;
+  try {
+    (void)oracle.select_backend();
+    ADD_FAILURE() << "forced unsupported backend did not throw";
+  } catch (const UnsupportedError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.substr(0, msg.find('\n')),
+              "Unquantized MoE backend 'sm90_grouped' does not support the deployment "
+              "configuration since no kernel is registered for this backend.");
+    EXPECT_TRUE(contains(msg, "forced by config")) << msg;
+    EXPECT_TRUE(contains(msg, "there is no fallback")) << msg;
+    EXPECT_TRUE(
+        contains(msg, "\n  sm90_grouped / <none>: no kernel is registered for this backend"))
+        << msg;
+    EXPECT_FALSE(contains(msg, "CpuReferenceExperts")) << msg;
+  }
+  EXPECT_EQ(logs.count_containing("Using "), 0) << logs.dump();
+  empty_sm90.reset();
+
+  // A registered class that rejects the CPU: its device reason is in the error.
+  ExpertsCapabilities cuda_caps = cpu_caps("FakeSm90Experts");
+  cuda_caps.device_types = {DeviceType::kCUDA};
+  cuda_caps.min_compute_capability = 90;
+  cuda_caps.max_compute_capability = 90;
+  FakeKind cuda(cuda_caps);
+  BackendRegistration reg(unquantized_with("sm90_grouped", {cuda.ptr()}));
+  const std::string msg = error_message([&] { (void)oracle.select_backend(); });
+  EXPECT_TRUE(contains(msg,
+                       "\n  sm90_grouped / FakeSm90Experts: kernel does not support current "
+                       "device cpu"))
+      << msg;
+
+  // Forcing the batched CPU backend on a standard-format deployment is rejected, not mapped back.
+  moe.moe_backend = "cpu_batched";
+  UnquantizedMoEKernelOracle batched(moe);
+  const std::string batched_msg = error_message([&] { (void)batched.select_backend(); });
+  EXPECT_TRUE(contains(batched_msg, "Unquantized MoE backend 'cpu_batched' does not support"))
+      << batched_msg;
+  EXPECT_TRUE(contains(batched_msg, "standard activation format")) << batched_msg;
+  EXPECT_THROW((void)batched.select_backend(), UnsupportedError);
+}
+
+TEST_F(OracleTest, EnvVarForcesBackend) {
+  const MoEConfig moe = cpu_moe();
+  UnquantizedMoEKernelOracle oracle(moe);
+  {
+    BackendRegistration empty(unquantized_with("sm90_batched", {}));
+    ScopedEnv env(kMoeBackendEnvVar, "sm90_batched");
+    const std::string msg = error_message([&] { (void)oracle.select_backend(); });
+    EXPECT_EQ(msg.substr(0, msg.find('\n')),
+              "Unquantized MoE backend 'sm90_batched' does not support the deployment "
+              "configuration since no kernel is registered for this backend.");
+    EXPECT_TRUE(contains(msg, "forced by env MOEKIT_MOE_BACKEND")) << msg;
+    EXPECT_THROW((void)oracle.select_backend(), UnsupportedError);
+  }
+  {
+    // A supported forced backend: chosen, with its source; the alias works too.
+    ScopedEnv env(kMoeBackendEnvVar, "reference");
+    LogCapture logs;
+    const auto selection = oracle.select_backend();
+    EXPECT_EQ(selection.backend.name, "cpu");
+    EXPECT_EQ(selection.experts, &CpuReferenceExperts::klass());
+    EXPECT_EQ(selection.forced_by, "env MOEKIT_MOE_BACKEND");
+    EXPECT_TRUE(logs.has(log::Level::kInfo, "Using cpu Unquantized MoE backend.")) << logs.dump();
+  }
+  {
+    // The config wins over the environment.
+    ScopedEnv env(kMoeBackendEnvVar, "sm90_grouped");
+    MoEConfig forced = moe;
+    forced.moe_backend = "CPU";
+    const auto selection = UnquantizedMoEKernelOracle(forced).select_backend();
+    EXPECT_EQ(selection.backend.name, "cpu");
+    EXPECT_EQ(selection.forced_by, "config");
+  }
+  {
+    // "auto" in the environment means no force.
+    ScopedEnv env(kMoeBackendEnvVar, "auto");
+    EXPECT_EQ(oracle.select_backend().forced_by, "");
+  }
+}
+
+TEST_F(OracleTest, UnknownBackendNameListsValidNames) {
+  MoEConfig moe = cpu_moe();
+  UnquantizedMoEKernelOracle oracle(moe);
+  EXPECT_EQ(oracle.map_backend("sm90_grouped"), "sm90_grouped");
+  EXPECT_EQ(oracle.map_backend("sm90_batched"), "sm90_batched");
+  EXPECT_EQ(oracle.map_backend("cpu"), "cpu");
+  EXPECT_EQ(oracle.map_backend("cpu_batched"), "cpu_batched");
+  EXPECT_EQ(oracle.map_backend("cpu_monolithic"), "cpu_monolithic");
+  EXPECT_EQ(oracle.map_backend("cuda"), "sm90_grouped");
+  EXPECT_EQ(oracle.map_backend("reference"), "cpu");
+  EXPECT_EQ(oracle.map_backend("cpu_reference"), "cpu");
+
+  const std::string msg = error_message([&] { (void)oracle.map_backend("triton"); });
+  EXPECT_TRUE(contains(msg, "Unknown Unquantized MoE backend 'triton'")) << msg;
+  for (const char* name : {"sm90_grouped", "sm90_batched", "cpu", "cpu_batched", "cpu_monolithic",
+                           "cuda -> sm90_grouped", "reference -> cpu", "cpu_reference -> cpu"}) {
+    EXPECT_TRUE(contains(msg, name)) << name << " missing from: " << msg;
+  }
+  EXPECT_THROW((void)oracle.map_backend("triton"), Error);
+
+  moe.moe_backend = "triton";
+  const std::string cfg_msg =
+      error_message([&] { (void)UnquantizedMoEKernelOracle(moe).select_backend(); });
+  EXPECT_TRUE(contains(cfg_msg, "'triton'")) << cfg_msg;
+  EXPECT_TRUE(contains(cfg_msg, "requested by config")) << cfg_msg;
+  ScopedEnv env(kMoeBackendEnvVar, "tpu");
+  const std::string env_msg = error_message([&] { (void)oracle.select_backend(); });
+  EXPECT_TRUE(contains(env_msg, "'tpu'")) << env_msg;
+  EXPECT_TRUE(contains(env_msg, "requested by env MOEKIT_MOE_BACKEND")) << env_msg;
+}
+
+// ---- log lines
+// -----------------------------------------------------------------------------------
+
+TEST_F(OracleTest, SeedLogLineWording) {
+  UnquantizedMoEKernelOracle oracle(cpu_moe());
+  EXPECT_EQ(oracle.make_log_backend("cpu"), "Using cpu Unquantized MoE backend.");
+  EXPECT_EQ(oracle.make_log_backend("cpu", Names{"cpu", "cpu_batched"}),
+            "Using cpu Unquantized MoE backend out of potential backends: ['cpu', 'cpu_batched'].");
+  EXPECT_EQ(oracle.make_log_backend("sm90_grouped", Names{}, true),
+            "Using sm90_grouped Unquantized MoE LoRA backend out of potential backends: [].");
+  EXPECT_EQ(oracle.make_log_unsupported("cpu_batched", "kernel does not support LoRA"),
+            "Unquantized MoE backend 'cpu_batched' does not support the deployment configuration "
+            "since kernel does not support LoRA.");
+  EXPECT_EQ(oracle.make_log_unsupported("cpu", ""),
+            "Unquantized MoE backend 'cpu' does not support the deployment configuration.");
+  EXPECT_EQ(oracle.make_log_unsupported("cpu", "x", true),
+            "Unquantized MoE LoRA backend 'cpu' does not support the deployment configuration "
+            "since x.");
+}
+
+TEST_F(OracleTest, SelectionEmitsSeedLogLines) {
+  const MoEConfig moe = cpu_moe();
+  UnquantizedMoEKernelOracle oracle(moe);
+  ExpertsCapabilities gelu_only = cpu_caps("GeluOnlyExperts");
+  gelu_only.activations = {Activation::kGelu};
+  FakeKind gelu(gelu_only);
+  BackendRegistration reg(unquantized_prepending("cpu", gelu.ptr()));
+  LogCapture logs;
+  (void)oracle.select_backend();
+  (void)oracle.select_backend();  // *_once: no second copy
+  EXPECT_TRUE(
+      logs.has(log::Level::kDebug,
+               "Unquantized MoE backend 'cpu' does not support the deployment configuration "
+               "since kernel does not support silu activation."))
+      << logs.dump();
+  EXPECT_TRUE(logs.has(log::Level::kInfo,
+                       "Using cpu Unquantized MoE backend out of potential backends: ['cpu', "
+                       "'cpu_batched', 'cpu_monolithic']."))
+      << logs.dump();
+  EXPECT_EQ(logs.count_containing("Using cpu Unquantized"), 1) << logs.dump();
+  EXPECT_EQ(logs.count_containing("since kernel does not support silu activation"), 1)
+      << logs.dump();
+  // explain() and decide(false) log nothing.
+  LogCapture quiet;
+  (void)oracle.explain();
+  (void)oracle.decide(/*log=*/false);
+  EXPECT_EQ(quiet.dump(), "");
 }
 
 // ---- batched variant swap
@@ -919,37 +1561,36 @@ TEST_F(OracleTest, BatchedFormatSwapsInBatchedVariant) {
   // Classes that accept this deployment (selection only: no kernel is constructed).
   FakeKind batched(cpu_caps("FakeBatchedExperts", ActivationFormat::kBatchedExperts));
   FakeKind standard(cpu_caps("FakeStandardExperts"));
-  ScopedKernelRegistration<Backend> reg_b(UnquantizedMoEKernelOracle::registry(),
-                                          Backend::kCpuBatched, {batched.ptr()});
-  ScopedKernelRegistration<Backend> reg_s(UnquantizedMoEKernelOracle::registry(), Backend::kCpu,
-                                          {standard.ptr()});
+  BackendRegistration reg_b(unquantized_with("cpu_batched", {batched.ptr()}));
+  BackendRegistration reg_s(unquantized_with("cpu", {standard.ptr()}));
 
-  EXPECT_EQ(oracle.batched_variant(Backend::kCpu), Backend::kCpuBatched);
-  EXPECT_EQ(oracle.batched_variant(Backend::kSm90Grouped), Backend::kSm90Batched);
-  EXPECT_EQ(oracle.batched_variant(Backend::kCpuBatched), std::nullopt);
+  EXPECT_EQ(oracle.batched_variant("cpu"), std::optional<std::string>("cpu_batched"));
+  EXPECT_EQ(oracle.batched_variant("sm90_grouped"), std::optional<std::string>("sm90_batched"));
+  EXPECT_EQ(oracle.batched_variant("cpu_batched"), std::nullopt);
+  EXPECT_EQ(oracle.batched_variant("sm90_batched"), std::nullopt);
 
   // Forced through the config: "cpu" becomes "cpu_batched".
   MoEConfig forced = moe;
   forced.moe_backend = "cpu";
-  auto selection = oracle.select_backend(forced, std::nullopt, std::nullopt);
-  EXPECT_EQ(selection.backend, Backend::kCpuBatched);
+  auto selection = UnquantizedMoEKernelOracle(forced).select_backend();
+  EXPECT_EQ(selection.backend.name, "cpu_batched");
   EXPECT_EQ(selection.experts, batched.ptr());
   EXPECT_EQ(selection.forced_by, "config");
   // And through the environment.
   {
     ScopedEnv env(kMoeBackendEnvVar, "cpu");
     selection = oracle.select_backend();
-    EXPECT_EQ(selection.backend, Backend::kCpuBatched);
+    EXPECT_EQ(selection.backend.name, "cpu_batched");
     EXPECT_EQ(selection.forced_by, "env MOEKIT_MOE_BACKEND");
   }
-  // "sm90_grouped" becomes "sm90_batched" (and fails there: nothing is registered).
+  // "sm90_grouped" becomes "sm90_batched" (and fails there: its class rejects the CPU).
   forced.moe_backend = "sm90_grouped";
   const std::string msg =
-      error_message([&] { (void)oracle.select_backend(forced, std::nullopt, std::nullopt); });
+      error_message([&] { (void)UnquantizedMoEKernelOracle(forced).select_backend(); });
   EXPECT_TRUE(contains(msg, "Unquantized MoE backend 'sm90_batched' does not support")) << msg;
   // Auto: the standard class is rejected for its format, the batched one wins.
   selection = oracle.select_backend();
-  EXPECT_EQ(selection.backend, Backend::kCpuBatched);
+  EXPECT_EQ(selection.backend.name, "cpu_batched");
   ASSERT_EQ(selection.rejections.size(), 1u);
   EXPECT_EQ(selection.rejections[0].experts, standard.ptr());
   EXPECT_TRUE(contains(selection.rejections[0].reason, "batched_experts activation format"))

@@ -4,9 +4,12 @@
 // quantized oracles' priorities and rejections.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +24,7 @@
 #include "moekit/oracle/int_wna16.h"
 #include "moekit/oracle/mxfp4.h"
 #include "moekit/oracle/nvfp4.h"
+#include "moekit/oracle/plan.h"
 #include "moekit/oracle/w4a8.h"
 #include "moekit/prepare_finalize/no_ep.h"
 #include "moekit/quant/moe_input_quant.h"
@@ -300,7 +304,7 @@ Case int8_case(bool per_token) {
     p.a2_scale = Tensor::from_floats(std::vector<float>{0.03f / 127}, {1}, DType::kF32);
   }
   Case c = base_case("int8", "int8_w8a8", "CpuInt8Experts", l);
-  c.quant = Int8MoEKernelOracle(c.moe).make_quant_config(MoEWeightShape::from(c.moe), p);
+  c.quant = Int8MoEKernelOracle::make_quant_config(MoEWeightShape::from(c.moe), p);
   set_weights(c, w1, w2);
   return c;
 }
@@ -328,7 +332,7 @@ Case wna16_case(int bits, int64_t group, bool asym) {
     p.w2_zp = stack_codes(w2, DType::kUInt8, true);
   }
   Case c = base_case("wna16", bits == 4 ? "int4_w4a16" : "int8_w8a8", "CpuWna16Experts", l);
-  c.quant = IntWna16MoEKernelOracle(c.moe).make_quant_config(MoEWeightShape::from(c.moe), p);
+  c.quant = IntWna16MoEKernelOracle::make_quant_config(MoEWeightShape::from(c.moe), p);
   set_weights(c, w1, w2);
   return c;
 }
@@ -356,13 +360,13 @@ Case mx_case(OcpMxDType act, OcpMxDType weight, std::string experts, bool gpt_os
     p.bias.w2_bias = testing::random_tensor({l.E, l.H}, DType::kF32, 6, -0.1f, 0.1f);
     p.swiglu = SwigluParams{1.702f, 1.0f, 7.0f};
   }
-  c.quant =
-      Mxfp4MoEKernelOracle(c.moe).make_quant_config(MoEWeightShape::from(c.moe), act, weight, p);
+  c.quant = Mxfp4MoEKernelOracle::make_quant_config(MoEWeightShape::from(c.moe), act, weight, p);
   set_weights(c, w1, w2);
   return c;
 }
 
-Case nvfp4_case(bool weight_only, NvFp4MoeBackend backend = NvFp4MoeBackend::kEmulation) {
+// The QuantConfig is built for `backend` (its traits decide the global scales).
+Case nvfp4_case(bool weight_only, const ExpertsBackend& backend) {
   const Layer l = make_layer(51);
   const int64_t N1 = 2 * l.I;
   const QWeights w1 =
@@ -387,9 +391,17 @@ Case nvfp4_case(bool weight_only, NvFp4MoeBackend backend = NvFp4MoeBackend::kEm
     s.w2_input_scale = Tensor::from_floats(in2, {l.E}, DType::kF32);
   }
   Case c = base_case("nvfp4", "nvfp4", "CpuNvfp4Experts", l);
-  c.quant = Nvfp4MoEKernelOracle(c.moe).make_quant_config(backend, MoEWeightShape::from(c.moe), s);
+  c.quant = Nvfp4MoEKernelOracle::make_quant_config(backend, MoEWeightShape::from(c.moe), s);
   set_weights(c, w1, w2);
   return c;
+}
+
+// The same for the registered NVFP4 backend named `backend`.
+Case nvfp4_case(bool weight_only, const std::string& backend = "emulation") {
+  const Layer dims;  // the sizes only
+  return nvfp4_case(
+      weight_only,
+      Nvfp4MoEKernelOracle(make_moe(dims.E, dims.topk, dims.H, dims.I)).backend(backend));
 }
 
 Case w4a8_case(bool static_act, int64_t group) {
@@ -407,7 +419,7 @@ Case w4a8_case(bool static_act, int64_t group) {
     p.a2_scale = Tensor::from_floats(std::vector<float>{0.05f / 448}, {1}, DType::kF32);
   }
   Case c = base_case("w4a8", "w4a8", "CpuW4A8Experts", l);
-  c.quant = W4A8MoEKernelOracle(c.moe).make_quant_config(MoEWeightShape::from(c.moe), p);
+  c.quant = W4A8MoEKernelOracle::make_quant_config(MoEWeightShape::from(c.moe), p);
   set_weights(c, w1, w2);
   return c;
 }
@@ -490,9 +502,15 @@ TEST(QuantMoE, Nvfp4PerExpertAndSharedGlobalScales) {
   const Case c = nvfp4_case(false);
   EXPECT_EQ(c.quant.a1.alpha_or_gscale.numel(), 6);  // emulation quantizes per expert
   run_case(c);
-  const Case d = nvfp4_case(false, NvFp4MoeBackend::kFlashinferTrtllm);
+  // A backend that quantizes before dispatch takes the maximum input scale.
+  const Case d = nvfp4_case(false, "flashinfer_trtllm");
   EXPECT_EQ(d.quant.a1.alpha_or_gscale.numel(), 1);
   run_case(d);
+  // vllm_cutlass quantizes after the permutation, like the emulation (its traits say so).
+  const Case v = nvfp4_case(false, "vllm_cutlass");
+  EXPECT_EQ(v.quant.a1.alpha_or_gscale.numel(), 6);
+  EXPECT_EQ(v.quant.a1.alpha_or_gscale.to_float_vector(),
+            c.quant.a1.alpha_or_gscale.to_float_vector());
   const Case w = nvfp4_case(true);
   EXPECT_FALSE(quant_keys_of(w.quant).second.has_value());
   run_case(w);
@@ -721,37 +739,220 @@ TEST(QuantFactories, ValidationErrorsNameTensorAndRequirement) {
 
 // ---- oracles --------------------------------------------------------------------------------
 
-template <typename Oracle>
-std::vector<std::string> priority_names(const Oracle& o, const MoEConfig& moe) {
-  std::vector<std::string> out;
-  for (auto b : o.priority_backends(moe))
-    out.push_back(o.backend_name(b));
-  return out;
+using Names = std::vector<std::string>;
+
+// A CUDA sm_`cc` device description (planning only: nothing runs on it).
+DeviceInfo cuda_device(int cc) {
+  return DeviceInfo{DeviceType::kCUDA, 0, cc};
+}
+
+// Two decision tables agree in every field (to_string() shows each candidate's verdict).
+::testing::AssertionResult same_report(const OracleReport& a, const OracleReport& b) {
+  if (a.to_string() == b.to_string() && a.error == b.error &&
+      a.chosen_backend == b.chosen_backend && a.chosen_experts == b.chosen_experts &&
+      a.forced_by == b.forced_by && a.candidates.size() == b.candidates.size()) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << a.to_string() << a.error << "\nvs\n"
+                                       << b.to_string() << b.error;
 }
 
 TEST(QuantOracles, PriorityLists) {
   MoEConfig moe = make_moe(8, 2, 128, 64);
-  using V = std::vector<std::string>;
-  EXPECT_EQ(priority_names(Fp8MoEKernelOracle(moe), moe),
+  using V = Names;
+  EXPECT_EQ(Fp8MoEKernelOracle(moe).priority_backends(moe),
             (V{"aiter", "flashinfer_trtllm", "flashinfer_cutlass", "deep_gemm", "triton", "marlin",
                "batched_deep_gemm", "batched_triton", "xpu", "cpu"}));
-  EXPECT_EQ(priority_names(Fp8MoEKernelOracle(moe, {}, {}, true), moe)[4], "vllm_cutlass");
+  EXPECT_EQ(Fp8MoEKernelOracle(moe, {}, {}, true).priority_backends(moe)[4], "vllm_cutlass");
   MoEConfig hopper = moe;
-  hopper.device = DeviceInfo{DeviceType::kCUDA, 0, 90};
-  EXPECT_EQ(priority_names(Fp8MoEKernelOracle(hopper, qk::kFp8Static128BlockSym), hopper)[0],
+  hopper.device = cuda_device(90);
+  EXPECT_EQ(Fp8MoEKernelOracle(hopper, qk::kFp8Static128BlockSym).priority_backends(hopper)[0],
             "triton");
   hopper.parallel.use_ep = true;
-  EXPECT_EQ(priority_names(Fp8MoEKernelOracle(hopper, qk::kFp8Static128BlockSym), hopper)[0],
+  EXPECT_EQ(Fp8MoEKernelOracle(hopper, qk::kFp8Static128BlockSym).priority_backends(hopper)[0],
             "flashinfer_cutlass");
-  EXPECT_EQ(priority_names(Int8MoEKernelOracle(moe), moe), (V{"triton", "cpu"}));
-  EXPECT_EQ(priority_names(W4A8MoEKernelOracle(moe), moe), (V{"cutlass", "cpu"}));
-  EXPECT_EQ(priority_names(IntWna16MoEKernelOracle(moe), moe), (V{"cpu"}));
-  EXPECT_EQ(priority_names(Mxfp4MoEKernelOracle(moe), moe),
+  EXPECT_EQ(Int8MoEKernelOracle(moe).priority_backends(moe), (V{"triton", "cpu"}));
+  EXPECT_EQ(W4A8MoEKernelOracle(moe).priority_backends(moe), (V{"cutlass", "cpu"}));
+  EXPECT_EQ(IntWna16MoEKernelOracle(moe).priority_backends(moe), (V{"cpu"}));
+  EXPECT_EQ(Mxfp4MoEKernelOracle(moe).priority_backends(moe),
             (V{"flashinfer_trtllm_mxfp4_bf16", "ck", "triton", "flashinfer_cutlass_mxfp4_bf16",
                "triton_unfused", "marlin", "batched_marlin", "xpu", "emulation"}));
-  EXPECT_EQ(priority_names(Nvfp4MoEKernelOracle(moe), moe),
+  EXPECT_EQ(Nvfp4MoEKernelOracle(moe).priority_backends(moe),
             (V{"flashinfer_trtllm", "flashinfer_cutedsl", "flashinfer_cutedsl_batched",
                "flashinfer_cutlass", "vllm_cutlass", "marlin", "humming", "emulation"}));
+}
+
+TEST(QuantOracles, Fp8PriorityPolicy) {
+  MoEConfig moe = make_moe(8, 2, 128, 64);
+  using V = Names;
+  // allow_vllm_cutlass puts both vllm_cutlass backends in their original places.
+  EXPECT_EQ(
+      Fp8MoEKernelOracle(moe, {}, {}, /*allow_vllm_cutlass=*/true).priority_backends(moe),
+      (V{"aiter", "flashinfer_trtllm", "flashinfer_cutlass", "deep_gemm", "vllm_cutlass", "triton",
+         "marlin", "batched_deep_gemm", "batched_vllm_cutlass", "batched_triton", "xpu", "cpu"}));
+  // Without it they stay registered (and forceable by name), just out of the priority list.
+  Fp8MoEKernelOracle plain(moe);
+  const V values = plain.backend_values();
+  for (const char* name : {"vllm_cutlass", "batched_vllm_cutlass"}) {
+    EXPECT_NE(std::find(values.begin(), values.end(), name), values.end()) << name;
+  }
+  MoEConfig forced = moe;
+  forced.moe_backend = "vllm_cutlass";
+  expect_error_containing(
+      [&] { (void)Fp8MoEKernelOracle(forced).select_backend(); },
+      "FP8 MoE backend 'vllm_cutlass' does not support the deployment configuration since no "
+      "kernel is registered for this backend.\nThe backend was forced by config; there is no "
+      "fallback.");
+
+  // sm_90 with 128-block weights: triton (flashinfer_cutlass under expert parallelism) moves ahead
+  // of the other declared backends; the rest keep their order.
+  MoEConfig hopper = moe;
+  hopper.device = cuda_device(90);
+  for (const QuantKey& block : {qk::kFp8Static128BlockSym, qk::kFp8Static128BlockE8M0Sym}) {
+    SCOPED_TRACE(block.to_string());
+    EXPECT_EQ(Fp8MoEKernelOracle(hopper, block).priority_backends(hopper),
+              (V{"triton", "aiter", "flashinfer_trtllm", "flashinfer_cutlass", "deep_gemm",
+                 "marlin", "batched_deep_gemm", "batched_triton", "xpu", "cpu"}));
+    MoEConfig ep = hopper;
+    ep.parallel.use_ep = true;
+    EXPECT_EQ(Fp8MoEKernelOracle(ep, block).priority_backends(ep),
+              (V{"flashinfer_cutlass", "aiter", "flashinfer_trtllm", "deep_gemm", "triton",
+                 "marlin", "batched_deep_gemm", "batched_triton", "xpu", "cpu"}));
+    EXPECT_EQ(Fp8MoEKernelOracle(ep, block, {}, true).priority_backends(ep)[0],
+              "flashinfer_cutlass");
+  }
+  // No move for other weights, another architecture, or the CPU.
+  const V original = plain.priority_backends(moe);
+  EXPECT_EQ(Fp8MoEKernelOracle(hopper, qk::kFp8StaticTensorSym).priority_backends(hopper),
+            original);
+  MoEConfig blackwell = moe;
+  blackwell.device = cuda_device(100);
+  EXPECT_EQ(Fp8MoEKernelOracle(blackwell, qk::kFp8Static128BlockSym).priority_backends(blackwell),
+            original);
+  EXPECT_EQ(Fp8MoEKernelOracle(moe, qk::kFp8Static128BlockSym).priority_backends(moe), original);
+  // The policy orders the oracle's own selection too: the first rejection is triton's.
+  const Case block_case = fp8_case(Fp8Kind::kBlock);
+  MoEConfig block_hopper = block_case.moe;
+  block_hopper.device = cuda_device(90);
+  const OracleReport r =
+      Fp8MoEKernelOracle(block_hopper, qk::kFp8Static128BlockSym, qk::kFp8Dynamic128Sym).explain();
+  ASSERT_FALSE(r.candidates.empty());
+  EXPECT_EQ(r.candidates[0].backend, "triton");
+  EXPECT_TRUE(r.candidates[0].considered);
+  EXPECT_TRUE(r.error.find("(10 tried: ['triton', 'aiter', ") != std::string::npos) << r.error;
+}
+
+TEST(QuantOracles, Wna16BackendsByDevice) {
+  const Case c = wna16_case(4, 32, false);
+  const auto [wk, ak] = quant_keys_of(c.quant);
+  // cpu is the candidate on a CPU device, emulation (the same class) on a GPU one.
+  const IntWna16MoEKernelOracle oracle(c.moe, wk, ak);
+  EXPECT_EQ(oracle.priority_backends(c.moe), (Names{"cpu"}));
+  MoEConfig gpu = c.moe;
+  gpu.device = cuda_device(90);
+  EXPECT_EQ(oracle.priority_backends(gpu),
+            (Names{"flashinfer_trtllm", "marlin", "batched_marlin", "humming", "emulation"}));
+  EXPECT_EQ(oracle.backend("cpu").candidate_on, (std::vector<DeviceType>{DeviceType::kCPU}));
+  EXPECT_EQ(oracle.backend("emulation").candidate_on, (std::vector<DeviceType>{DeviceType::kCUDA}));
+  // xpu only when forced; marlin's batched variant is batched_marlin.
+  EXPECT_TRUE(oracle.backend("xpu").only_when_forced);
+  EXPECT_EQ(oracle.batched_variant("marlin"), std::optional<std::string>("batched_marlin"));
+
+  const auto selection = oracle.select_backend();
+  EXPECT_EQ(selection.backend.name, "cpu");
+  EXPECT_EQ(selection.experts, &CpuWna16Experts::klass());
+  EXPECT_TRUE(selection.rejections.empty());
+  // emulation is in the table (skipped on this device, but its class would serve).
+  bool skipped_emulation = false;
+  for (const auto& cand : selection.report.candidates) {
+    if (cand.backend == "emulation") skipped_emulation = !cand.considered && cand.supported;
+  }
+  EXPECT_TRUE(skipped_emulation) << selection.report.to_string();
+  // Forced by name, emulation serves the CPU deployment too (candidate_on only shapes the list).
+  MoEConfig forced = c.moe;
+  forced.moe_backend = "emulation";
+  const auto forced_selection = IntWna16MoEKernelOracle(forced, wk, ak).select_backend();
+  EXPECT_EQ(forced_selection.backend.name, "emulation");
+  EXPECT_EQ(forced_selection.experts, &CpuWna16Experts::klass());
+  EXPECT_EQ(forced_selection.forced_by, "config");
+  // And the whole kernel goes through it.
+  EXPECT_EQ(make_kernel_for(forced, c.quant)->fused_experts().name(), "CpuWna16Experts");
+}
+
+TEST(QuantOracles, OnlyWhenForcedBackends) {
+  const Case nv = nvfp4_case(false);
+  const auto [wk, ak] = quant_keys_of(nv.quant);
+  const Nvfp4MoEKernelOracle oracle(nv.moe, wk, ak);
+  const Names values = oracle.backend_values();
+  const Names priority = oracle.priority_backends(nv.moe);
+  for (const char* name : {"b12x", "flashinfer_b12x"}) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(oracle.backend(name).only_when_forced);
+    EXPECT_NE(std::find(values.begin(), values.end(), name), values.end());
+    EXPECT_EQ(std::find(priority.begin(), priority.end(), name), priority.end());
+    // Forced, it is tried (no kernel here) and never falls back to the emulation.
+    MoEConfig forced = nv.moe;
+    forced.moe_backend = name;
+    const std::string msg = testing::error_of<UnsupportedError>(
+        [&] { (void)Nvfp4MoEKernelOracle(forced, wk, ak).select_backend(); });
+    EXPECT_TRUE(testing::contains_all(
+        msg, {"NvFp4 MoE backend '" + std::string(name) +
+                  "' does not support the deployment configuration since no kernel is registered "
+                  "for this backend.",
+              "there is no fallback"}));
+    EXPECT_EQ(msg.find("CpuNvfp4Experts"), std::string::npos) << msg;
+  }
+  // MXFP4: the mxfp8-activation variants, also by their aliases.
+  const Mxfp4MoEKernelOracle mx(make_moe(8, 2, 128, 64));
+  const Names mx_priority = mx.priority_backends(mx.moe_config());
+  for (const char* name : {"flashinfer_trtllm_mxfp4_mxfp8", "flashinfer_cutlass_mxfp4_mxfp8"}) {
+    EXPECT_TRUE(mx.backend(name).only_when_forced) << name;
+    EXPECT_EQ(std::find(mx_priority.begin(), mx_priority.end(), name), mx_priority.end()) << name;
+  }
+  EXPECT_EQ(mx.map_backend("flashinfer_trtllm_afp8"), "flashinfer_trtllm_mxfp4_mxfp8");
+  EXPECT_EQ(mx.map_backend("flashinfer_cutlass_afp8"), "flashinfer_cutlass_mxfp4_mxfp8");
+  EXPECT_EQ(mx.map_backend("cpu"), "emulation");
+  // Each declares the alignment its kernels need (read by the Quark OCP MX method).
+  EXPECT_EQ(mx.backend("emulation").traits.hidden_align, 32);
+  EXPECT_EQ(mx.backend("emulation").traits.intermediate_align, 32);
+  EXPECT_EQ(mx.backend("flashinfer_trtllm_mxfp4_bf16").traits.hidden_align, 256);
+  EXPECT_EQ(mx.backend("triton").traits.intermediate_align, 64);
+}
+
+TEST(QuantOracles, SelectionReportIsExplainAndThePlans) {
+  for (const Case& c :
+       {fp8_case(Fp8Kind::kBlock), int8_case(true), wna16_case(4, 32, true), w4a8_case(false, -1),
+        nvfp4_case(false),
+        mx_case(OcpMxDType::kMxfp6E3M2, OcpMxDType::kMxfp6E3M2, "CpuOcpMxExperts")}) {
+    SCOPED_TRACE(c.name);
+    const QuantOracleKind kind = oracle_kind_for(c.quant);
+    const auto [wk, ak] = quant_keys_of(c.quant);
+    const std::unique_ptr<MoEKernelOracle> oracle = make_oracle(kind, c.moe, wk, ak);
+    const auto selection = oracle->select_backend();
+    EXPECT_EQ(selection.experts->name(), c.experts);
+    EXPECT_TRUE(same_report(selection.report, oracle->explain()));
+    EXPECT_TRUE(same_report(selection.report, explain_for_scheme(c.moe, c.quant)));
+    const MoEPlan plan = plan_moe(c.moe, c.quant, PlanOptions{.log = false});
+    ASSERT_TRUE(plan.ok()) << plan.error();
+    EXPECT_TRUE(same_report(selection.report, plan.experts_report));
+    EXPECT_EQ(plan.backend->name, selection.backend.name);
+    EXPECT_EQ(plan.experts, selection.experts);
+  }
+  // A forced backend that cannot serve: the error thrown is the table's.
+  Case nv = nvfp4_case(false);
+  nv.moe.moe_backend = "flashinfer_cutlass";
+  const auto [wk, ak] = quant_keys_of(nv.quant);
+  const Nvfp4MoEKernelOracle oracle(nv.moe, wk, ak);
+  const std::string msg =
+      testing::error_of<UnsupportedError>([&] { (void)oracle.select_backend(); });
+  const OracleReport report = oracle.explain();
+  EXPECT_EQ(report.error, msg);
+  EXPECT_EQ(report.forced_by, "config");
+  EXPECT_TRUE(same_report(report, explain_for_scheme(nv.moe, nv.quant)));
+  const MoEPlan plan = plan_moe(nv.moe, nv.quant, PlanOptions{.log = false});
+  EXPECT_FALSE(plan.ok());
+  EXPECT_EQ(plan.error(), msg);
+  expect_error_containing([&] { plan.check(); }, "there is no fallback");
 }
 
 TEST(QuantOracles, GpuBackendsRejectedUntilRegisteredAndEmulationChosen) {
@@ -765,7 +966,8 @@ TEST(QuantOracles, GpuBackendsRejectedUntilRegisteredAndEmulationChosen) {
   EXPECT_EQ(r.candidates[0].backend, "flashinfer_trtllm");
   EXPECT_EQ(r.candidates[0].reason, kNoKernelRegisteredReason);
   const auto sel = Nvfp4MoEKernelOracle(c.moe).select_backend();
-  EXPECT_EQ(sel.backend, NvFp4MoeBackend::kEmulation);
+  EXPECT_EQ(sel.backend.name, "emulation");
+  EXPECT_EQ(sel.experts, &CpuNvfp4Experts::klass());
   EXPECT_EQ(sel.rejections.size(), 7u);  // every GPU backend before emulation
   for (const auto& rej : sel.rejections)
     EXPECT_EQ(rej.reason, kNoKernelRegisteredReason);
@@ -814,7 +1016,7 @@ TEST(QuantOracles, WrongKernelRejectedNamingTheScheme) {
   // ... forcing the experts onto the scheme through an oracle fails with that reason ...
   Fp8MoEKernelOracle fp8(nv.moe, qk::kNvfp4Static, qk::kNvfp4Dynamic);
   expect_error_containing(
-      [&] { fp8.return_or_raise(Fp8MoeBackend::kCpu); },
+      [&] { fp8.return_or_raise("cpu"); },
       "kernel does not support quantization scheme " + qk::kNvfp4Static.to_string());
   // ... and so does constructing the class with the wrong QuantConfig.
   expect_error_containing([&] { CpuFp8Experts(nv.moe, nv.quant); },
@@ -824,6 +1026,8 @@ TEST(QuantOracles, WrongKernelRejectedNamingTheScheme) {
       "kernel does not support quantization scheme " + qk::kFp8Static128BlockSym.to_string());
 }
 
+// NOTE: the quant-config helpers are static now and take the chosen backend's record: what they
+// read is its traits (weight_only, per_expert_input_global_scale), never its name.
 TEST(QuantOracles, MakeQuantConfigOfBackends) {
   const Case c = fp8_case(Fp8Kind::kTensorStatic);
   Fp8W8A8Params p;
@@ -833,12 +1037,45 @@ TEST(QuantOracles, MakeQuantConfigOfBackends) {
   p.a2_scale = c.quant.a2.scale;
   const Fp8MoEKernelOracle o(c.moe);
   const auto shape = MoEWeightShape::from(c.moe);
-  EXPECT_EQ(quant_keys_of(o.make_quant_config(Fp8MoeBackend::kMarlin, shape, p)).second,
-            std::nullopt);
-  EXPECT_EQ(quant_keys_of(o.make_quant_config(Fp8MoeBackend::kCpu, shape, p)).second,
+  EXPECT_TRUE(o.backend("marlin").traits.weight_only);
+  EXPECT_FALSE(o.backend("cpu").traits.weight_only);
+  EXPECT_EQ(
+      quant_keys_of(Fp8MoEKernelOracle::make_quant_config(o.backend("marlin"), shape, p)).second,
+      std::nullopt);
+  EXPECT_EQ(quant_keys_of(Fp8MoEKernelOracle::make_quant_config(o.backend("cpu"), shape, p)).second,
             qk::kFp8StaticTensorSym);
+  // The traits decide, not the name: a record named "marlin" without the trait is W8A8, and any
+  // other name with it is W8A16.
+  ExpertsBackend not_weight_only = o.backend("marlin");
+  not_weight_only.traits.weight_only = false;
+  EXPECT_EQ(quant_keys_of(Fp8MoEKernelOracle::make_quant_config(not_weight_only, shape, p)).second,
+            qk::kFp8StaticTensorSym);
+  ExpertsBackend weight_only = o.backend("cpu");
+  weight_only.name = "some_w8a16_kernel";
+  weight_only.traits.weight_only = true;
+  const QuantConfig w8a16 = Fp8MoEKernelOracle::make_quant_config(weight_only, shape, p);
+  EXPECT_EQ(quant_keys_of(w8a16).second, std::nullopt);
+  EXPECT_EQ(quant_keys_of(w8a16).first, qk::kFp8StaticTensorSym);
+  EXPECT_FALSE(w8a16.a1.scale.defined());
   // The unquantized oracle's no-argument make_quant_config still throws.
   EXPECT_THROW(o.make_quant_config(), Error);
+
+  // NVFP4: per-expert activation global scales follow traits.per_expert_input_global_scale.
+  const Nvfp4MoEKernelOracle nv(nvfp4_case(false).moe);
+  EXPECT_TRUE(nv.backend("emulation").traits.per_expert_input_global_scale);
+  EXPECT_TRUE(nv.backend("vllm_cutlass").traits.per_expert_input_global_scale);
+  EXPECT_FALSE(nv.backend("flashinfer_cutlass").traits.per_expert_input_global_scale);
+  EXPECT_EQ(nvfp4_case(false, "flashinfer_cutlass").quant.a2.alpha_or_gscale.numel(), 1);
+  EXPECT_EQ(nvfp4_case(false, "vllm_cutlass").quant.a2.alpha_or_gscale.numel(), 6);
+  // Again the traits decide, not the name.
+  ExpertsBackend renamed = nv.backend("flashinfer_cutlass");
+  renamed.traits.per_expert_input_global_scale = true;
+  EXPECT_EQ(nvfp4_case(false, renamed).quant.a2.alpha_or_gscale.numel(), 6);
+  ExpertsBackend shared = nv.backend("emulation");
+  shared.traits.per_expert_input_global_scale = false;
+  const Case one_scale = nvfp4_case(false, shared);
+  EXPECT_EQ(one_scale.quant.a1.alpha_or_gscale.numel(), 1);
+  EXPECT_EQ(one_scale.quant.a2.alpha_or_gscale.numel(), 1);
 }
 
 }  // namespace

@@ -56,17 +56,9 @@ constexpr RunContext kCtx{};
 // ---- helpers
 // -------------------------------------------------------------------------------------
 
+using testing::poisoned;
 bool same_bytes(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor ca = a.is_contiguous() ? a : a.clone();
-  const Tensor cb = b.is_contiguous() ? b : b.clone();
-  return std::memcmp(ca.data(), cb.data(), ca.nbytes()) == 0;
-}
-
-Tensor poisoned(const Shape& shape, DType dtype) {
-  Tensor t = Tensor::empty(shape, dtype);
-  t.fill_bytes(0xFF);
-  return t;
+  return testing::bitwise_equal(a, b);
 }
 
 Tensor ints(const std::vector<int64_t>& values, const Shape& shape) {

@@ -1,11 +1,19 @@
-// The blocks-of-32 gate/up row order used by a fused GEMM1 activation (core/elementwise.h).
+// The blocks-of-32 gate/up row order used by a fused GEMM1 activation (core/elementwise.h), and the
+// sm90 backends' WeightLayout that applies it (in place) and inverts it.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/elementwise.h"
 #include "moekit/core/error.h"
+#include "moekit/experts/cpu_reference.h"
 #include "moekit/experts/sm90_experts.h"
+#include "moekit/modular/expert_weights.h"
+#include "moekit/oracle/backend.h"
+#include "moekit/oracle/plan.h"
 #include "moekit/oracle/unquantized.h"
 
 namespace moekit {
@@ -82,36 +90,157 @@ MoEConfig small_moe(Activation act) {
   return m;
 }
 
-TEST(WeightLayout, OracleConvertsOnlyForFusedSm90Backends) {
+// NOTE: the oracle's convert_to_kernel_format / convert_w13_bias_to_kernel_format are replaced by
+// the chosen backend's weight layout (ExpertsBackend::layout_for). Intentional change: to_kernel
+// rewrites w13 and its bias in place (the same storage) where the conversion returned reordered
+// copies; to_standard is its exact inverse on host copies of single experts.
+TEST(WeightLayout, OnlyFusedSm90BackendsHaveALayout) {
   const MoEConfig gated = small_moe(Activation::kSilu);
   ASSERT_TRUE(sm90_fuses_activation(gated));
   UnquantizedMoEKernelOracle oracle(gated);
-  const Tensor w13 = tagged(2, 64, 3);
-  const Tensor w2 = tagged(2, 3, 32);
-  // The CPU reference keeps the standard layout: the very same tensors come back.
-  auto [c13, c2] = oracle.convert_to_kernel_format(UnquantizedMoeBackend::kCpu, gated, w13, w2);
-  EXPECT_EQ(c13.data(), w13.data());
-  EXPECT_EQ(c2.data(), w2.data());
-  // sm90: a reordered copy of w13 (with I = 32, kernel row 32 is the first up row), w2 unchanged.
-  auto [k13, k2] =
-      oracle.convert_to_kernel_format(UnquantizedMoeBackend::kSm90Grouped, gated, w13, w2);
-  EXPECT_NE(k13.data(), w13.data());
-  EXPECT_EQ(k2.data(), w2.data());
-  const std::vector<float> v = k13.to_float_vector();
+  // The CPU backends keep the standard layout.
+  for (const char* name : {"cpu", "cpu_batched", "cpu_monolithic"}) {
+    EXPECT_FALSE(oracle.backend(name).layout_for(gated).has_value()) << name;
+  }
+  for (const char* name : {"sm90_grouped", "sm90_batched"}) {
+    const std::optional<WeightLayout> layout = oracle.backend(name).layout_for(gated);
+    ASSERT_TRUE(layout.has_value()) << name;
+    EXPECT_EQ(layout->name, "w13 gate/up rows in blocks of 32 (activation fused into GEMM1)");
+    EXPECT_TRUE(static_cast<bool>(layout->to_kernel)) << name;
+    EXPECT_TRUE(static_cast<bool>(layout->to_standard)) << name;
+  }
+  // A non-gated layer, or I not a multiple of 32, is never reordered.
+  const MoEConfig plain = small_moe(Activation::kSiluNoMul);
+  EXPECT_FALSE(sm90_fuses_activation(plain));
+  MoEConfig odd = gated;
+  odd.intermediate_size = 48;
+  EXPECT_FALSE(sm90_fuses_activation(odd));
+  for (const char* name : {"sm90_grouped", "sm90_batched"}) {
+    EXPECT_FALSE(oracle.backend(name).layout_for(plain).has_value()) << name;
+    EXPECT_FALSE(oracle.backend(name).layout_for(odd).has_value()) << name;
+  }
+}
+
+// Runs `layout` on (w13 (E, 2I, K), w2, w13 bias (E, 2I)) and checks: w13 and its bias are
+// rewritten in place with kernel row r holding standard row src_row(r), w2 is untouched, and
+// to_standard on a host copy of each expert gives the standard tensors back exactly.
+void check_sm90_layout(const MoEConfig& moe, const WeightLayout& layout,
+                       const std::function<int64_t(int64_t)>& src_row) {
+  const int64_t E = moe.num_local_experts, n = 2 * moe.intermediate_size, K = moe.hidden_dim;
+  ExpertWeights w;
+  w.w13 = tagged(E, n, K);
+  w.w2 = tagged(E, K, moe.intermediate_size);
+  std::vector<float> b(static_cast<size_t>(E * n));
+  for (int64_t i = 0; i < E * n; ++i)
+    b[static_cast<size_t>(i)] = static_cast<float>(i);
+  w.w13_bias = Tensor::from_floats(b, {E, n}, DType::kF32);
+  const std::vector<float> w13_standard = w.w13.to_float_vector();
+  const std::vector<float> w2_standard = w.w2.to_float_vector();
+  const void* w13_data = w.w13.data();
+  const void* w2_data = w.w2.data();
+  const void* bias_data = w.w13_bias.data();
+
+  layout.to_kernel(w, moe, Stream{});
+  EXPECT_EQ(w.w13.data(), w13_data) << "w13 is rewritten in place";
+  EXPECT_EQ(w.w13_bias.data(), bias_data) << "the bias is rewritten in place";
+  EXPECT_EQ(w.w2.data(), w2_data);
+  EXPECT_EQ(w.w2.to_float_vector(), w2_standard);
+  const std::vector<float> k13 = w.w13.to_float_vector();
+  const std::vector<float> kb = w.w13_bias.to_float_vector();
+  EXPECT_NE(k13, w13_standard);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t s = src_row(r);
+      for (int64_t k = 0; k < K; ++k) {
+        ASSERT_EQ(k13[static_cast<size_t>((e * n + r) * K + k)], static_cast<float>(e * 1000 + s))
+            << e << " " << r;
+      }
+      ASSERT_EQ(kb[static_cast<size_t>(e * n + r)], static_cast<float>(e * n + s)) << e << " " << r;
+    }
+  }
+  // The inverse, one expert at a time on host copies.
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertWeights one;
+    one.w13 = w.w13.slice(0, e, e + 1).clone();
+    one.w2 = w.w2.slice(0, e, e + 1).clone();
+    one.w13_bias = w.w13_bias.slice(0, e, e + 1).clone();
+    layout.to_standard(one, moe);
+    const std::vector<float> want13(w13_standard.begin() + e * n * K,
+                                    w13_standard.begin() + (e + 1) * n * K);
+    EXPECT_EQ(one.w13.to_float_vector(), want13) << "expert " << e;
+    const std::vector<float> want_b(b.begin() + e * n, b.begin() + (e + 1) * n);
+    EXPECT_EQ(one.w13_bias.to_float_vector(), want_b) << "expert " << e;
+    const std::vector<float> want2(w2_standard.begin() + e * K * moe.intermediate_size,
+                                   w2_standard.begin() + (e + 1) * K * moe.intermediate_size);
+    EXPECT_EQ(one.w2.to_float_vector(), want2) << "expert " << e;
+  }
+}
+
+TEST(WeightLayout, Sm90LayoutRewritesW13AndBiasInPlace) {
+  MoEConfig gated = small_moe(Activation::kSilu);
+  gated.intermediate_size = 64;  // two blocks of 64 rows
+  const std::optional<WeightLayout> layout =
+      UnquantizedMoEKernelOracle(gated).backend("sm90_grouped").layout_for(gated);
+  ASSERT_TRUE(layout.has_value());
+  const int64_t I = gated.intermediate_size;
+  check_sm90_layout(gated, *layout, [I](int64_t r) {
+    const int64_t block = r / 64, w = r % 64, col = block * 32 + w % 32;
+    return w < 32 ? col : I + col;  // gate row col, or up row I + col
+  });
+  // The rows of the original example: with I = 32, kernel row 32 is the first up row.
+  const MoEConfig small = small_moe(Activation::kSilu);
+  ExpertWeights w;
+  w.w13 = tagged(2, 64, 3);
+  w.w2 = tagged(2, 3, 32);
+  layout->to_kernel(w, small, Stream{});
+  const std::vector<float> v = w.w13.to_float_vector();
   EXPECT_EQ(v[31 * 3], 31.f);          // gate row 31
   EXPECT_EQ(v[32 * 3], 32.f);          // up row 0 (source row I + 0 = 32)
   EXPECT_EQ(v[(64 + 5) * 3], 1005.f);  // expert 1, gate row 5
-  // The bias follows the rows; a non-gated layer is never reordered.
-  const Tensor bias = Tensor::from_floats(std::vector<float>(128, 1.f), {2, 64}, DType::kF32);
-  EXPECT_NE(
-      oracle.convert_w13_bias_to_kernel_format(UnquantizedMoeBackend::kSm90Batched, gated, bias)
-          .data(),
-      bias.data());
-  const MoEConfig plain = small_moe(Activation::kSiluNoMul);
-  EXPECT_FALSE(sm90_fuses_activation(plain));
-  auto [p13, p2] =
-      oracle.convert_to_kernel_format(UnquantizedMoeBackend::kSm90Grouped, plain, w13, w2);
-  EXPECT_EQ(p13.data(), w13.data());
+}
+
+TEST(WeightLayout, Sm90LayoutOfSwigluOaiIsPairwise) {
+  MoEConfig oai = small_moe(Activation::kSwigluOai);
+  ASSERT_TRUE(sm90_fuses_activation(oai));
+  const std::optional<WeightLayout> layout =
+      UnquantizedMoEKernelOracle(oai).backend("sm90_batched").layout_for(oai);
+  ASSERT_TRUE(layout.has_value());
+  check_sm90_layout(oai, *layout, [](int64_t r) {
+    const int64_t col = (r / 64) * 32 + (r % 64) % 32;
+    return (r % 64) < 32 ? 2 * col : 2 * col + 1;  // gate = 2i, up = 2i + 1
+  });
+}
+
+TEST(WeightLayout, PlanCarriesTheChosenBackendsLayout) {
+  const MoEConfig gated = small_moe(Activation::kSilu);
+  // On the CPU the plan chooses "cpu": the standard layout.
+  MoEPlan plan = plan_moe(gated, QuantConfig::unquantized(), PlanOptions{.log = false});
+  ASSERT_TRUE(plan.ok()) << plan.error();
+  EXPECT_EQ(plan.backend->name, "cpu");
+  EXPECT_FALSE(plan.weight_layout.has_value());
+  // A backend with the sm90 layout that serves the CPU deployment (a stand-in: this build cannot
+  // run the Hopper classes): the plan takes its layout.
+  ExpertsBackend stand_in = UnquantizedMoEKernelOracle(gated).backend("sm90_grouped");
+  stand_in.candidate_on = {};
+  stand_in.classes = {&CpuReferenceExperts::klass()};
+  {
+    BackendRegistration reg(stand_in);
+    plan = plan_moe(gated, QuantConfig::unquantized(), PlanOptions{.log = false});
+    ASSERT_TRUE(plan.ok()) << plan.error();
+    EXPECT_EQ(plan.backend->name, "sm90_grouped");
+    ASSERT_TRUE(plan.weight_layout.has_value());
+    EXPECT_EQ(plan.weight_layout->name,
+              "w13 gate/up rows in blocks of 32 (activation fused into GEMM1)");
+    // ... for a deployment whose activation is fused only.
+    const MoEConfig plain = small_moe(Activation::kSiluNoMul);
+    plan = plan_moe(plain, QuantConfig::unquantized(), PlanOptions{.log = false});
+    ASSERT_TRUE(plan.ok()) << plan.error();
+    EXPECT_EQ(plan.backend->name, "sm90_grouped");
+    EXPECT_FALSE(plan.weight_layout.has_value());
+  }
+  plan = plan_moe(gated, QuantConfig::unquantized(), PlanOptions{.log = false});
+  EXPECT_EQ(plan.backend->name, "cpu");
+  EXPECT_FALSE(plan.weight_layout.has_value());
 }
 
 }  // namespace

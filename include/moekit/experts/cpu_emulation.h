@@ -140,9 +140,10 @@ class CpuW4A8Experts final : public CpuEmulationExperts {
 };
 
 // The dequantized (rows, cols) fp32 values of expert e's weight codes `w` ((E, rows, Kc), see
-// above) under `desc` (quant_config().w1 or w2). `a_desc` is the matching activation descriptor
-// (a1 for w1, a2 for w2): NVFP4 derives the weight's global scale from the g-alphas and the
-// activation global scale. Used by the experts and by tests' float64 recomputations.
+// above; or just expert e's (rows, Kc)) under `desc` (quant_config().w1 or w2). `a_desc` is the
+// matching activation descriptor (a1 for w1, a2 for w2): NVFP4 derives the weight's global scale
+// from the g-alphas and the activation global scale. Used by the experts and by tests' float64
+// recomputations.
 std::vector<float> dequantize_expert_weight(const Tensor& w, const QuantDesc& desc,
                                             const QuantDesc& a_desc, int64_t e, int64_t cols);
 

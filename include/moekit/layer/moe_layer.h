@@ -1,37 +1,51 @@
-// MoELayer: one Mixture-of-Experts layer as an inference engine uses it — weights, router, expert
-// map of this rank, optional shared experts, and the kernel the oracle chose.
+// MoELayer: one Mixture-of-Experts layer as an inference engine uses it — for every scheme
+// (unquantized, fp8, int8, int4/int8 weight-only, MXFP4/6/8, NVFP4, W4A8, Quark checkpoints) and
+// deployment: weights held once in the chosen kernel's layout, the router, the expert map of this
+// rank, optional shared experts, and the kernel of the plan (oracle/plan.h).
 //
 //   MoELayer layer(find_preset("qwen3-30b-a3b"), MoELayer::random_weights(...), options);
 //   Tensor y = layer.forward(x, router_logits, ctx);   // x (M, H), logits (M, E) -> y (M, H)
+//   MoELayer q(model, quant_config, quantized_weights, options);   // codes + QuantConfig scales
+//   MoELayer c = load_moe_layer("ckpt/", 3, options);  // layer/checkpoint.h
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "moekit/comm/communicator.h"
 #include "moekit/config/moe_config.h"
 #include "moekit/config/quant_config.h"
 #include "moekit/core/workspace.h"
 #include "moekit/layer/presets.h"
+#include "moekit/modular/expert_weights.h"
 #include "moekit/modular/kernel.h"
-#include "moekit/oracle/oracle.h"
+#include "moekit/oracle/plan.h"
 #include "moekit/router/router.h"
 
 namespace moekit {
 
-// The tensors of one layer on this rank. Shapes: E_local experts, H hidden, I intermediate.
+// The tensors of one layer on this rank. Shapes: E_local experts, E global, H hidden,
+// I intermediate, N1 = 2I gated or I `_no_mul`; Kc = the packed row bytes of a quantized format.
+//
+// NOTE: the layer takes these tensors over: the routed experts' tensors are rewritten in place
+// into the chosen kernel's layout (MoELayer::kernel_weights()), so a caller that kept views of
+// them sees that layout afterwards. Read experts back with MoELayer::expert_reference().
 struct MoELayerWeights {
-  Tensor w13;                      // (E_local, 2I, H) gated, (E_local, I, H) `_no_mul`
-  Tensor w2;                       // (E_local, H, I)
-  Tensor w13_bias;                 // (E_local, 2I or I), optional
-  Tensor w2_bias;                  // (E_local, H), optional
+  Tensor w13;       // (E_local, N1, H) in options.dtype, or (E_local, N1, Kc) codes (quantized)
+  Tensor w2;        // (E_local, H, I) in options.dtype, or (E_local, H, Kc) codes
+  Tensor w13_bias;  // (E_local, N1) in options.dtype (f32 also for quantized layers), optional
+  Tensor w2_bias;   // (E_local, H), optional
   Tensor e_score_correction_bias;  // (E,) f32, optional (DeepSeek-V3 selection bias)
-  Tensor shared_w13;               // (2*I_s, H), optional shared experts
+  Tensor shared_w13;               // (2*I_s, H) in options.dtype, optional shared experts
   Tensor shared_w2;                // (H, I_s)
+  Tensor router_weight;            // (E, H) f32 on the CPU, optional: the gate (router_logits())
 };
 
 struct MoELayerOptions {
-  DType dtype = DType::kBF16;             // activation and weight dtype
+  DType dtype = DType::kBF16;             // activation dtype (and of unquantized weights)
   DeviceInfo device = cpu_device_info();  // where the layer runs
   ParallelConfig parallel;                // EP rank / size (the expert_map follows from it)
   std::string backend = "auto";           // force an experts backend by name ("auto": the oracle)
@@ -40,16 +54,31 @@ struct MoELayerOptions {
   // Caller-owned workspaces shared by several layers (grown to this layer's worst case at
   // construction); when null the layer owns its own.
   WorkspaceManager* workspace = nullptr;
+  // The ranks' token exchange, for deployments that move tokens between ranks (the plan's
+  // prepare/finalize says when one is needed); null for single-rank deployments.
+  std::shared_ptr<Communicator> communicator;
 };
 
 class MoELayer {
  public:
-  // Validates the weights against the model shape and the rank's expert range, builds the router,
-  // selects the experts backend (throws moekit::UnsupportedError when a forced backend cannot serve
-  // the deployment) and reserves the workspaces for max_num_tokens.
+  // An unquantized layer: weights in options.dtype.
   MoELayer(const ModelPreset& model, MoELayerWeights weights, MoELayerOptions options = {});
+  // Any scheme: `quant` describes the weights (QuantConfig::unquantized() for float weights;
+  // quantized: codes in weights.w13/w2, scales in the QuantConfig, config/quant_factories.h).
+  // Validates the weights against the model shape and the rank's expert range, builds the router,
+  // plans once (throws moekit::UnsupportedError with every candidate's reason when nothing, or a
+  // forced backend that, cannot serve the deployment), rewrites the weights into the kernel's
+  // layout in place and reserves the workspaces for max_num_tokens.
+  // `plan`: a plan already made for this deployment and scheme (a Quark method plans at
+  // construction, as the seed's methods do); the layer then does not select again.
+  MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights weights,
+           MoELayerOptions options, std::optional<MoEPlan> plan = std::nullopt);
+  MoELayer(MoELayer&&) noexcept;
+  MoELayer& operator=(MoELayer&&) noexcept;
+  ~MoELayer();
 
-  // Seeded random weights for this rank (scaled so activations stay O(1)); on options.device.
+  // Seeded random unquantized weights for this rank (scaled so activations stay O(1)); on
+  // options.device.
   static MoELayerWeights random_weights(const ModelPreset& model, const MoELayerOptions& options,
                                         uint64_t seed);
 
@@ -59,8 +88,7 @@ class MoELayer {
   // With a monolithic kernel (e.g. the forced "cpu_monolithic" backend) the layer does not route:
   // it hands the logits, with its router's grouping, bias and scaling factor, to
   // kernel().apply_monolithic. Monolithic kernels take no shared experts, so the layer then runs
-  // them itself beside the kernel and adds them the same way (the same result as the modular
-  // kernel's shared experts).
+  // them itself beside the kernel and adds them the same way.
   Tensor forward(const Tensor& hidden_states, const Tensor& router_logits, RunContext ctx = {});
   // Graph-capturable form: writes into a caller-provided output (M, H) and allocates nothing on the
   // device (routing buffers and workspaces were sized at construction). Needs ctx.stream on a GPU.
@@ -73,23 +101,45 @@ class MoELayer {
   void forward_routed_into(Tensor& output, const Tensor& hidden_states, const Tensor& topk_ids,
                            const Tensor& topk_weights, RunContext ctx);
 
+  // x (M, H) on the CPU -> logits (M, E) f32 on the CPU: x @ router_weight^T in double.
+  // Throws when the layer has no router weight.
+  Tensor router_logits(const Tensor& x) const;
+
   const ModelPreset& model() const { return model_; }
   const MoEConfig& moe_config() const { return moe_; }
-  // The weights as given (standard layout); kernel_w13() is what the kernel reads.
+  const MoELayerOptions& options() const { return options_; }
+  // What the kernel runs with: the given QuantConfig with the biases of the kernel's layout.
+  const QuantConfig& quant_config() const { return quant_; }
+  bool is_quantized() const { return quant_.is_quantized(); }
+  // "unquantized (bf16)", or the scheme's quant keys, e.g. "fp8_w8a8 (QuantKey(...) x ...)".
+  std::string scheme() const;
+  // The tolerance-table entry a check of this layer uses ("bf16", "fp8_w8a8", "mxfp4", ...).
+  std::string tolerance_name() const;
+  // The routed experts' tensors as the kernel reads them (the plan's weight layout).
+  const ExpertWeights& kernel_weights() const { return kernel_weights_; }
+  // The non-routed tensors as given (router bias and weight, shared experts).
   const MoELayerWeights& weights() const { return weights_; }
-  const Tensor& kernel_w13() const { return kernel_w13_; }
-  const Tensor& kernel_w13_bias() const { return kernel_w13_bias_; }
+  // f32 host copies of local expert `e` in the standard layout, dequantized for quantized
+  // schemes: w13 (N1, H), w2 (H, I), biases (N1,) / (H,) when present. Reads one expert.
+  ExpertWeights expert_reference(int64_t e) const;
+  // Bytes of the routed experts' tensors (codes + biases; scales of the QuantConfig included).
+  size_t expert_weight_bytes() const;
+
   const Router& router() const { return *router_; }
   FusedMoEKernel& kernel() const { return *kernel_; }
   // Whether the layer has shared experts (inside the kernel, or beside a monolithic one).
   bool has_shared_experts() const {
     return kernel_->has_shared_experts() || shared_beside_kernel_ != nullptr;
   }
-  // The oracle's decision table for this layer (chosen backend, every rejection and its reason).
-  const OracleReport& selection() const { return report_; }
+  // The plan this layer was built from (experts, prepare/finalize, weight layout, every reason).
+  const MoEPlan& plan() const { return plan_; }
+  // The experts part of the plan as a table (chosen backend, every rejection and its reason).
+  const OracleReport& selection() const { return plan_.experts_report; }
   const Tensor& expert_map() const { return expert_map_; }  // (E,) int32, undefined without EP
   int first_local_expert() const { return first_local_expert_; }
   WorkspaceManager& workspace() { return options_.workspace ? *options_.workspace : *workspace_; }
+  // The workspace slots a forward of up to max_num_tokens tokens uses (reserved at construction).
+  const std::vector<WorkspaceRequest>& workspace_requests() const { return workspace_requests_; }
   // The layer's own stream, used when a forward's RunContext has none (GPU layers only).
   Stream default_stream() const { return stream_ ? stream_->get() : Stream{}; }
 
@@ -101,27 +151,31 @@ class MoELayer {
   ModelPreset model_;
   MoELayerOptions options_;
   MoEConfig moe_;
-  MoELayerWeights weights_;  // as given (standard layout)
-  // What the kernel reads: the same tensors, or copies in the chosen backend's layout
-  // (convert_to_kernel_format), e.g. blocks-of-32 gate/up rows for a fused GEMM1 activation.
-  Tensor kernel_w13_, kernel_w2_, kernel_w13_bias_;
+  QuantConfig quant_;
+  MoEPlan plan_;
+  MoELayerWeights weights_;       // router bias and weight, shared experts (routed ones moved out)
+  ExpertWeights kernel_weights_;  // the routed experts, in the plan's weight layout
   std::unique_ptr<Router> router_;
   std::unique_ptr<FusedMoEKernel> kernel_;
   // The shared experts when the kernel is monolithic (run by the layer, not the kernel).
   std::shared_ptr<SharedExperts> shared_beside_kernel_;
-  OracleReport report_;
   Tensor expert_map_;
   int first_local_expert_ = 0;
   std::unique_ptr<WorkspaceManager> workspace_;
+  std::vector<WorkspaceRequest> workspace_requests_;
   std::unique_ptr<CudaStream> stream_;
   Tensor routing_ids_;      // (max_num_tokens, k) int32: router output / converted int64 ids
   Tensor routing_weights_;  // (max_num_tokens, k) f32
   RunContext complete(RunContext ctx) const;
   void check_hidden_states(const Tensor& hidden_states) const;
+  void check_weights() const;
   // Adds the shared experts' output (M, H) to output when this rank contributes them.
   void add_shared_output(Tensor& output, const Tensor& shared_output, RunContext ctx) const;
   void forward_monolithic_into(Tensor& output, const Tensor& hidden_states,
                                const Tensor& router_logits, RunContext ctx);
 };
+
+// The tolerance-table entry for a scheme ("bf16", "fp8_w8a8", "int4_w4a16", "nvfp4", ...).
+std::string tolerance_name_for(const QuantConfig& quant, DType activation_dtype);
 
 }  // namespace moekit

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "moekit/modular/experts.h"
 #include "moekit/modular/prepare_finalize.h"
@@ -53,10 +54,12 @@ class FusedMoEKernel final {
   bool output_is_reduced() const { return prepare_finalize_->output_is_reduced(); }
   bool has_shared_experts() const { return shared_experts_ != nullptr; }
 
-  // Bytes of the two workspace slots a forward of M tokens needs (reserve once at the worst case).
-  std::pair<size_t, size_t> workspace_bytes(int64_t M, int64_t N, int64_t K, int64_t topk,
-                                            int64_t global_num_experts, int64_t local_num_experts,
-                                            Activation activation, DType act_dtype) const;
+  // The workspace slots a forward of M tokens needs (reserve once at the worst case): the experts'
+  // two (workspace_slots::kExperts13, kExperts2) and the prepare/finalize's own.
+  std::vector<WorkspaceRequest> workspace_requests(int64_t M, int64_t N, int64_t K, int64_t topk,
+                                                   int64_t global_num_experts,
+                                                   int64_t local_num_experts, Activation activation,
+                                                   DType act_dtype) const;
 
   MoEOutput apply(const ModularApplyArgs& args, RunContext ctx);
   Tensor apply_monolithic(const MonolithicApplyArgs& args, RunContext ctx);

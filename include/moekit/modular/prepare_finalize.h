@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "moekit/config/quant_config.h"
 #include "moekit/modular/topk_weight_and_reduce.h"
@@ -66,6 +67,13 @@ class PrepareFinalize {
   virtual int num_dispatchers() const = 0;
   // Whether finalize's output is already reduced across ranks.
   virtual bool output_is_reduced() const = 0;
+  // Workspace slots (named "<part>.<what>") a forward of up to max_num_tokens tokens of `hidden`
+  // elements of `dtype` needs beside the experts'; reserved once by the layer. Default: none.
+  virtual std::vector<WorkspaceRequest> workspace_requests(int64_t /*max_num_tokens*/,
+                                                           int64_t /*hidden*/, int64_t /*topk*/,
+                                                           DType /*dtype*/) const {
+    return {};
+  }
 };
 
 class PrepareFinalizeModular : public PrepareFinalize {

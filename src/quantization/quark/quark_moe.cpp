@@ -8,11 +8,11 @@
 
 #include "moekit/core/error.h"
 #include "moekit/core/logging.h"
-#include "moekit/oracle/for_scheme.h"
 #include "moekit/oracle/fp8.h"
 #include "moekit/oracle/int8.h"
 #include "moekit/oracle/mxfp4.h"
 #include "moekit/oracle/nvfp4.h"
+#include "moekit/oracle/plan.h"
 #include "moekit/oracle/w4a8.h"
 #include "moekit/quant/formats.h"
 
@@ -223,13 +223,6 @@ void merge_shard_scales(ExpertParams& layer, int shards, bool fp8) {
   }
   layer.replace("w13_weight", w);
   layer.replace("w13_weight_scale", Tensor::from_floats(merged, {E}, DType::kF32));
-}
-
-template <typename Oracle>
-OracleReport explain_with(const MoEConfig& moe, const std::optional<QuantKey>& wk,
-                          const std::optional<QuantKey>& ak) {
-  Oracle oracle(moe, wk, ak);
-  return oracle.explain();
 }
 
 std::string key_name(const std::optional<QuantKey>& k) {
@@ -443,26 +436,40 @@ std::pair<int64_t, int64_t> QuarkMoEMethod::maybe_roundup_sizes(int64_t hidden, 
   return {hidden, inter};
 }
 
-void QuarkMoEMethod::set_selection(OracleReport report, std::string fallback) {
-  report_ = std::move(report);
-  if (report_.ok()) {
-    backend_ = report_.chosen_backend;
-    return;
-  }
-  MOEKIT_CHECK(!fallback.empty(), "{}: no MoE backend serves this layer: {}", name(),
-               report_.error);
-  backend_ = std::move(fallback);
+void QuarkMoEMethod::select_backend(QuantOracleKind kind) {
+  oracle_kind_ = kind;
+  plan_ = plan_moe(moe_, kind, weight_key_, activation_key_);
 }
 
-void QuarkMoEMethod::setup_kernel(const ExpertParams& layer) {
+const ExpertsBackend& QuarkMoEMethod::chosen_backend() const {
+  plan_.check();
+  return *plan_.backend;
+}
+
+std::string QuarkMoEMethod::backend() const {
+  return plan_.backend ? plan_.backend->name : std::string();
+}
+
+void QuarkMoEMethod::finish_loading(const ExpertParams& layer) {
   quant_ = get_fused_moe_quant_config(layer);
-  kernel_ = make_kernel_for(moe_, quant_);
+  kernel_.reset();
+  loaded_ = true;
+}
+
+FusedMoEKernel* QuarkMoEMethod::kernel() const {
+  MOEKIT_CHECK(loaded_, "{}: apply() or kernel() before process_weights_after_loading()", name());
+  if (kernel_ == nullptr) kernel_ = make_kernel(plan_, moe_, quant_);
+  return kernel_.get();
+}
+
+bool QuarkMoEMethod::is_monolithic() const {
+  return plan_.experts != nullptr && plan_.experts->is_monolithic();
 }
 
 MoEOutput QuarkMoEMethod::apply(const ExpertParams& layer, const Tensor& x,
                                 const Tensor& topk_weights, const Tensor& topk_ids,
                                 bool apply_router_weight_on_input, RunContext ctx) const {
-  MOEKIT_CHECK(kernel_ != nullptr, "{}: apply() before process_weights_after_loading()", name());
+  FusedMoEKernel* kernel = this->kernel();
   ModularApplyArgs args;
   args.hidden_states = x;
   args.w1 = layer.get("w13_weight");
@@ -472,16 +479,15 @@ MoEOutput QuarkMoEMethod::apply(const ExpertParams& layer, const Tensor& x,
   args.activation = moe_.activation;
   args.global_num_experts = moe_.num_experts;
   args.apply_router_weight_on_input = apply_router_weight_on_input;
-  return kernel_->apply(args, ctx);
+  return kernel->apply(args, ctx);
 }
 
 Tensor QuarkMoEMethod::apply_monolithic(const ExpertParams& layer, const Tensor& x,
                                         const Tensor& router_logits, RunContext ctx) const {
-  MOEKIT_CHECK(kernel_ != nullptr, "{}: apply_monolithic() before process_weights_after_loading()",
-               name());
+  FusedMoEKernel* kernel = this->kernel();
   MOEKIT_CHECK(is_monolithic(),
                "{}: apply_monolithic() needs a monolithic kernel, but {} is modular", name(),
-               kernel_->fused_experts().name());
+               kernel->fused_experts().name());
   MonolithicApplyArgs args;
   args.hidden_states = x;
   args.w1 = layer.get("w13_weight");
@@ -489,7 +495,7 @@ Tensor QuarkMoEMethod::apply_monolithic(const ExpertParams& layer, const Tensor&
   args.router_logits = router_logits;
   args.activation = moe_.activation;
   args.global_num_experts = moe_.num_experts;
-  return kernel_->apply_monolithic(args, ctx);
+  return kernel->apply_monolithic(args, ctx);
 }
 
 // ---- fp8 W8A8 -----------------------------------------------------------------------------
@@ -527,7 +533,7 @@ QuarkW8A8Fp8MoEMethod::QuarkW8A8Fp8MoEMethod(MoEConfig moe, QuantKey wk, std::op
     }
   }
   static_input_scales_ = a.scale.is_static;
-  set_selection(explain_with<Fp8MoEKernelOracle>(moe_, weight_key_, activation_key_), "");
+  select_backend(QuantOracleKind::kFp8);
 }
 
 void QuarkW8A8Fp8MoEMethod::create_weights(ExpertParams& layer, int64_t E, int64_t H, int64_t I,
@@ -580,7 +586,7 @@ void QuarkW8A8Fp8MoEMethod::process_weights_after_loading(ExpertParams& layer) {
     layer.replace("w13_weight_scale", s13.view({s13.size(0), s13.size(1)}));
     layer.replace("w2_weight_scale", s2.view({s2.size(0), s2.size(1)}));
   }
-  setup_kernel(layer);
+  finish_loading(layer);
 }
 
 QuantConfig QuarkW8A8Fp8MoEMethod::get_fused_moe_quant_config(const ExpertParams& layer) const {
@@ -594,8 +600,7 @@ QuantConfig QuarkW8A8Fp8MoEMethod::get_fused_moe_quant_config(const ExpertParams
   if (granularity_ == Granularity::kBlock) p.block_shape = std::pair<int64_t, int64_t>{128, 128};
   p.bias = biases_of(layer);
   p.swiglu = layer.swiglu;
-  const Fp8MoEKernelOracle oracle(moe_, weight_key_, activation_key_);
-  return oracle.make_quant_config(oracle.map_backend(backend_), MoEWeightShape::from(moe_), p);
+  return Fp8MoEKernelOracle::make_quant_config(chosen_backend(), MoEWeightShape::from(moe_), p);
 }
 
 std::pair<Tensor, Tensor> QuarkW8A8Fp8MoEMethod::dequantized_weights(
@@ -629,7 +634,7 @@ QuarkW8A8Int8MoEMethod::QuarkW8A8Int8MoEMethod(MoEConfig moe, QuantKey wk,
           {qk::kInt8StaticChannelSym, qk::kInt8StaticTensorSym}) {
   per_channel_ = wk == qk::kInt8StaticChannelSym;
   static_input_scales_ = activation_key_->scale.is_static;
-  set_selection(explain_with<Int8MoEKernelOracle>(moe_, weight_key_, activation_key_), "");
+  select_backend(QuantOracleKind::kInt8);
 }
 
 void QuarkW8A8Int8MoEMethod::create_weights(ExpertParams& layer, int64_t E, int64_t H, int64_t I,
@@ -662,7 +667,7 @@ void QuarkW8A8Int8MoEMethod::process_weights_after_loading(ExpertParams& layer) 
   } else {
     merge_shard_scales(layer, moe_.w13_num_shards(), /*fp8=*/false);
   }
-  setup_kernel(layer);
+  finish_loading(layer);
 }
 
 QuantConfig QuarkW8A8Int8MoEMethod::get_fused_moe_quant_config(const ExpertParams& layer) const {
@@ -698,7 +703,7 @@ QuarkW4A8Fp8MoEMethod::QuarkW4A8Fp8MoEMethod(MoEConfig moe, std::optional<QuantK
                      {qk::kFp8DynamicTokenSym, qk::kFp8StaticTensorSym},
                      {qk::kInt4W4A8StaticChannelSym}) {
   static_input_scales_ = activation_key_->scale.is_static;
-  set_selection(explain_with<W4A8MoEKernelOracle>(moe_, weight_key_, activation_key_), "");
+  select_backend(QuantOracleKind::kW4A8);
 }
 
 void QuarkW4A8Fp8MoEMethod::create_weights(ExpertParams& layer, int64_t E, int64_t H, int64_t I,
@@ -743,7 +748,7 @@ void QuarkW4A8Fp8MoEMethod::process_weights_after_loading(ExpertParams& layer) {
   };
   fold("w13_weight", "w13_weight_scale", "w13_weight_scale_2", moe_.w13_num_shards());
   fold("w2_weight", "w2_weight_scale", "w2_weight_scale_2", 1);
-  setup_kernel(layer);
+  finish_loading(layer);
 }
 
 QuantConfig QuarkW4A8Fp8MoEMethod::get_fused_moe_quant_config(const ExpertParams& layer) const {
@@ -776,8 +781,7 @@ std::pair<Tensor, Tensor> QuarkW4A8Fp8MoEMethod::dequantized_weights(
 QuarkNvfp4MoEMethod::QuarkNvfp4MoEMethod(MoEConfig moe, std::optional<QuantKey> ak)
     : QuarkMoEMethod(std::move(moe), qk::kNvfp4Static, ak, {qk::kNvfp4Dynamic},
                      {qk::kNvfp4Static}) {
-  set_selection(explain_with<Nvfp4MoEKernelOracle>(moe_, weight_key_, activation_key_),
-                "emulation");
+  select_backend(QuantOracleKind::kNvfp4);
 }
 
 void QuarkNvfp4MoEMethod::create_weights(ExpertParams& layer, int64_t E, int64_t H, int64_t I,
@@ -823,7 +827,7 @@ void QuarkNvfp4MoEMethod::process_weights_after_loading(ExpertParams& layer) {
     }
   }
   layer.replace("w13_weight_scale_2", column0(ws13));
-  setup_kernel(layer);
+  finish_loading(layer);
 }
 
 QuantConfig QuarkNvfp4MoEMethod::get_fused_moe_quant_config(const ExpertParams& layer) const {
@@ -836,8 +840,7 @@ QuantConfig QuarkNvfp4MoEMethod::get_fused_moe_quant_config(const ExpertParams& 
   s.w2_input_scale = layer.get("w2_input_scale_2");
   s.bias = biases_of(layer);
   s.swiglu = layer.swiglu;
-  const Nvfp4MoEKernelOracle oracle(moe_, weight_key_, activation_key_);
-  return oracle.make_quant_config(oracle.map_backend(backend_), MoEWeightShape::from(moe_), s);
+  return Nvfp4MoEKernelOracle::make_quant_config(chosen_backend(), MoEWeightShape::from(moe_), s);
 }
 
 std::pair<Tensor, Tensor> QuarkNvfp4MoEMethod::dequantized_weights(
@@ -930,25 +933,17 @@ QuarkOcpMxMoEMethod::QuarkOcpMxMoEMethod(MoEConfig moe, QuantKey wk, std::option
         scheme_));
   }
   // No native backend for this scheme (or none available): emulation.
-  set_selection(explain_with<Mxfp4MoEKernelOracle>(moe_, weight_key_, activation_key_),
-                "emulation");
-  log::info_once(fmt::format("Using {} backend for {}", backend_, scheme_));
+  select_backend(QuantOracleKind::kMxfp4);
+  if (plan_.ok()) log::info_once(fmt::format("Using {} backend for {}", backend(), scheme_));
 }
 
 std::pair<int64_t, int64_t> QuarkOcpMxMoEMethod::maybe_roundup_sizes(
     int64_t hidden, int64_t inter, DType act_dtype, const ParallelConfig& parallel) const {
   std::tie(hidden, inter) = QuarkMoEMethod::maybe_roundup_sizes(hidden, inter, act_dtype, parallel);
-  int64_t h = kBlockSize, i = kBlockSize;  // emulation: the OCP MX block
-  if (backend_ == "marlin" || backend_ == "batched_marlin") {
-    h = 256;
-    i = 128;
-  } else if (backend_.rfind("flashinfer_trtllm", 0) == 0 || backend_ == "ck") {
-    h = i = 256;
-  } else if (backend_.rfind("flashinfer_cutlass", 0) == 0) {
-    h = i = 128;
-  } else if (backend_ != "emulation") {
-    i = 64;
-  }
+  // The alignment the chosen backend's kernels need, at least the OCP MX block.
+  const BackendTraits& t = chosen_backend().traits;
+  const int64_t h = std::max<int64_t>(kBlockSize, t.hidden_align);
+  const int64_t i = std::max<int64_t>(kBlockSize, t.intermediate_align);
   return {round_up(hidden, h), round_up(inter, i)};
 }
 
@@ -973,7 +968,7 @@ void QuarkOcpMxMoEMethod::process_weights_after_loading(ExpertParams& layer) {
     layer.replace(n, s.reinterpret(s.shape(), DType::kUE8M0));
   }
   reduce_input_scales(layer, E);
-  setup_kernel(layer);
+  finish_loading(layer);
 }
 
 QuantConfig QuarkOcpMxMoEMethod::get_fused_moe_quant_config(const ExpertParams& layer) const {

@@ -9,7 +9,7 @@
 //   ExpertParams layer;
 //   method->create_weights(layer, E, H, I, dtype);   // names, shapes, dtypes (table below)
 //   layer.load("w13_weight", tensor, "checkpoint name");  // validated against the spec
-//   method->process_weights_after_loading(layer);     // checks scales, kernel format, kernel
+//   method->process_weights_after_loading(layer);     // checks scales, kernel format, QuantConfig
 //   MoEOutput y = method->apply(layer, x, topk_weights, topk_ids);
 //
 // Parameters (E experts, H hidden, I intermediate per partition, N1 = 2I gated / I otherwise;
@@ -44,11 +44,12 @@
 //     affected." when the two shards' global scales differ, then uses the w1 column; block scales
 //     become kUE4M3.
 //   - OCP MX: scales become kUE8M0; weights stay packed.
-// then get_fused_moe_quant_config (quant_factories.h) and the kernel (make_kernel_for).
+// then get_fused_moe_quant_config (quant_factories.h) with the chosen backend's traits.
 //
-// Backends: each method asks its oracle (fp8, int8, w4a8, nvfp4, mxfp4) at construction; when no
-// native backend can serve the deployment it falls back to the emulation backend (the CPU
-// emulation experts), as the seed does for OCP MX.
+// Backends: each method plans once at construction with its oracle (fp8, int8, w4a8, nvfp4,
+// mxfp4); every oracle lists its CPU emulation backend last, so a CPU deployment always has one.
+// What a backend needs (size alignment, weight-only activations, per-expert global scales) is
+// read from its registration's traits, never from its name.
 #pragma once
 
 #include <map>
@@ -65,7 +66,7 @@
 #include "moekit/config/quant_key.h"
 #include "moekit/core/tensor.h"
 #include "moekit/modular/kernel.h"
-#include "moekit/oracle/oracle.h"
+#include "moekit/oracle/plan.h"
 #include "moekit/quantization/quark/quark_config.h"
 
 namespace moekit::quark {
@@ -159,7 +160,8 @@ class QuarkMoEMethod {
   virtual std::pair<Tensor, Tensor> dequantized_weights(const ExpertParams& layer) const = 0;
   virtual bool supports_eplb() const { return false; }
 
-  bool is_monolithic() const { return kernel_ != nullptr && kernel_->is_monolithic(); }
+  // Whether the chosen experts class routes itself (then use apply_monolithic).
+  bool is_monolithic() const;
   // x (M, H) in the activation dtype, topk_weights (M, k) f32, topk_ids (M, k) int32 -> output.
   // Needs process_weights_after_loading first.
   MoEOutput apply(const ExpertParams& layer, const Tensor& x, const Tensor& topk_weights,
@@ -169,11 +171,20 @@ class QuarkMoEMethod {
   Tensor apply_monolithic(const ExpertParams& layer, const Tensor& x, const Tensor& router_logits,
                           RunContext ctx = {}) const;
 
-  FusedMoEKernel* kernel() const { return kernel_.get(); }
+  // The method's kernel, built from its plan on first use (after process_weights_after_loading).
+  // The checkpoint loader does not use it: it builds a MoELayer from the same plan instead.
+  FusedMoEKernel* kernel() const;
+  // The QuantConfig of the processed parameters (set by process_weights_after_loading).
   const QuantConfig& moe_quant_config() const { return quant_; }
-  // The oracle's decision table for this method's keys, and the backend used.
-  const OracleReport& selection() const { return report_; }
-  const std::string& backend() const { return backend_; }
+  // The decision, made once at construction through the scheme's oracle (the seed selects in the
+  // method's constructor): the experts, prepare/finalize and weight layout, every reason.
+  const MoEPlan& plan() const { return plan_; }
+  QuantOracleKind oracle_kind() const { return oracle_kind_; }
+  // The oracle's decision table, and the chosen backend's name ("" when none could be chosen).
+  const OracleReport& selection() const { return plan_.experts_report; }
+  std::string backend() const;
+  // The chosen backend's record; throws UnsupportedError with every reason when none was chosen.
+  const ExpertsBackend& chosen_backend() const;
 
  protected:
   // Throws moekit::Error "Unsupported activation quant key: ..." / "Unsupported weight quant
@@ -182,18 +193,19 @@ class QuarkMoEMethod {
                  std::optional<QuantKey> activation_key,
                  const std::vector<std::optional<QuantKey>>& supported_activation_keys,
                  const std::vector<QuantKey>& supported_weight_keys);
-  // Records the oracle's report and backend; `fallback` replaces a failed selection.
-  void set_selection(OracleReport report, std::string fallback);
-  // get_fused_moe_quant_config + make_kernel_for.
-  void setup_kernel(const ExpertParams& layer);
+  // Plans the layer with the oracle of `kind` (once, from the constructor).
+  void select_backend(QuantOracleKind kind);
+  // The end of process_weights_after_loading: the QuantConfig of the processed parameters.
+  void finish_loading(const ExpertParams& layer);
 
   MoEConfig moe_;
   std::optional<QuantKey> weight_key_;
   std::optional<QuantKey> activation_key_;
   QuantConfig quant_;
-  std::unique_ptr<FusedMoEKernel> kernel_;
-  OracleReport report_;
-  std::string backend_;
+  QuantOracleKind oracle_kind_ = QuantOracleKind::kUnquantized;
+  MoEPlan plan_;
+  bool loaded_ = false;
+  mutable std::unique_ptr<FusedMoEKernel> kernel_;
 };
 
 // fp8 W8A8: per tensor (static or dynamic per-tensor activations), per channel (dynamic per-token

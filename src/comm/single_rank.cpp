@@ -1,0 +1,55 @@
+#include <fmt/format.h>
+
+#include "moekit/comm/communicator.h"
+#include "moekit/core/checks.h"
+#include "moekit/core/error.h"
+
+namespace moekit {
+namespace {
+
+void check_pair(const Tensor& send, const Tensor& recv, Device device, const char* op) {
+  for (const auto& [t, name] : {std::pair{&send, "send"}, std::pair{&recv, "recv"}}) {
+    expect_device(*t, name, device);
+    expect_contiguous(*t, name);
+  }
+  MOEKIT_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}", op,
+               dtype_name(send.dtype()), dtype_name(recv.dtype()));
+}
+
+}  // namespace
+
+void SingleRankCommunicator::all_gather(const Tensor& send, Tensor& recv, Stream stream) {
+  check_pair(send, recv, device_, "all_gather");
+  MOEKIT_CHECK(send.shape() == recv.shape(),
+               "all_gather over 1 rank: recv {} must have the shape of send {}", recv.describe(),
+               send.describe());
+  if (send.data() != recv.data()) recv.copy_from_async(send, stream);
+}
+
+void SingleRankCommunicator::reduce_scatter(const Tensor& send, Tensor& recv, Stream stream) {
+  all_gather(send, recv, stream);  // one rank: the sum of one block is the block
+}
+
+void SingleRankCommunicator::all_reduce(Tensor& inout, Stream) {
+  expect_device(inout, "inout", device_);
+}
+
+void SingleRankCommunicator::all_to_all_v(const Tensor& send,
+                                          const std::vector<int64_t>& send_counts, Tensor& recv,
+                                          const std::vector<int64_t>& recv_counts, Stream stream) {
+  check_pair(send, recv, device_, "all_to_all_v");
+  MOEKIT_CHECK(send_counts.size() == 1 && recv_counts.size() == 1,
+               "all_to_all_v over 1 rank needs one count each, got {} and {}", send_counts.size(),
+               recv_counts.size());
+  MOEKIT_CHECK(send_counts[0] == recv_counts[0] && send_counts[0] >= 0 && send.dim() >= 1 &&
+                   recv.dim() >= 1 && send_counts[0] <= send.size(0) &&
+                   recv_counts[0] <= recv.size(0),
+               "all_to_all_v over 1 rank: send_counts[0]={} and recv_counts[0]={} must be equal "
+               "and fit send {} and recv {}",
+               send_counts[0], recv_counts[0], send.describe(), recv.describe());
+  if (send_counts[0] == 0) return;
+  Tensor dst = recv.slice(0, 0, recv_counts[0]);
+  dst.copy_from_async(send.slice(0, 0, send_counts[0]), stream);
+}
+
+}  // namespace moekit
