@@ -28,9 +28,11 @@ void print_quark_method(const quark::QuarkMoEMethod& m) {
 }  // namespace
 
 int run_checkpoint_command(const DeploymentOptions& deployment, const std::string& dir, int layer,
-                           int64_t tokens, uint64_t seed, int check_rows) {
+                           int64_t tokens, uint64_t seed, int check_rows,
+                           const std::string& routing) {
   MoELayerOptions options = deployment.layer_options();
   options.max_num_tokens = std::max<int64_t>(options.max_num_tokens, std::max<int64_t>(tokens, 1));
+  options.check_finite_weights = true;  // a NaN weight would make the float64 check meaningless
   const auto t0 = std::chrono::steady_clock::now();
   CheckpointInfo info;
   MoELayer moe = load_moe_layer(dir, layer, options, &info);
@@ -49,10 +51,20 @@ int run_checkpoint_command(const DeploymentOptions& deployment, const std::strin
     for (int64_t i = 0; i < x.numel(); ++i)
       store_float(x.data(), options.dtype, i, u(rng));
   }
-  const Tensor logits =
-      moe.weights().router_weight.defined()
-          ? moe.router_logits(x)
-          : make_logits(tokens, moe.model().num_experts, moe.model().top_k, "random", seed + 29);
+  // The checkpoint's own router computes the logits; synthetic ones only when asked for.
+  const bool has_router = moe.weights().router_weight.defined();
+  MOEKIT_CHECK(!has_router || routing.empty(),
+               "--routing {} cannot be used with this checkpoint: layer {} has a router (gate) "
+               "weight, which computes the logits",
+               routing, layer);
+  MOEKIT_CHECK(has_router || !routing.empty(),
+               "layer {} of {} has no router (gate) weight: pass --routing random|balanced|skewed "
+               "to run it with synthetic router logits",
+               layer, dir);
+  if (!has_router) std::cout << "routing  synthetic " << routing << " router logits\n";
+  const Tensor logits = has_router ? moe.router_logits(x)
+                                   : make_logits(tokens, moe.model().num_experts, moe.model().top_k,
+                                                 routing, seed + 29);
   return forward_and_check(moe, x, logits, check_rows);
 }
 
@@ -62,10 +74,11 @@ int explain_quant_command(const DeploymentOptions& deployment, const std::string
   const ModelPreset model = from_checkpoint
                                 ? preset_from_hf_config(std::filesystem::path(checkpoint_dir))
                                 : deployment.model_preset();
-  const MoELayerOptions options = deployment.layer_options();
+  const MoELayerOptions options = deployment.planning_options();
   const MoEConfig moe = MoELayer::make_moe_config(model, options);
   std::cout << "model        " << model.summary() << "\n";
   std::cout << "deployment   " << moe.to_string() << "\n";
+  std::cout << device_note(options.device);
   std::optional<quark::QuarkConfig> qc;
   if (from_checkpoint) {
     qc = read_quark_config(checkpoint_dir);

@@ -14,13 +14,14 @@
 namespace moekit::cli {
 
 void DeploymentOptions::add_to(CLI::App& app) {
-  app.add_option("--model", model,
-                 "model preset (mixtral-8x7b, qwen3-30b-a3b, deepseek-v3, "
-                 "gpt-oss-120b, llama4-scout, tiny, small, small-deepseek, "
-                 "small-gpt-oss)")
-      ->capture_default_str();
-  app.add_option("--config", config_json,
-                 "HuggingFace config.json (or its directory) instead of a preset");
+  model_option = app.add_option("--model", model,
+                                "model preset (mixtral-8x7b, qwen3-30b-a3b, deepseek-v3, "
+                                "gpt-oss-120b, llama4-scout, tiny, small, small-deepseek, "
+                                "small-gpt-oss)")
+                     ->capture_default_str();
+  config_option = app.add_option("--config", config_json,
+                                 "HuggingFace config.json (or its directory) instead of a preset")
+                      ->excludes(model_option);
   app.add_option("--dtype", dtype, "activation/weight dtype: bf16, f16, f32")
       ->check(CLI::IsMember({"bf16", "f16", "f32", "bfloat16", "float16", "float32"}))
       ->capture_default_str();
@@ -60,6 +61,19 @@ MoELayerOptions DeploymentOptions::layer_options() const {
   o.backend = backend;
   o.max_num_tokens = max_num_tokens;
   return o;
+}
+
+MoELayerOptions DeploymentOptions::planning_options() const {
+  MoELayerOptions o = layer_options();
+  if (!o.device.present) o.device.preview = true;
+  return o;
+}
+
+std::string device_note(const DeviceInfo& device) {
+  if (!device.preview) return {};
+  return fmt::format(
+      "note         preview: {} is not present here{}; the tables show the decision on it\n",
+      device.to_string(), built_with_cuda() ? "" : " and this build has no CUDA");
 }
 
 Tensor make_logits(int64_t M, int E, int k, const std::string& dist, uint64_t seed) {

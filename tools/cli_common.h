@@ -24,11 +24,20 @@ struct DeploymentOptions {
   bool enable_ep = false;
   std::string all2all = "naive";
   int64_t max_num_tokens = 8192;
+  // The options whose presence other options exclude (set by add_to).
+  CLI::Option* model_option = nullptr;
+  CLI::Option* config_option = nullptr;
 
   void add_to(CLI::App& app);
   ModelPreset model_preset() const;
   MoELayerOptions layer_options() const;
+  // layer_options() for planning (`explain`): a named device that is not here becomes a preview,
+  // so the table shows the decision on that device.
+  MoELayerOptions planning_options() const;
 };
+
+// "note ..." lines about the device of a plan (a preview of a device that is not here).
+std::string device_note(const DeviceInfo& device);
 
 // Prints "label [#####.....] 50%" on stderr, redrawn in place; only when the work takes a while.
 class Progress {
@@ -62,8 +71,11 @@ int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logit
 int explain_command(const DeploymentOptions& deployment);
 // tools/checkpoint.cpp: `run --checkpoint DIR --layer N`, `explain --quant S | --checkpoint DIR`,
 // `make-fixture`.
+// `routing`: the --routing value when the user gave one (synthetic logits for a checkpoint without
+// a router weight; an error for one with it), else "".
 int run_checkpoint_command(const DeploymentOptions& deployment, const std::string& dir, int layer,
-                           int64_t tokens, uint64_t seed, int check_rows);
+                           int64_t tokens, uint64_t seed, int check_rows,
+                           const std::string& routing);
 int explain_quant_command(const DeploymentOptions& deployment, const std::string& scheme,
                           const std::string& checkpoint_dir);
 int make_fixture_command(const std::string& scheme, const std::string& out,

@@ -10,16 +10,12 @@ namespace moekit::cli {
 
 int explain_command(const DeploymentOptions& deployment) {
   const ModelPreset model = deployment.model_preset();
-  const MoELayerOptions options = deployment.layer_options();
+  const MoELayerOptions options = deployment.planning_options();
   const MoEConfig moe = MoELayer::make_moe_config(model, options);
   std::cout << "model        " << model.summary() << "\n";
   std::cout << "deployment   " << moe.to_string() << "\n";
   std::cout << "quantization unquantized (" << dtype_name(options.dtype) << ")\n";
-  if (!options.device.present) {
-    std::cout << "note         " << options.device.to_string()
-              << " is not present here: GPU kernels are listed but cannot be chosen\n";
-  }
-  std::cout << "\n";
+  std::cout << device_note(options.device) << "\n";
   PlanOptions plan_options;
   plan_options.log = false;
   const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), plan_options);

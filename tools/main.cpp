@@ -27,15 +27,21 @@ int main(int argc, char** argv) {
   run->add_option("--seed", seed, "random seed of weights and inputs");
   run->add_option("--check-rows", check_rows, "output rows compared with the float64 recomputation")
       ->check(CLI::NonNegativeNumber);
-  run->add_option("--routing", routing, "router logits: random, balanced or skewed")
-      ->check(CLI::IsMember({"random", "balanced", "skewed"}));
+  CLI::Option* run_routing =
+      run->add_option("--routing", routing, "router logits: random, balanced or skewed")
+          ->check(CLI::IsMember({"random", "balanced", "skewed"}));
   std::string run_checkpoint;
   int run_layer = -1;
-  run->add_option("--checkpoint", run_checkpoint,
-                  "HuggingFace checkpoint directory (config.json + *.safetensors): run one of its "
-                  "MoE layers instead of random weights");
+  CLI::Option* run_checkpoint_option =
+      run->add_option("--checkpoint", run_checkpoint,
+                      "HuggingFace checkpoint directory (config.json + *.safetensors): run one of "
+                      "its MoE layers instead of random weights")
+          ->excludes(run_deployment.model_option)
+          ->excludes(run_deployment.config_option);
   run->add_option("--layer", run_layer,
-                  "with --checkpoint: the layer index (default: the first MoE layer)");
+                  "with --checkpoint: the layer index (default: the first MoE layer)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->needs(run_checkpoint_option);
 
   DeploymentOptions explain_deployment;
   CLI::App* explain = app.add_subcommand(
@@ -43,11 +49,16 @@ int main(int argc, char** argv) {
   explain_deployment.add_to(*explain);
   std::string explain_quant;
   std::string explain_checkpoint;
-  explain->add_option("--quant", explain_quant,
-                      "quantization scheme (a make-fixture scheme name, e.g. fp8_per_channel, "
-                      "nvfp4, mxfp4_a4): the Quark method and its oracle's decisions");
-  explain->add_option("--checkpoint", explain_checkpoint,
-                      "read the scheme from this checkpoint's quantization_config");
+  CLI::Option* explain_quant_option = explain->add_option(
+      "--quant", explain_quant,
+      "quantization scheme (a make-fixture scheme name, e.g. fp8_per_channel, nvfp4, mxfp4_a4): "
+      "the Quark method and its oracle's decisions");
+  explain
+      ->add_option("--checkpoint", explain_checkpoint,
+                   "read the model and the scheme from this checkpoint's config.json")
+      ->excludes(explain_quant_option)
+      ->excludes(explain_deployment.model_option)
+      ->excludes(explain_deployment.config_option);
 
   std::string fixture_scheme;
   std::string fixture_out;
@@ -88,13 +99,19 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   bench->add_option("--json", bench_json, "also write the results as JSON to this file");
 
-  CLI11_PARSE(app, argc, argv);
+  // Usage errors (unknown or conflicting flags, bad values) exit with 2, like every other error.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
   std::cout << std::unitbuf;  // progress survives a killed or piped run
   try {
     if (*run && !run_checkpoint.empty()) {
       if (run_layer < 0) run_layer = moekit::preset_from_hf_config(run_checkpoint).first_moe_layer;
       return run_checkpoint_command(run_deployment, run_checkpoint, run_layer, tokens, seed,
-                                    check_rows);
+                                    check_rows, run_routing->count() > 0 ? routing : "");
     }
     if (*run) return run_command(run_deployment, tokens, seed, check_rows, routing);
     if (*explain && (!explain_quant.empty() || !explain_checkpoint.empty())) {

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "cli_common.h"
@@ -20,6 +22,48 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Bytes of host memory the kernel could still give this process (MemAvailable), if known.
+std::optional<double> host_bytes_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024.0;
+  }
+  return std::nullopt;
+}
+
+// Refuses, before any work, a run whose weights and buffers cannot fit in this machine's memory
+// (instead of being killed a minute later), with the figures.
+void check_run_fits(const ModelPreset& model, const MoELayerOptions& options, int64_t tokens) {
+  const MoEConfig moe = MoELayer::make_moe_config(model, options);
+  const double es = static_cast<double>(element_size(options.dtype));
+  const double H = static_cast<double>(moe.hidden_dim);
+  const double I = static_cast<double>(moe.intermediate_size_per_partition());
+  const double N = moe.is_act_and_mul() ? 2 * I : I;
+  const double experts = static_cast<double>(moe.num_local_experts) * (N * H + H * I) * es;
+  const double Is = static_cast<double>(model.shared_intermediate_size) * model.num_shared_experts;
+  const double shared = (moe.is_act_and_mul() ? 3 : 2) * Is * H * es;
+  // The workspaces of the reference experts (the largest of the backends): GEMM1 out, activation
+  // out, unreduced output, for max_num_tokens tokens.
+  const double rows = static_cast<double>(options.max_num_tokens) * moe.experts_per_token;
+  const double workspace = rows * (std::max(N, H) + N / 2 + H) * es;
+  const double io =
+      static_cast<double>(std::max<int64_t>(tokens, 1)) * (3 * H * es + 4.0 * moe.num_experts);
+  const bool on_cpu = options.device.type == DeviceType::kCPU;
+  const double host_need = io + (on_cpu ? experts + shared + workspace : 0.0);
+  const auto available = host_bytes_available();
+  if (!available) return;
+  MOEKIT_CHECK(host_need <= 0.9 * *available,
+               "this run needs about {:.1f} GB of host memory ({:.1f} GB of {} expert weights in "
+               "{}{}, {:.1f} GB of workspaces and buffers) but {:.1f} GB is available "
+               "(MemAvailable): use a smaller model (--model small, small-deepseek), --ep with "
+               "--tp to hold one rank's experts, or a GPU",
+               host_need / 1e9, (experts + shared) / 1e9, model.name, dtype_name(options.dtype),
+               on_cpu ? "" : " on the GPU", (workspace + io) / 1e9, *available / 1e9);
 }
 
 }  // namespace
@@ -85,6 +129,7 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
   std::cout << "model    " << model.summary() << "\n";
   std::cout << "device   " << options.device.to_string() << ", " << tokens << " tokens, "
             << dtype_name(options.dtype) << "\n";
+  check_run_fits(model, options, tokens);
 
   auto t0 = std::chrono::steady_clock::now();
   MoELayerWeights weights;

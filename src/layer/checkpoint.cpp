@@ -89,6 +89,30 @@ class Reader {
   io::CheckpointDir ckpt_;
 };
 
+// Throws naming the tensor, the element and the value at the first non-finite value: NaN / Inf
+// in float tensors, NaN (and e5m2 Inf) codes in fp8 ones. Other dtypes have no such values.
+void check_finite(const Tensor& t, const std::string& name) {
+  if (!t.defined()) return;
+  const Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+  const int64_t n = h.numel();
+  const DType d = h.dtype();
+  if (d == DType::kFp8E4M3 || d == DType::kFp8E5M2) {
+    const auto* b = h.data_as<const uint8_t>();
+    const uint8_t mask = d == DType::kFp8E4M3 ? 0x7F : 0x7C;
+    for (int64_t i = 0; i < n; ++i) {
+      MOEKIT_CHECK((b[i] & mask) != mask,
+                   "{} holds the non-finite {} code 0x{:02X} at element {}: weights must be finite",
+                   name, dtype_name(d), b[i], i);
+    }
+    return;
+  }
+  if (!is_float_dtype(d)) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = load_float(h.data(), d, i);
+    MOEKIT_CHECK(std::isfinite(v), "{} holds {} at element {}: weights must be finite", name, v, i);
+  }
+}
+
 // Tensor names of one MoE layer.
 struct LayerNames {
   std::string moe_prefix;  // model.layers.N.mlp / model.layers.N.block_sparse_moe
@@ -171,9 +195,12 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
     for (int64_t e = 0; e < E; ++e) {
       float m = -INFINITY;
       for (const std::string& p : projs) {
-        const Tensor t =
-            read_piece(r, names.expert(first_expert + e, p, suffix), {}, DType::kF32, param);
-        m = std::max(m, t.to_float_vector()[0]);
+        const std::string name = names.expert(first_expert + e, p, suffix);
+        const float v = read_piece(r, name, {}, DType::kF32, param).to_float_vector()[0];
+        // Checked one by one: a NaN or negative shard would vanish in the max over the shards.
+        MOEKIT_CHECK(std::isfinite(v) && v > 0.0f,
+                     "tensor '{}' ({}) is {}: scales must be finite and > 0", name, param, v);
+        m = std::max(m, v);
       }
       v[e] = m;
     }
@@ -318,9 +345,23 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
     info->method = "unquantized";
   }
 
+  if (options.check_finite_weights) {
+    check_finite(w.router_weight, router_name);
+    check_finite(e_score_bias, names.moe_prefix + ".gate.e_score_correction_bias");
+    check_finite(shared_w13, "the shared experts' gate/up weights");
+    check_finite(shared_w2, "the shared experts' down weight");
+  }
   const std::string layer_name = names.moe_prefix + ".experts";
+  const std::string experts_desc = fmt::format("{}.experts.*", names.moe_prefix);
   if (!qc || qc->is_excluded(layer_name)) {
     load_unquantized(r, names, moe, options.dtype, w, model.has_bias, first);
+    if (options.check_finite_weights) {
+      for (const auto& [t, what] :
+           {std::pair{&w.w13, "gate/up weights"}, std::pair{&w.w2, "down weights"},
+            std::pair{&w.w13_bias, "gate/up biases"}, std::pair{&w.w2_bias, "down biases"}}) {
+        check_finite(*t, fmt::format("{} ({})", experts_desc, what));
+      }
+    }
     for (Tensor* t : {&w.w13, &w.w2, &w.w13_bias, &w.w2_bias})
       *t = placed(*t, options.dtype);
     return MoELayer(model, std::move(w), options);
@@ -341,6 +382,10 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
     load_param(r, names, params, p, moe.w13_num_shards(), first);
   method->process_weights_after_loading(params);
   if (info != nullptr) info->method = method->name();
+  if (options.check_finite_weights) {
+    for (const std::string& p : params.names())
+      check_finite(params.get(p), fmt::format("{} (parameter {})", experts_desc, p));
+  }
   w.w13 = placed(params.get("w13_weight"), params.get("w13_weight").dtype());
   w.w2 = placed(params.get("w2_weight"), params.get("w2_weight").dtype());
   // Scales and biases travel in the method's QuantConfig; the layer builds from the method's plan.

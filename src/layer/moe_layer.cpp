@@ -204,8 +204,10 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
       weights_(std::move(weights)) {
   moe_ = make_moe_config(model_, options_);
   const Device device = options_.device.device();
-  MOEKIT_CHECK(options_.device.present, "cannot build a layer on {}: the device is not present",
-               options_.device.to_string());
+  MOEKIT_CHECK(options_.device.present && !options_.device.preview,
+               "cannot build a layer on {}: the device is not present{}",
+               options_.device.to_string(),
+               options_.device.preview ? " (a preview device is for planning only)" : "");
   MOEKIT_CHECK(!quant_.has_bias() || (!weights_.w13_bias.defined() && !weights_.w2_bias.defined()),
                "expert biases were given both in the weights and in the QuantConfig ({}); give "
                "them once",

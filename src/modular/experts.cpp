@@ -23,6 +23,7 @@ std::string device_rejection(const ExpertsCapabilities& caps, const DeviceInfo& 
       return fmt::format("{} (needs sm_{}..sm_{})", what, caps.min_compute_capability,
                          caps.max_compute_capability);
     }
+    if (device.preview) return {};  // planning for a device that is not here
     if (!built_with_cuda()) return what + " (moekit was built without CUDA)";
     if (!device.present) return what + " (no such GPU is present)";
   }

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -220,6 +222,70 @@ TEST(Checkpoint, MissingOrMisshapenTensorsNameTheTensor) {
   EXPECT_NE(e2.find(wrong_dtype), std::string::npos) << e2;
   EXPECT_NE(e2.find("dtype int8"), std::string::npos) << e2;
   fs::remove_all(dir);
+}
+
+// Non-finite values never pass silently: weights (NaN / Inf floats, fp8 NaN codes) when the
+// caller asks for the scan (the CLI does), scales always, and a bad input scale on one shard is
+// not hidden by the max over the gate/up pair.
+TEST(Checkpoint, NonFiniteWeightsAndScalesAreRefusedWithTheirName) {
+  MoELayerOptions scan;
+  scan.check_finite_weights = true;
+  {
+    const fs::path dir = fixture("bf16");
+    const std::string name = "model.layers.1.mlp.experts.3.down_proj.weight";
+    rewrite(dir, [&](const std::string& n, std::string& d, auto&, std::vector<std::byte>& b) {
+      if (n == name) {
+        EXPECT_EQ(d, "BF16");
+        b[2 * 17] = std::byte{0xC0};  // element 17 -> bf16 0x7FC0: NaN
+        b[2 * 17 + 1] = std::byte{0x7F};
+      }
+      return true;
+    });
+    EXPECT_NO_THROW(load_moe_layer(dir, 1));  // the library default does not scan
+    const std::string e = error_of([&] { load_moe_layer(dir, 1, scan); });
+    EXPECT_TRUE(testing::contains_all(
+        e, {"model.layers.1.mlp.experts.*", "down weights", "nan", "must be finite"}))
+        << e;
+    const std::string gate = "model.layers.1.mlp.gate.weight";
+    rewrite(dir, [&](const std::string& n, std::string& d, auto&, std::vector<std::byte>& b) {
+      if (n == gate) {  // element 5 -> +inf
+        if (d == "F32") {
+          const float inf = INFINITY;
+          std::memcpy(b.data() + 4 * 5, &inf, 4);
+        } else {
+          EXPECT_EQ(d, "BF16");
+          b[2 * 5] = std::byte{0x80};
+          b[2 * 5 + 1] = std::byte{0x7F};
+        }
+      }
+      return true;
+    });
+    EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 1, scan); }),
+                                      {gate, "inf", "element 5"}));
+    fs::remove_all(dir);
+  }
+  {
+    const fs::path dir = fixture("fp8_per_tensor");
+    const std::string w = "model.layers.0.mlp.experts.1.gate_proj.weight";
+    rewrite(dir, [&](const std::string& n, std::string&, auto&, std::vector<std::byte>& b) {
+      if (n == w) b[7] = std::byte{0x7F};  // e4m3 NaN
+      return true;
+    });
+    EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 0, scan); }),
+                                      {"w13_weight", "0x7F", "must be finite"}));
+    // A NaN or negative input scale on the up shard only: refused, not lost in max(gate, up).
+    for (const float bad : {NAN, -0.5f}) {
+      const std::string in = "model.layers.1.mlp.experts.2.up_proj.input_scale";
+      rewrite(dir, [&](const std::string& n, std::string&, auto&, std::vector<std::byte>& b) {
+        if (n == in) std::memcpy(b.data(), &bad, 4);
+        return true;
+      });
+      EXPECT_TRUE(
+          testing::contains_all(error_of([&] { load_moe_layer(dir, 1); }), {in, "finite and > 0"}))
+          << bad;
+    }
+    fs::remove_all(dir);
+  }
 }
 
 TEST(Checkpoint, ExcludedLayersLoadUnquantizedAndOtherMethodsAreRejected) {

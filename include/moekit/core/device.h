@@ -32,6 +32,10 @@ struct DeviceInfo {
   // False when this describes a device that is not present (e.g. `moekit explain --device h200` on
   // a machine without a GPU). Kernels never run on such a device.
   bool present = true;
+  // Planning only: judge kernels as they would be on this device with a build that has its
+  // kernels (absence of the device or of CUDA in this build is not a reason). `moekit explain
+  // --device h200` previews the H200 decision on any machine this way; layers refuse it.
+  bool preview = false;
 
   Device device() const { return {type, index}; }
   std::string to_string() const;

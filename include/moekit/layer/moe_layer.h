@@ -57,6 +57,10 @@ struct MoELayerOptions {
   // The ranks' token exchange, for deployments that move tokens between ranks (the plan's
   // prepare/finalize says when one is needed); null for single-rank deployments.
   std::shared_ptr<Communicator> communicator;
+  // Loading checkpoints (load_moe_layer): scan every weight once and refuse a non-finite value
+  // (NaN / Inf floats, fp8 NaN codes), naming the tensor, the element and the value. Scales are
+  // always checked. Off by default in the library (it reads every byte); on in the CLI.
+  bool check_finite_weights = false;
 };
 
 class MoELayer {

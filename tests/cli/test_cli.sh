@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The command line refuses bad and conflicting input with exit code 2 and a message that names the
+# flag, the value and the requirement; it checks memory before work and previews absent devices.
+# Usage: test_cli.sh path/to/moekit
+set -uo pipefail
+moekit=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# expect RC PATTERN ARGS...: the command exits with RC and its output matches PATTERN (grep -E).
+expect() {
+  local rc=$1 pattern=$2
+  shift 2
+  local out got
+  out=$("$moekit" "$@" 2>&1)
+  got=$?
+  if [ "$got" -ne "$rc" ] || ! grep -qE -- "$pattern" <<<"$out"; then
+    echo "FAILED: moekit $* -> exit $got (want $rc), output:"
+    echo "$out" | tail -5
+    echo "  (wanted a match of: $pattern)"
+    failures=$((failures + 1))
+  else
+    echo "ok: moekit $*"
+  fi
+}
+
+"$moekit" make-fixture --scheme fp8_block128 --out "$tmp/fp8" >/dev/null || exit 1
+"$moekit" make-fixture --scheme bf16 --out "$tmp/bf16" >/dev/null || exit 1
+
+# Conflicting or meaningless flags.
+expect 2 "--model excludes --config|--config excludes --model" run --model tiny --config "$tmp/bf16"
+expect 2 "--layer requires --checkpoint" run --layer 1
+expect 2 "--layer: Value -2 not in range" run --checkpoint "$tmp/bf16" --layer -2
+expect 2 "excludes --model|--model excludes" run --checkpoint "$tmp/bf16" --model tiny
+expect 2 "excludes --quant|--quant excludes" explain --quant nvfp4 --checkpoint "$tmp/fp8"
+expect 2 "--routing skewed cannot be used with this checkpoint.*router \(gate\) weight" \
+  run --checkpoint "$tmp/bf16" --routing skewed
+expect 2 "The following argument was not expected: --bogus" run --bogus
+expect 0 "Usage" run --help
+
+# A checkpoint without a router weight needs --routing, then runs with synthetic logits.
+python3 - "$tmp/bf16" "$tmp/nogate" <<'PY' || exit 1
+import json, os, shutil, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+shutil.copytree(src, dst)
+path = os.path.join(dst, "model.safetensors")
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+keep = {k: v for k, v in header.items() if not k.endswith(".gate.weight")}
+out, blobs, off = {}, [], 0
+for k, v in keep.items():
+    if k == "__metadata__":
+        out[k] = v
+        continue
+    b, e = v["data_offsets"]
+    blobs.append(data[b:e])
+    out[k] = dict(v, data_offsets=[off, off + e - b])
+    off += e - b
+h = json.dumps(out).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PY
+expect 2 "has no router \(gate\) weight: pass --routing" run --checkpoint "$tmp/nogate" -m 5
+expect 0 "synthetic balanced router logits.*|-> OK" run --checkpoint "$tmp/nogate" -m 5 --routing balanced
+
+# Memory is planned before work: a layer that cannot fit is refused at once, with the figures.
+expect 2 "needs about [0-9.]+ GB of host memory .* GB is available" \
+  run --model deepseek-v3 --device cpu -m 16 --max-tokens 1000000
+
+# An absent GPU is previewed, not probed.
+expect 0 "preview: NVIDIA H200.*not present here" explain --device h200 --model deepseek-v3
+expect 0 "sm90_grouped +Sm90GroupedExperts +CHOSEN" explain --device h200 --model deepseek-v3
+expect 1 "no prepare/finalize is registered for all-to-all backend 'naive'" \
+  explain --model deepseek-v3 --ep --dp 2
+
+# Quantized checkpoints run through the same layer, with an expert map.
+expect 0 "-> OK" run --checkpoint "$tmp/fp8" -m 9 --tp 2 --ep
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures CLI check(s) failed"
+  exit 1
+fi
+echo "all CLI checks passed"
