@@ -149,8 +149,14 @@ TEST(SafetensorsDtype, TensorNbytes) {
   EXPECT_EQ(tensor_nbytes("F32", std::vector<int64_t>{7, 0, 9}), 0u);
   EXPECT_EQ(tensor_nbytes("F4", std::vector<int64_t>{6}), 3u);
   EXPECT_EQ(tensor_nbytes("F6_E2M3", std::vector<int64_t>{4}), 3u);
-  // A zero dim anywhere makes the tensor empty, even when the other dims would overflow.
-  EXPECT_EQ(tensor_nbytes("F32", std::vector<int64_t>{int64_t{1} << 62, int64_t{1} << 62, 0}), 0u);
+  // A zero dim makes the tensor empty, but the other dims must still multiply within int64 (a
+  // running product over the shape, e.g. TensorInfo::numel, would overflow before reaching the 0).
+  EXPECT_EQ(tensor_nbytes("F32", std::vector<int64_t>{int64_t{1} << 40, 0, int64_t{1} << 20}), 0u);
+  expect_error(
+      [] {
+        tensor_nbytes("F32", std::vector<int64_t>{int64_t{1} << 62, int64_t{1} << 62, 0});
+      },
+      {"[4611686018427387904, 4611686018427387904, 0]", "2^63-1"});
   expect_error([] { tensor_nbytes("F4", std::vector<int64_t>{3}); }, {"[3]", "whole bytes"});
   expect_error([] { tensor_nbytes("F32", std::vector<int64_t>{2, -1}); }, {"[2, -1]", "negative"});
   expect_error(
@@ -476,6 +482,10 @@ TEST_F(SafetensorsValidation, EntryFields) {
                   {"tensor 'w13'", "dtype must be a string", "16"});
   expect_rejected("{\"w13\": {\"dtype\": \"Q4_K\", \"shape\": [], \"data_offsets\": [0, 1]}}", 1,
                   {"tensor 'w13'", "unknown dtype", "\"Q4_K\""});
+  // The writer refuses an empty name, so the reader does too (fuzz_safetensors checks that every
+  // accepted file survives a write / re-open round trip).
+  expect_rejected("{\"\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}}", 1,
+                  {"empty name"});
   // Extra fields are ignored, as in the reference reader.
   EXPECT_EQ(open_ok("{\"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1],"
                     " \"extra\": 1}}",

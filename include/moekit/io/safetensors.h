@@ -47,8 +47,9 @@ std::optional<std::size_t> dtype_bits(std::string_view dtype);
 std::size_t itemsize(std::string_view dtype);
 
 // Bytes occupied by a tensor of this dtype and shape: numel * bits / 8. Throws SafetensorsError for
-// an unknown dtype, a negative dim, a size that overflows 64 bits, or a sub-byte tensor whose bits
-// do not fill whole bytes.
+// an unknown dtype, a negative dim, a size that overflows 64 bits (the non-zero dims must multiply
+// within int64 even when another dim is 0), or a sub-byte tensor whose bits do not fill whole
+// bytes.
 uint64_t tensor_nbytes(std::string_view dtype, std::span<const int64_t> shape);
 
 // One tensor of an opened file. `bytes` points into the file's mapping: it stays valid while the
@@ -93,7 +94,8 @@ class SafetensorsFile {
     bool allow_holes = false;
   };
 
-  // Maps `path` and validates its header (see the file comment). Throws SafetensorsError.
+  // Maps `path` and validates its header (see the file comment; tensor names must also be
+  // non-empty, as the writer requires). Throws SafetensorsError.
   static SafetensorsFile open(const std::filesystem::path& path);
   static SafetensorsFile open(const std::filesystem::path& path, Options options);
 
