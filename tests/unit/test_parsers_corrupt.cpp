@@ -418,6 +418,92 @@ TEST(QuarkValidation, UnknownDtypesAndQschemesNameTheValidOnes) {
   }
 }
 
+// ---- fixture writer: shard counts and failed writes ---------------------------------------------
+
+class FixtureWrite : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("moekit_fixture_write_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  // Every entry directly in root_ and in `dir`.
+  std::vector<std::string> listing(const fs::path& dir) const {
+    std::vector<std::string> out;
+    for (const fs::path& d : {root_, dir}) {
+      if (!fs::is_directory(d)) continue;
+      for (const auto& f : fs::directory_iterator(d))
+        out.push_back(f.path().filename().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  fs::path root_;
+};
+
+TEST_F(FixtureWrite, ShardCountsBeyondTheTensorsAreRefusedBeforeWriting) {
+  io::FixtureOptions o;
+  o.num_shards = 100000;
+  const fs::path dir = root_ / "fx";
+  EXPECT_TRUE(contains_all(error_of([&] { io::write_fixture_checkpoint(dir, o); }),
+                           {"num_shards=100000", "must be in [1, ", "tensors"}));
+  EXPECT_FALSE(fs::exists(dir));
+  o.num_shards = 0;
+  EXPECT_TRUE(
+      contains_all(error_of([&] { io::write_fixture_checkpoint(dir, o); }), {"num_shards=0"}));
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+TEST_F(FixtureWrite, EveryShardHoldsATensorUpToOneTensorPerShard) {
+  io::FixtureOptions o;
+  const fs::path one = root_ / "one";
+  io::write_fixture_checkpoint(one, o);
+  const size_t tensors = io::CheckpointDir::open(one).size();
+  for (int shards : {2, 7, static_cast<int>(tensors)}) {
+    o.num_shards = shards;
+    const fs::path dir = root_ / ("s" + std::to_string(shards));
+    io::write_fixture_checkpoint(dir, o);
+    const io::CheckpointDir ckpt = io::CheckpointDir::open(dir);
+    EXPECT_EQ(ckpt.files().size(), static_cast<size_t>(shards));
+    EXPECT_EQ(ckpt.size(), tensors);
+    for (const io::SafetensorsFile& f : ckpt.files())
+      EXPECT_GE(f.size(), 1u) << f.path();
+    EXPECT_NO_THROW(load_moe_layer(dir, 1)) << shards;
+  }
+  o.num_shards = static_cast<int>(tensors) + 1;
+  EXPECT_TRUE(contains_all(error_of([&] { io::write_fixture_checkpoint(root_ / "x", o); }),
+                           {"num_shards=" + std::to_string(tensors + 1)}));
+}
+
+TEST_F(FixtureWrite, AFailedWriteLeavesNoPartialCheckpoint) {
+  io::FixtureOptions o;
+  // config.json cannot be replaced (it is a non-empty directory): nothing is written.
+  const fs::path dir = root_ / "blocked";
+  fs::create_directories(dir / "config.json" / "keep");
+  const std::string e = error_of([&] { io::write_fixture_checkpoint(dir, o); });
+  EXPECT_TRUE(contains_all(e, {"cannot write fixture checkpoint", "config.json"})) << e;
+  EXPECT_EQ(listing(dir), (std::vector<std::string>{"blocked", "config.json"}))
+      << "no model.safetensors and no staging directory left behind";
+
+  // An existing checkpoint stays whole when its replacement fails.
+  const fs::path ckpt = root_ / "ckpt";
+  io::write_fixture_checkpoint(ckpt, o);
+  fs::remove_all(dir);
+  fs::create_directories(ckpt / "model.safetensors.index.json");  // cannot be replaced
+  o.seed = 5;
+  EXPECT_THROW(io::write_fixture_checkpoint(ckpt, o), Error);
+  EXPECT_TRUE(fs::is_regular_file(ckpt / "model.safetensors"));
+  EXPECT_TRUE(fs::is_regular_file(ckpt / "config.json"));
+  EXPECT_EQ(listing(ckpt), (std::vector<std::string>{"ckpt", "config.json", "model.safetensors",
+                                                     "model.safetensors.index.json"}));
+
+  // The output below a regular file: an error, nothing created.
+  std::ofstream(root_ / "file") << "x";
+  EXPECT_THROW(io::write_fixture_checkpoint(root_ / "file" / "sub", o), Error);
+  EXPECT_EQ(listing(root_ / "none"), (std::vector<std::string>{"ckpt", "file"}));
+}
+
 // ---- safetensors: a zero dim does not excuse an overflowing shape -------------------------------
 
 TEST(SafetensorsShapes, NonZeroDimsMustMultiplyWithinInt64EvenWithAZeroDim) {
