@@ -308,8 +308,8 @@ ModelPreset preset_from_json(const nlohmann::json& root, const std::string& fnam
     const std::string name = io::json_string(*act, c.where("hidden_act"));
     const auto a = parse_activation(name);
     if (!a) {
-      throw Error(fmt::format("moekit: {}=\"{}\" is not a supported activation: use one of {}",
-                              c.where("hidden_act"), name, activation_names()));
+      throw Error(fmt::format("moekit: {}={} is not a supported activation: use one of {}",
+                              c.where("hidden_act"), io::describe_json(*act), activation_names()));
     }
     p.activation = *a;
   }
@@ -372,9 +372,9 @@ ModelPreset preset_from_json(const nlohmann::json& root, const std::string& fnam
     const std::string name = io::json_string(*dtype, where);
     const auto d = parse_dtype(name);
     if (!d || (*d != DType::kBF16 && *d != DType::kF16 && *d != DType::kF32)) {
-      throw Error(fmt::format(
-          "moekit: {}=\"{}\" is not a layer dtype: use one of bfloat16, float16, float32", where,
-          name));
+      throw Error(
+          fmt::format("moekit: {}={} is not a layer dtype: use one of bfloat16, float16, float32",
+                      where, io::describe_json(*dtype)));
     }
     p.dtype = *d;
   }
