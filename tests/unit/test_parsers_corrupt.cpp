@@ -399,6 +399,12 @@ TEST(QuarkValidation, UnknownDtypesAndQschemesNameTheValidOnes) {
       quark::QuarkConfig::parse(R"({"quant_method": "quark", "exclude": ["re:(unclosed"]})");
   EXPECT_TRUE(contains_all(error_of([&] { (void)bad_re.is_excluded("lm_head"); }),
                            {"re:(unclosed", "not a valid regular expression"}));
+  // Patterns that make a backtracking matcher take exponential time match in polynomial time
+  // (fuzz_quark_config found an exclude entry that hung the loader).
+  const quark::QuarkConfig redos = quark::QuarkConfig::parse(
+      R"({"quant_method": "quark", "exclude": ["re:(.*)*#", "re:(\\w*\\.?)*#", "re:mo**#"]})");
+  EXPECT_FALSE(redos.is_excluded("model.layers.3.mlp.shared_experts.gate_proj"));
+  EXPECT_FALSE(redos.is_excluded("model.layers.10.mlp.experts"));
   // Deep nesting where a string belongs is described, not dumped.
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   std::string text = good.dump();

@@ -210,10 +210,20 @@ const LayerQuantConfig& match_one(const QuarkConfig& c, std::string_view name,
   return c.global_quant_config;
 }
 
+// NOTE: a config is untrusted input. libstdc++'s default (backtracking) matcher takes
+// exponential time on patterns such as "(.*)*x" or "e**" (found by fuzz_quark_config: one
+// exclude entry hung the loader); its polynomial mode (a Thompson NFA, no back-references) cannot.
+#if defined(__GLIBCXX__)
+constexpr std::regex::flag_type kRegexFlags =
+    std::regex::ECMAScript | std::regex_constants::__polynomial;
+#else
+constexpr std::regex::flag_type kRegexFlags = std::regex::ECMAScript;
+#endif
+
 bool exclude_entry_matches(const std::string& entry, std::string_view name) {
   if (entry.rfind("re:", 0) == 0) {
     try {
-      const std::regex re(entry.substr(3));
+      const std::regex re(entry.substr(3), kRegexFlags);
       std::match_results<std::string_view::const_iterator> m;
       return std::regex_search(name.begin(), name.end(), m, re,
                                std::regex_constants::match_continuous);
