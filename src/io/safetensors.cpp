@@ -204,6 +204,48 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
+namespace {
+
+// Little-endian element i of width W bytes (the bytes may be unaligned).
+template <std::size_t W>
+uint64_t element_bits(std::span<const std::byte> bytes, std::size_t i) {
+  uint64_t v = 0;
+  for (std::size_t b = 0; b < W; ++b)
+    v |= static_cast<uint64_t>(std::to_integer<uint8_t>(bytes[i * W + b])) << (8 * b);
+  return v;
+}
+
+// The first element whose bits satisfy `bad`, or nullopt.
+template <std::size_t W, typename Bad>
+std::optional<int64_t> first_bad(std::span<const std::byte> bytes, Bad bad) {
+  const std::size_t n = bytes.size() / W;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (bad(element_bits<W>(bytes, i))) return static_cast<int64_t>(i);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int64_t> first_non_finite(const TensorInfo& t) {
+  const std::string& d = t.dtype;
+  const auto exp_all_ones = [](int shift, uint64_t mask) {
+    return [shift, mask](uint64_t v) { return ((v >> shift) & mask) == mask; };
+  };
+  if (d == "F64") return first_bad<8>(t.bytes, exp_all_ones(52, 0x7ff));
+  if (d == "F32") return first_bad<4>(t.bytes, exp_all_ones(23, 0xff));
+  if (d == "C64") {  // (real, imaginary) f32 pairs: element = pair
+    const auto i = first_bad<4>(t.bytes, exp_all_ones(23, 0xff));
+    return i ? std::optional<int64_t>(*i / 2) : std::nullopt;
+  }
+  if (d == "F16") return first_bad<2>(t.bytes, exp_all_ones(10, 0x1f));
+  if (d == "BF16") return first_bad<2>(t.bytes, exp_all_ones(7, 0xff));
+  if (d == "F8_E4M3") return first_bad<1>(t.bytes, [](uint64_t v) { return (v & 0x7f) == 0x7f; });
+  if (d == "F8_E5M2") return first_bad<1>(t.bytes, exp_all_ones(2, 0x1f));
+  if (d == "F8_E8M0") return first_bad<1>(t.bytes, [](uint64_t v) { return v == 0xff; });
+  return std::nullopt;
+}
+
 // ---- MappedFile --------------------------------------------------------------------------------
 
 MappedFile MappedFile::open(const std::filesystem::path& path) {

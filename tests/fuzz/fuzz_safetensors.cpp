@@ -75,6 +75,9 @@ void check_opened(const SafetensorsFile& f) {
       finding("tensor '" + name + "' byte count differs from its dtype and shape");
     }
     if (t.numel() < 0) finding("tensor '" + name + "' has a negative numel");
+    if (const auto bad = moekit::io::first_non_finite(t); bad && (*bad < 0 || *bad >= t.numel())) {
+      finding("tensor '" + name + "' reports a non-finite element outside the tensor");
+    }
     unsigned sum = 0;
     for (std::byte b : t.bytes)
       sum += std::to_integer<unsigned>(b);  // every byte must be readable

@@ -169,6 +169,46 @@ TEST(SafetensorsDtype, TensorNbytes) {
   expect_error([] { tensor_nbytes("X", std::vector<int64_t>{1}); }, {"unknown", "\"X\""});
 }
 
+// ---- non-finite values --------------------------------------------------------------------------
+
+TEST(SafetensorsValues, FirstNonFiniteDecodesEveryFloatDtype) {
+  struct Case {
+    std::string dtype;
+    std::vector<uint8_t> finite;  // one finite element (the largest finite value where it matters)
+    std::vector<std::vector<uint8_t>> bad;  // NaN / Inf encodings
+  };
+  const std::vector<Case> cases = {
+      {"F64",
+       {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xef, 0x7f},
+       {{0, 0, 0, 0, 0, 0, 0xf0, 0x7f}, {1, 0, 0, 0, 0, 0, 0xf8, 0xff}}},
+      {"F32", {0xff, 0xff, 0x7f, 0x7f}, {{0, 0, 0x80, 0x7f}, {0, 0, 0xc0, 0xff}}},
+      {"C64", {0, 0, 0x80, 0x3f, 0, 0, 0, 0}, {{0, 0, 0, 0, 0, 0, 0x80, 0xff}}},
+      {"F16", {0xff, 0x7b}, {{0x00, 0x7c}, {0x01, 0xfe}}},
+      {"BF16", {0x7f, 0x7f}, {{0x80, 0x7f}, {0xc1, 0xff}}},
+      {"F8_E4M3", {0x7e}, {{0x7f}, {0xff}}},
+      {"F8_E5M2", {0x7b}, {{0x7c}, {0xfe}}},
+      {"F8_E8M0", {0xfe}, {{0xff}}},
+  };
+  for (const Case& c : cases) {
+    for (const auto& bad : c.bad) {
+      std::vector<std::byte> bytes;
+      for (int i = 0; i < 4; ++i) {
+        for (uint8_t b : i == 2 ? bad : c.finite)
+          bytes.push_back(static_cast<std::byte>(b));
+      }
+      TensorInfo t{c.dtype, {4}, bytes};
+      EXPECT_EQ(first_non_finite(t), std::optional<int64_t>(2)) << c.dtype;
+      t.bytes = std::span<const std::byte>(bytes).first(2 * c.finite.size());
+      t.shape = {2};
+      EXPECT_EQ(first_non_finite(t), std::nullopt) << c.dtype;
+    }
+  }
+  // Integer and packed types have no non-finite codes.
+  const std::vector<std::byte> ones(8, std::byte{0xff});
+  for (const char* dtype : {"U8", "I8", "I32", "I64", "BOOL", "F4", "F6_E3M2"})
+    EXPECT_EQ(first_non_finite(TensorInfo{dtype, {}, ones}), std::nullopt) << dtype;
+}
+
 // ---- round trip --------------------------------------------------------------------------------
 
 struct Spec {

@@ -64,6 +64,13 @@ struct TensorInfo {
   int64_t numel() const;
 };
 
+// Index of the first element of `t` that is NaN or +-Inf, or nullopt when every element is finite.
+// Float dtypes are decoded by their bits: F64, F32, F16, BF16 (exponent all ones), C64 (either
+// part), F8_E4M3 (codes 0x7F / 0xFF: e4m3fn has no Inf), F8_E5M2 (exponent all ones), F8_E8M0
+// (0xFF); integer, BOOL and packed F4 / F6 tensors have no non-finite codes. For checks of
+// untrusted weights at load time (a NaN weight otherwise makes every comparison false).
+std::optional<int64_t> first_non_finite(const TensorInfo& t);
+
 // Read-only, memory-mapped map of one file (RAII; movable, not copyable).
 class MappedFile {
  public:
