@@ -10,8 +10,8 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 
+#include "bench_work.h"
 #include "cli_common.h"
 #include "core/elementwise.h"
 #include "moekit/core/error.h"
@@ -195,19 +195,18 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
   const int64_t max_m = *std::max_element(tokens.begin(), tokens.end());
 
   std::vector<Case> cases;
-  for (const std::string& name : models) {
-    DeploymentOptions d = deployment;
-    d.model = name;
-    const ModelPreset model = d.model_preset();
-    MoELayerOptions options = d.layer_options();
+  // --config benches that one model; otherwise each preset of --models.
+  for (const ModelPreset& model : bench_models(deployment.config_json, models)) {
+    MoELayerOptions options = deployment.layer_options();
     options.device = dev;
     options.max_num_tokens = max_m;
     WorkspaceManager workspace(Device::cuda());
     options.workspace = &workspace;
-    const int64_t H = model.hidden_size, I = model.intermediate_size;
-    const int64_t N = is_gated(model.activation) ? 2 * I : I;
-    const double expert_bytes = static_cast<double>((N * H + H * I) * element_size(options.dtype));
-    const double total_weight_bytes = expert_bytes * model.num_experts;
+    const int64_t H = model.hidden_size;
+    // Bytes and FLOPs of what this rank holds (I / tp, the local experts), not the whole model.
+    const LayerShard shard = LayerShard::of(model, options);
+    const double total_weight_bytes =
+        shard.bytes_per_element * shard.expert_elements() * shard.num_local_experts;
     // Enough weight sets that each replay reads weights not left in L2 by the previous one, within
     // 60 GB of weights.
     const int max_sets = std::max(1, std::min(8, static_cast<int>(60e9 / total_weight_bytes)));
@@ -236,18 +235,9 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
       const RoutingResult r =
           layers[0]->router().select_experts(xs[0], logits[0], {Stream{stream}, nullptr});
       BENCH_CUDA(cudaStreamSynchronize(stream));
-      std::set<int64_t> touched;
-      for (int64_t id : r.topk_ids.to_int_vector())
-        touched.insert(id);
-      double bytes = expert_bytes * static_cast<double>(touched.size());
-      double flops =
-          2.0 * static_cast<double>(M * model.top_k) * static_cast<double>(N * H + H * I);
-      if (model.num_shared_experts > 0) {
-        const int64_t Is = model.shared_intermediate_size * model.num_shared_experts;
-        const int64_t Ns = is_gated(model.activation) ? 2 * Is : Is;
-        bytes += static_cast<double>((Ns * H + H * Is) * element_size(options.dtype));
-        flops += 2.0 * static_cast<double>(M) * static_cast<double>(Ns * H + H * Is);
-      }
+      const LayerWork work = layer_work(shard, r.topk_ids.to_int_vector(), M);
+      const double bytes = work.weight_bytes;
+      const double flops = work.flops;
       const int sets = std::clamp(
           static_cast<int>(std::ceil(3.0 * l2_bytes / std::max(bytes, 1.0))), 1, max_sets);
       RunContext ctx{Stream{stream}, &workspace, nullptr};
@@ -259,7 +249,7 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
       c.model = model.name;
       c.M = M;
       c.sets = sets;
-      c.experts_touched = static_cast<int>(touched.size());
+      c.experts_touched = work.experts_touched;
       c.us = ms * 1e3 / sets;
       c.touched_bytes = bytes;
       c.flops = flops;

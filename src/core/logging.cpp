@@ -5,6 +5,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "moekit/core/env.h"
@@ -12,15 +13,7 @@
 namespace moekit::log {
 namespace {
 
-Level parse_level(const std::string& s) {
-  if (s == "trace") return Level::kTrace;
-  if (s == "debug") return Level::kDebug;
-  if (s == "info") return Level::kInfo;
-  if (s == "warn" || s == "warning") return Level::kWarn;
-  if (s == "error") return Level::kError;
-  if (s == "off") return Level::kOff;
-  return Level::kWarn;
-}
+constexpr const char* kLevelVar = "MOEKIT_LOG_LEVEL";
 
 spdlog::level::level_enum to_spdlog(Level level) {
   switch (level) {
@@ -43,7 +36,7 @@ spdlog::level::level_enum to_spdlog(Level level) {
 // NOTE: the one piece of global mutable state of the logging module, guarded by its mutex.
 struct State {
   std::mutex mutex;
-  Level level = parse_level(env::get("MOEKIT_LOG_LEVEL").value_or("warn"));
+  std::optional<Level> level;  // nullopt: not read from MOEKIT_LOG_LEVEL yet (nor set)
   std::set<std::string> seen;
   std::map<int, std::function<void(Level, const std::string&)>> callbacks;
   int next_id = 1;
@@ -53,6 +46,13 @@ struct State {
 State& state() {
   static State s;
   return s;
+}
+
+// The level in force; reads MOEKIT_LOG_LEVEL the first time (throws on a bad value, and keeps
+// throwing until the variable is fixed or set_level is called). Call with s.mutex held.
+Level current_level(State& s) {
+  if (!s.level) s.level = level_from_env();
+  return *s.level;
 }
 
 spdlog::logger& logger(State& s) {
@@ -68,7 +68,8 @@ spdlog::logger& logger(State& s) {
 void emit(Level level, std::string_view message, bool once) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (level < s.level || s.level == Level::kOff) return;
+  const Level current = current_level(s);
+  if (level < current || current == Level::kOff) return;
   std::string text(message);
   if (once && !s.seen.insert(text).second) return;
   logger(s).log(to_spdlog(level), "{}", text);
@@ -78,15 +79,32 @@ void emit(Level level, std::string_view message, bool once) {
 
 }  // namespace
 
+Level level_from_env() {
+  const std::optional<std::string> v =
+      env::get_choice(kLevelVar, {"trace", "debug", "info", "warn", "warning", "error", "off"});
+  if (!v || *v == "warn" || *v == "warning") return Level::kWarn;
+  if (*v == "trace") return Level::kTrace;
+  if (*v == "debug") return Level::kDebug;
+  if (*v == "info") return Level::kInfo;
+  if (*v == "error") return Level::kError;
+  return Level::kOff;
+}
+
 void set_level(Level level) {
   std::lock_guard<std::mutex> lock(state().mutex);
   state().level = level;
 }
+void reset_level() {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().level.reset();
+}
 Level level() {
-  return state().level;
+  std::lock_guard<std::mutex> lock(state().mutex);
+  return current_level(state());
 }
 bool enabled(Level l) {
-  return l >= state().level && state().level != Level::kOff;
+  const Level current = level();
+  return l >= current && current != Level::kOff;
 }
 
 void debug(std::string_view m) {

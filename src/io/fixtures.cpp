@@ -8,6 +8,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <system_error>
+
+#include <unistd.h>
 
 #include "moekit/core/error.h"
 #include "moekit/core/half.h"
@@ -308,38 +311,89 @@ void emit_nvfp4(Emitter& out, const std::vector<std::string>& names,
   }
 }
 
-void write_files(const std::filesystem::path& dir, std::vector<Entry> entries, int shards) {
-  std::filesystem::create_directories(dir);
-  for (const auto& f : std::filesystem::directory_iterator(dir)) {
-    const std::string n = f.path().filename().string();
-    if (f.path().extension() == ".safetensors" || n == CheckpointDir::kIndexName) {
-      std::filesystem::remove(f.path());
-    }
-  }
-  shards = std::max(shards, 1);
-  const size_t per =
-      (entries.size() + static_cast<size_t>(shards) - 1) / static_cast<size_t>(shards);
+bool is_checkpoint_file(const std::filesystem::path& p) {
+  const std::string n = p.filename().string();
+  return p.extension() == ".safetensors" || n == CheckpointDir::kIndexName || n == "config.json";
+}
+
+// Writes the shards (+ index when sharded) and config.json into the empty directory `dir`.
+// Tensors are spread evenly: shard s holds entries [s * n / shards, (s + 1) * n / shards), so no
+// shard is empty when shards <= n.
+void write_files(const std::filesystem::path& dir, const std::vector<Entry>& entries, int shards,
+                 const json& config) {
+  const size_t n = entries.size();
+  const auto ns = static_cast<size_t>(shards);
   json weight_map = json::object();
   uint64_t total = 0;
-  for (int s = 0; s < shards; ++s) {
+  for (size_t s = 0; s < ns; ++s) {
     const std::string file = shards == 1
                                  ? std::string("model.safetensors")
                                  : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards);
     SafetensorsWriter w;
     w.set_metadata("format", "pt");
-    for (size_t i = s * per; i < std::min(entries.size(), (s + 1) * per); ++i) {
-      Entry& e = entries[i];
+    for (size_t i = s * n / ns; i < (s + 1) * n / ns; ++i) {
+      const Entry& e = entries[i];
       total += e.data.size();
       weight_map[e.name] = file;
       w.add(e.name, e.dtype, e.shape, e.data);
     }
     w.write(dir / file);
   }
+  auto write_text = [&](const std::string& name, const std::string& text) {
+    std::ofstream f(dir / name);
+    f << text;
+    f.close();
+    MOEKIT_CHECK(f.good(), "cannot write {}", (dir / name).string());
+  };
   if (shards > 1) {
     json index;
     index["metadata"] = json{{"total_size", total}};
     index["weight_map"] = weight_map;
-    std::ofstream(dir / std::string(CheckpointDir::kIndexName)) << index.dump(2);
+    write_text(std::string(CheckpointDir::kIndexName), index.dump(2));
+  }
+  write_text("config.json", config.dump(2) + "\n");
+}
+
+// Writes the checkpoint into a fresh sibling directory first, then swaps its files into `dir`
+// (replacing the checkpoint files there). NOTE: any failure removes everything this call wrote,
+// so a failed write never leaves a partial checkpoint (e.g. shards without config.json) behind.
+void write_checkpoint(const std::filesystem::path& dir, const std::vector<Entry>& entries,
+                      int shards, const json& config) {
+  namespace fs = std::filesystem;
+  fs::path target = dir.lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  const fs::path staging = target.parent_path() /
+                           fmt::format(".{}.moekit-tmp-{}", target.filename().string(), ::getpid());
+  std::vector<fs::path> placed;  // files already moved into `target`
+  try {
+    fs::remove_all(staging);
+    fs::create_directories(staging);
+    write_files(staging, entries, shards, config);
+    fs::create_directories(target);
+    std::vector<fs::path> old_files;
+    for (const auto& f : fs::directory_iterator(target)) {
+      if (!is_checkpoint_file(f.path())) continue;
+      // Checked before anything is removed, so a failure keeps the old checkpoint whole.
+      if (f.is_directory()) {
+        throw Error(fmt::format("{} is a directory, not a checkpoint file that can be replaced",
+                                f.path().string()));
+      }
+      old_files.push_back(f.path());
+    }
+    for (const fs::path& f : old_files)
+      fs::remove(f);
+    for (const auto& f : fs::directory_iterator(staging)) {
+      const fs::path to = target / f.path().filename();
+      fs::rename(f.path(), to);
+      placed.push_back(to);
+    }
+    fs::remove_all(staging);
+  } catch (const std::exception& e) {
+    std::error_code ignored;
+    for (const fs::path& p : placed)
+      fs::remove(p, ignored);
+    fs::remove_all(staging, ignored);
+    throw Error(fmt::format("cannot write fixture checkpoint into {}: {}", dir.string(), e.what()));
   }
 }
 
@@ -414,16 +468,14 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
       emit_projection(out, p + d, wd, H, I, scheme, a2 * vary);
     }
   }
-  try {
-    write_files(dir, std::move(out.entries), options.num_shards);
-    std::ofstream cf(dir / "config.json");
-    cf << cfg.dump(2) << "\n";
-    MOEKIT_CHECK(cf.good(), "cannot write {}", (dir / "config.json").string());
-  } catch (const SafetensorsError& e) {
-    throw Error(e.what());
-  } catch (const std::filesystem::filesystem_error& e) {
-    throw Error(fmt::format("cannot write fixture checkpoint into {}: {}", dir.string(), e.what()));
+  const auto num_tensors = static_cast<int64_t>(out.entries.size());
+  if (options.num_shards < 1 || options.num_shards > num_tensors) {
+    throw Error(fmt::format(
+        "fixture checkpoint: num_shards={} must be in [1, {}]: every shard file holds at least "
+        "one of the {} tensors of the {} {} checkpoint",
+        options.num_shards, num_tensors, num_tensors, options.model, scheme));
   }
+  write_checkpoint(dir, out.entries, options.num_shards, cfg);
 }
 
 }  // namespace moekit::io

@@ -10,7 +10,6 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <set>
@@ -19,6 +18,9 @@
 #include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "moekit/core/error.h"
+#include "moekit/io/json.h"
 
 namespace moekit::io {
 namespace {
@@ -59,19 +61,8 @@ std::string squote(std::string_view name) {
   return "'" + clip(name) + "'";
 }
 
-// A short description of a JSON value that never recurses into it (a hostile header may nest
-// arrays a million deep) and never throws on odd strings.
 std::string describe(const json& v) {
-  switch (v.type()) {
-    case json::value_t::object:
-      return "an object of " + std::to_string(v.size()) + " keys";
-    case json::value_t::array:
-      return "an array of " + std::to_string(v.size()) + " elements";
-    case json::value_t::string:
-      return clip(v.dump(-1, ' ', false, json::error_handler_t::replace));
-    default:
-      return v.dump(-1, ' ', false, json::error_handler_t::replace);
-  }
+  return describe_json(v);
 }
 
 std::string format_shape(std::span<const int64_t> shape) {
@@ -106,13 +97,16 @@ SizeResult compute_nbytes(std::string_view dtype, std::size_t bits,
       return {0, "shape " + format_shape(shape) + " has a negative dim " + std::to_string(d)};
     if (d == 0) zero = true;
   }
-  if (zero) return {0, {}};
+  // NOTE: the non-zero dims must multiply within int64 even when another dim is 0, so that any
+  // running product over the shape (TensorInfo::numel, strides) stays defined.
   for (int64_t d : shape) {
+    if (d == 0) continue;
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel) ||
         numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return {0, "shape " + format_shape(shape) + " has more than 2^63-1 elements"};
     }
   }
+  if (zero) return {0, {}};
   uint64_t total_bits = 0;
   if (__builtin_mul_overflow(numel, static_cast<uint64_t>(bits), &total_bits)) {
     return {0, "shape " + format_shape(shape) + " of dtype " + std::string(dtype) +
@@ -160,31 +154,11 @@ struct FileCloser {
 
 // Parses the header; rejects duplicate keys in any object (nlohmann would silently keep the last).
 json parse_header(const std::filesystem::path& file, const char* first, const char* last) {
-  std::vector<std::set<std::string>> open_objects;
-  auto on_event = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!open_objects.empty() &&
-            !open_objects.back().insert(parsed.get<std::string>()).second) {
-          fail(file, "header repeats the key " + squote(parsed.get<std::string>()) +
-                         " (keys must be unique)");
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
   try {
-    return json::parse(first, last, on_event, /*allow_exceptions=*/true);
-  } catch (const json::exception& e) {
-    fail(file, "header is not valid JSON: " + clip(e.what(), 4 * kMaxShownChars));
+    return parse_json(std::string_view(first, static_cast<std::size_t>(last - first)),
+                      file.string() + ": header");
+  } catch (const Error& e) {
+    throw SafetensorsError(e.what());
   }
 }
 
@@ -228,6 +202,48 @@ int64_t TensorInfo::numel() const {
   for (int64_t d : shape)
     n *= d;  // validated on open: cannot overflow
   return n;
+}
+
+namespace {
+
+// Little-endian element i of width W bytes (the bytes may be unaligned).
+template <std::size_t W>
+uint64_t element_bits(std::span<const std::byte> bytes, std::size_t i) {
+  uint64_t v = 0;
+  for (std::size_t b = 0; b < W; ++b)
+    v |= static_cast<uint64_t>(std::to_integer<uint8_t>(bytes[i * W + b])) << (8 * b);
+  return v;
+}
+
+// The first element whose bits satisfy `bad`, or nullopt.
+template <std::size_t W, typename Bad>
+std::optional<int64_t> first_bad(std::span<const std::byte> bytes, Bad bad) {
+  const std::size_t n = bytes.size() / W;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (bad(element_bits<W>(bytes, i))) return static_cast<int64_t>(i);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int64_t> first_non_finite(const TensorInfo& t) {
+  const std::string& d = t.dtype;
+  const auto exp_all_ones = [](int shift, uint64_t mask) {
+    return [shift, mask](uint64_t v) { return ((v >> shift) & mask) == mask; };
+  };
+  if (d == "F64") return first_bad<8>(t.bytes, exp_all_ones(52, 0x7ff));
+  if (d == "F32") return first_bad<4>(t.bytes, exp_all_ones(23, 0xff));
+  if (d == "C64") {  // (real, imaginary) f32 pairs: element = pair
+    const auto i = first_bad<4>(t.bytes, exp_all_ones(23, 0xff));
+    return i ? std::optional<int64_t>(*i / 2) : std::nullopt;
+  }
+  if (d == "F16") return first_bad<2>(t.bytes, exp_all_ones(10, 0x1f));
+  if (d == "BF16") return first_bad<2>(t.bytes, exp_all_ones(7, 0xff));
+  if (d == "F8_E4M3") return first_bad<1>(t.bytes, [](uint64_t v) { return (v & 0x7f) == 0x7f; });
+  if (d == "F8_E5M2") return first_bad<1>(t.bytes, exp_all_ones(2, 0x1f));
+  if (d == "F8_E8M0") return first_bad<1>(t.bytes, [](uint64_t v) { return v == 0xff; });
+  return std::nullopt;
 }
 
 // ---- MappedFile --------------------------------------------------------------------------------
@@ -335,6 +351,8 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path, Options
       }
       continue;
     }
+    // The writer refuses empty names; so does the reader (a round trip must be possible).
+    if (key.empty()) fail(path, "a tensor has an empty name");
     const std::string t = "tensor " + squote(key);
     if (!entry.is_object()) {
       fail(path,
@@ -599,22 +617,11 @@ CheckpointDir CheckpointDir::open(const std::filesystem::path& dir,
   const fs::path index_path = dir / kIndexName;
   if (fs::exists(index_path, ec)) {
     out.has_index_ = true;
-    const auto index_size = fs::file_size(index_path, ec);
-    if (ec) fail(index_path, "cannot read: " + ec.message());
-    if (index_size > kMaxHeaderBytes) {
-      fail(index_path, "is " + std::to_string(index_size) + " bytes, above the limit of " +
-                           std::to_string(kMaxHeaderBytes));
-    }
-    std::ifstream in(index_path, std::ios::binary);
-    std::string text(static_cast<std::size_t>(index_size), '\0');
-    if (!in || !in.read(text.data(), static_cast<std::streamsize>(text.size()))) {
-      fail(index_path, "cannot read " + std::to_string(index_size) + " bytes");
-    }
     json index;
     try {
-      index = json::parse(text);
-    } catch (const json::exception& e) {
-      fail(index_path, "is not valid JSON: " + clip(e.what(), 4 * kMaxShownChars));
+      index = read_json_file(index_path, kMaxHeaderBytes);
+    } catch (const Error& e) {
+      throw SafetensorsError(e.what());
     }
     if (!index.is_object()) fail(index_path, "must be a JSON object, got " + describe(index));
     const auto wm = index.find("weight_map");

@@ -94,9 +94,15 @@ class Quantizer {
 
   uint8_t encode(float y, int zero_point) const {
     if (format_) return quant::encode(*format_, y);
+    // NOTE: integer codes of NaN are the code of 0 (the header's rule); the float->int cast in
+    // round_clamp is undefined for NaN.
+    if (std::isnan(y)) y = 0.0f;
     if (!s_.symmetric) {
+      // q = clamp(rne(x / s) + zp, 0, qmax): round first, as PyTorch's fake-quantize does, so an
+      // odd zero point does not flip ties (rne(y + zp) != rne(y) + zp at halves).
       const int qmax = s_.dtype == QuantDType::kInt8 ? 255 : 15;
-      return static_cast<uint8_t>(round_clamp(y + static_cast<float>(zero_point), 0, qmax));
+      return static_cast<uint8_t>(
+          std::clamp(round_clamp(y, -qmax - 1, qmax + 1) + zero_point, 0, qmax));
     }
     if (s_.dtype == QuantDType::kInt8) return static_cast<uint8_t>(encode_int8(y));
     return static_cast<uint8_t>(round_clamp(y, -8, 7) + 8);  // uint4b8

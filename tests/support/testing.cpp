@@ -47,11 +47,16 @@ double relative_l2_error(const std::vector<double>& out, const std::vector<doubl
   if (out.size() != ref.size()) throw std::invalid_argument("relative_l2_error: size mismatch");
   double num = 0, den = 0;
   for (size_t i = 0; i < out.size(); ++i) {
+    // NOTE: a NaN or Inf on either side is an infinite error, never a quiet 0 (NaN compares false
+    // both ways, so `err <= tol` and `err > tol` would both be false).
+    if (!std::isfinite(out[i]) || !std::isfinite(ref[i])) {
+      return std::numeric_limits<double>::infinity();
+    }
     const double d = out[i] - ref[i];
     num += d * d;
     den += ref[i] * ref[i];
   }
-  if (std::isnan(num)) return std::numeric_limits<double>::infinity();
+  if (!std::isfinite(num) || !std::isfinite(den)) return std::numeric_limits<double>::infinity();
   if (den == 0) return num == 0 ? 0 : std::numeric_limits<double>::infinity();
   return std::sqrt(num / den);
 }
@@ -65,6 +70,7 @@ int64_t first_bad_element(const Tensor& out, const std::vector<double>& ref, con
   const std::vector<float> o = out.to_float_vector();
   if (o.size() != ref.size()) return 0;
   for (size_t i = 0; i < o.size(); ++i) {
+    if (!std::isfinite(o[i]) || !std::isfinite(ref[i])) return static_cast<int64_t>(i);
     const double err = std::fabs(static_cast<double>(o[i]) - ref[i]);
     if (!(err <= tol.abs_elem + tol.rel_elem * std::fabs(ref[i]))) return static_cast<int64_t>(i);
   }

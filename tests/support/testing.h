@@ -31,9 +31,12 @@ Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, float lo = 
 void random_routing(int64_t M, int topk, int num_experts, uint64_t seed, Tensor* topk_ids,
                     Tensor* topk_weights);
 
+// ||out - ref||_2 / ||ref||_2 (0 when both are zero). NaN-safe: a NaN or Inf in either input, or
+// sums that overflow, give +infinity, so every `err <= tol` check fails (and `err > tol` holds).
 double relative_l2_error(const std::vector<double>& out, const std::vector<double>& ref);
 double relative_l2_error(const Tensor& out, const std::vector<double>& ref);
-// Index of the first element that violates the element tolerance, or -1.
+// Index of the first element that violates the element tolerance (a NaN or Inf on either side
+// always does), or -1.
 int64_t first_bad_element(const Tensor& out, const std::vector<double>& ref, const Tolerance& tol);
 // True if any element is NaN (poison left behind = an unwritten element).
 bool has_nan(const Tensor& t);

@@ -553,23 +553,22 @@ TEST(Env, GetIntAndBool) {
     EXPECT_FALSE(env::get_int(kName).has_value());
     EXPECT_TRUE(env::get_bool(kName, true));
     EXPECT_FALSE(env::get_bool(kName, false));
+    EXPECT_FALSE(env::get_choice(kName, {"a", "b"}).has_value());
   }
   {
     ScopedEnv empty(kName, "");
     EXPECT_FALSE(env::get(kName).has_value()) << "an empty variable counts as unset";
+    EXPECT_TRUE(env::get_bool(kName, true));
   }
   {
     ScopedEnv v(kName, "42");
     EXPECT_EQ(env::get(kName), std::optional<std::string>("42"));
     EXPECT_EQ(env::get_int(kName), std::optional<long long>(42));
+    EXPECT_EQ(env::get_int(kName, 0, 42), std::optional<long long>(42));
   }
   {
     ScopedEnv v(kName, "-7");
     EXPECT_EQ(env::get_int(kName), std::optional<long long>(-7));
-  }
-  {
-    ScopedEnv v(kName, "4x");
-    EXPECT_FALSE(env::get_int(kName).has_value());
   }
   for (const char* yes : {"1", "true", "TRUE", "yes", "On"}) {
     ScopedEnv v(kName, yes);
@@ -580,10 +579,64 @@ TEST(Env, GetIntAndBool) {
     EXPECT_FALSE(env::get_bool(kName, true)) << no;
   }
   {
-    ScopedEnv v(kName, "maybe");
-    EXPECT_TRUE(env::get_bool(kName, true));
-    EXPECT_FALSE(env::get_bool(kName, false));
+    ScopedEnv v(kName, "Warn");
+    EXPECT_EQ(env::get_choice(kName, {"info", "warn"}), std::optional<std::string>("warn"));
   }
+}
+
+// An unrecognised value is an error naming the variable, the value and what is accepted; never a
+// silent fallback.
+TEST(Env, UnrecognisedValuesAreErrors) {
+  const char* kName = "MOEKIT_TEST_CORE_VARIABLE";
+  for (const char* bad : {"maybe", "2", "-1", "yes please", " 1", "tru"}) {
+    ScopedEnv v(kName, bad);
+    EXPECT_TRUE(contains_all(error_of([&] { env::get_bool(kName, true); }),
+                             {kName, std::string("'") + bad + "'", "1, true, yes, on, 0, false"}))
+        << bad;
+  }
+  for (const char* bad : {"4x", "x", "1.5", " 4", "4 ", "1e3", "99999999999999999999"}) {
+    ScopedEnv v(kName, bad);
+    EXPECT_TRUE(contains_all(error_of([&] { env::get_int(kName); }),
+                             {kName, std::string("'") + bad + "'", "an integer"}))
+        << bad;
+  }
+  {
+    ScopedEnv v(kName, "9");
+    EXPECT_TRUE(
+        contains_all(error_of([&] { env::get_int(kName, 0, 8); }), {kName, "'9'", "[0, 8]"}));
+  }
+  {
+    ScopedEnv v(kName, "purple");
+    EXPECT_TRUE(contains_all(error_of([&] {
+                               env::get_choice(kName, {"red", "green"});
+                             }),
+                             {kName, "'purple'", "one of red, green"}));
+  }
+}
+
+TEST(Env, LogLevelGarbageIsAnErrorNamingTheLevels) {
+  {
+    ScopedEnv v("MOEKIT_LOG_LEVEL", "garbage");
+    log::reset_level();
+    const std::string e = error_of([] { log::warn("test_core: must not print"); });
+    EXPECT_TRUE(contains_all(
+        e, {"MOEKIT_LOG_LEVEL", "'garbage'", "trace, debug, info, warn, warning, error, off"}));
+    EXPECT_THROW(log::level(), Error) << "keeps failing until the variable is fixed";
+    log::set_level(log::Level::kError);  // an explicit level overrides the variable
+    EXPECT_EQ(log::level(), log::Level::kError);
+  }
+  for (const auto& [text, level] :
+       {std::pair{"trace", log::Level::kTrace}, std::pair{"DEBUG", log::Level::kDebug},
+        std::pair{"info", log::Level::kInfo}, std::pair{"warning", log::Level::kWarn},
+        std::pair{"error", log::Level::kError}, std::pair{"off", log::Level::kOff}}) {
+    ScopedEnv v("MOEKIT_LOG_LEVEL", text);
+    EXPECT_EQ(log::level_from_env(), level) << text;
+  }
+  {
+    ScopedEnv unset("MOEKIT_LOG_LEVEL", nullptr);
+    EXPECT_EQ(log::level_from_env(), log::Level::kWarn);
+  }
+  log::reset_level();
 }
 
 // ---- checks and errors ------------------------------------------------------------------------

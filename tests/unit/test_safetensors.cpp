@@ -149,8 +149,14 @@ TEST(SafetensorsDtype, TensorNbytes) {
   EXPECT_EQ(tensor_nbytes("F32", std::vector<int64_t>{7, 0, 9}), 0u);
   EXPECT_EQ(tensor_nbytes("F4", std::vector<int64_t>{6}), 3u);
   EXPECT_EQ(tensor_nbytes("F6_E2M3", std::vector<int64_t>{4}), 3u);
-  // A zero dim anywhere makes the tensor empty, even when the other dims would overflow.
-  EXPECT_EQ(tensor_nbytes("F32", std::vector<int64_t>{int64_t{1} << 62, int64_t{1} << 62, 0}), 0u);
+  // A zero dim makes the tensor empty, but the other dims must still multiply within int64 (a
+  // running product over the shape, e.g. TensorInfo::numel, would overflow before reaching the 0).
+  EXPECT_EQ(tensor_nbytes("F32", std::vector<int64_t>{int64_t{1} << 40, 0, int64_t{1} << 20}), 0u);
+  expect_error(
+      [] {
+        tensor_nbytes("F32", std::vector<int64_t>{int64_t{1} << 62, int64_t{1} << 62, 0});
+      },
+      {"[4611686018427387904, 4611686018427387904, 0]", "2^63-1"});
   expect_error([] { tensor_nbytes("F4", std::vector<int64_t>{3}); }, {"[3]", "whole bytes"});
   expect_error([] { tensor_nbytes("F32", std::vector<int64_t>{2, -1}); }, {"[2, -1]", "negative"});
   expect_error(
@@ -161,6 +167,46 @@ TEST(SafetensorsDtype, TensorNbytes) {
   expect_error([] { tensor_nbytes("F64", std::vector<int64_t>{int64_t{1} << 62}); },
                {"[4611686018427387904]", "F64", "overflows"});
   expect_error([] { tensor_nbytes("X", std::vector<int64_t>{1}); }, {"unknown", "\"X\""});
+}
+
+// ---- non-finite values --------------------------------------------------------------------------
+
+TEST(SafetensorsValues, FirstNonFiniteDecodesEveryFloatDtype) {
+  struct Case {
+    std::string dtype;
+    std::vector<uint8_t> finite;  // one finite element (the largest finite value where it matters)
+    std::vector<std::vector<uint8_t>> bad;  // NaN / Inf encodings
+  };
+  const std::vector<Case> cases = {
+      {"F64",
+       {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xef, 0x7f},
+       {{0, 0, 0, 0, 0, 0, 0xf0, 0x7f}, {1, 0, 0, 0, 0, 0, 0xf8, 0xff}}},
+      {"F32", {0xff, 0xff, 0x7f, 0x7f}, {{0, 0, 0x80, 0x7f}, {0, 0, 0xc0, 0xff}}},
+      {"C64", {0, 0, 0x80, 0x3f, 0, 0, 0, 0}, {{0, 0, 0, 0, 0, 0, 0x80, 0xff}}},
+      {"F16", {0xff, 0x7b}, {{0x00, 0x7c}, {0x01, 0xfe}}},
+      {"BF16", {0x7f, 0x7f}, {{0x80, 0x7f}, {0xc1, 0xff}}},
+      {"F8_E4M3", {0x7e}, {{0x7f}, {0xff}}},
+      {"F8_E5M2", {0x7b}, {{0x7c}, {0xfe}}},
+      {"F8_E8M0", {0xfe}, {{0xff}}},
+  };
+  for (const Case& c : cases) {
+    for (const auto& bad : c.bad) {
+      std::vector<std::byte> bytes;
+      for (int i = 0; i < 4; ++i) {
+        for (uint8_t b : i == 2 ? bad : c.finite)
+          bytes.push_back(static_cast<std::byte>(b));
+      }
+      TensorInfo t{c.dtype, {4}, bytes};
+      EXPECT_EQ(first_non_finite(t), std::optional<int64_t>(2)) << c.dtype;
+      t.bytes = std::span<const std::byte>(bytes).first(2 * c.finite.size());
+      t.shape = {2};
+      EXPECT_EQ(first_non_finite(t), std::nullopt) << c.dtype;
+    }
+  }
+  // Integer and packed types have no non-finite codes.
+  const std::vector<std::byte> ones(8, std::byte{0xff});
+  for (const char* dtype : {"U8", "I8", "I32", "I64", "BOOL", "F4", "F6_E3M2"})
+    EXPECT_EQ(first_non_finite(TensorInfo{dtype, {}, ones}), std::nullopt) << dtype;
 }
 
 // ---- round trip --------------------------------------------------------------------------------
@@ -476,6 +522,10 @@ TEST_F(SafetensorsValidation, EntryFields) {
                   {"tensor 'w13'", "dtype must be a string", "16"});
   expect_rejected("{\"w13\": {\"dtype\": \"Q4_K\", \"shape\": [], \"data_offsets\": [0, 1]}}", 1,
                   {"tensor 'w13'", "unknown dtype", "\"Q4_K\""});
+  // The writer refuses an empty name, so the reader does too (fuzz_safetensors checks that every
+  // accepted file survives a write / re-open round trip).
+  expect_rejected("{\"\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1]}}", 1,
+                  {"empty name"});
   // Extra fields are ignored, as in the reference reader.
   EXPECT_EQ(open_ok("{\"w\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, 1],"
                     " \"extra\": 1}}",

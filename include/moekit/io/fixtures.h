@@ -37,7 +37,8 @@ struct FixtureOptions {
   std::string scheme = "bf16";
   std::string model = "tiny";
   uint64_t seed = 0;
-  int num_shards = 1;  // > 1: model-0000k-of-0000n.safetensors + model.safetensors.index.json
+  int num_shards = 1;  // > 1: model-0000k-of-0000n.safetensors + model.safetensors.index.json;
+                       // at most the number of tensors
 };
 
 // Every scheme and model name above, in the order listed.
@@ -48,8 +49,11 @@ const std::vector<std::string>& fixture_models();
 // schemes for an unknown one.
 std::string fixture_quantization_config(const std::string& scheme);
 
-// Writes the checkpoint into `dir` (created if needed; existing checkpoint files are replaced).
-// Throws moekit::Error for an unknown scheme / model or a failed write.
+// Writes the checkpoint into `dir` (created if needed; existing checkpoint files — *.safetensors,
+// the index and config.json — are replaced). The files are staged in a sibling directory and moved
+// in at the end, so a failed write leaves nothing of this call behind. Throws moekit::Error for
+// an unknown scheme / model, num_shards outside [1, number of tensors] (every shard holds at least
+// one tensor), or a failed write.
 void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOptions& options);
 
 }  // namespace moekit::io

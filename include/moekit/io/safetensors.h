@@ -47,8 +47,9 @@ std::optional<std::size_t> dtype_bits(std::string_view dtype);
 std::size_t itemsize(std::string_view dtype);
 
 // Bytes occupied by a tensor of this dtype and shape: numel * bits / 8. Throws SafetensorsError for
-// an unknown dtype, a negative dim, a size that overflows 64 bits, or a sub-byte tensor whose bits
-// do not fill whole bytes.
+// an unknown dtype, a negative dim, a size that overflows 64 bits (the non-zero dims must multiply
+// within int64 even when another dim is 0), or a sub-byte tensor whose bits do not fill whole
+// bytes.
 uint64_t tensor_nbytes(std::string_view dtype, std::span<const int64_t> shape);
 
 // One tensor of an opened file. `bytes` points into the file's mapping: it stays valid while the
@@ -62,6 +63,13 @@ struct TensorInfo {
 
   int64_t numel() const;
 };
+
+// Index of the first element of `t` that is NaN or +-Inf, or nullopt when every element is finite.
+// Float dtypes are decoded by their bits: F64, F32, F16, BF16 (exponent all ones), C64 (either
+// part), F8_E4M3 (codes 0x7F / 0xFF: e4m3fn has no Inf), F8_E5M2 (exponent all ones), F8_E8M0
+// (0xFF); integer, BOOL and packed F4 / F6 tensors have no non-finite codes. For checks of
+// untrusted weights at load time (a NaN weight otherwise makes every comparison false).
+std::optional<int64_t> first_non_finite(const TensorInfo& t);
 
 // Read-only, memory-mapped map of one file (RAII; movable, not copyable).
 class MappedFile {
@@ -93,7 +101,8 @@ class SafetensorsFile {
     bool allow_holes = false;
   };
 
-  // Maps `path` and validates its header (see the file comment). Throws SafetensorsError.
+  // Maps `path` and validates its header (see the file comment; tensor names must also be
+  // non-empty, as the writer requires). Throws SafetensorsError.
   static SafetensorsFile open(const std::filesystem::path& path);
   static SafetensorsFile open(const std::filesystem::path& path, Options options);
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/config/activation.h"
@@ -48,7 +49,16 @@ const std::vector<ModelPreset>& model_presets();
 // Throws moekit::Error listing the known names when `name` is unknown.
 const ModelPreset& find_preset(const std::string& name);
 // Reads a HuggingFace config.json (a file, or a directory holding one). Understands the Mixtral,
-// Qwen2/3-MoE, DeepSeek-V2/V3, gpt-oss and Llama4 keys; throws naming the missing key otherwise.
+// Qwen2/3-MoE, DeepSeek-V2/V3, gpt-oss and Llama4 keys. Every value is validated at this boundary:
+// throws moekit::Error naming the file, the key, the value and the requirement for a missing key,
+// a wrong JSON type, an integer that is fractional or out of range (num_experts in [1, 65536],
+// sizes in [1, 2^31-1], top_k in [1, num_experts], ...), an unknown hidden_act / scoring_func /
+// topk_method / torch_dtype (listing the valid ones), inconsistent grouped routing, a weight size
+// whose element or byte count overflows int64 (naming the product), and for a path that is
+// missing, a directory, not a regular file, too large or not valid JSON.
 ModelPreset preset_from_hf_config(const std::filesystem::path& path);
+// The same from the text of a config.json; `where` names it in messages.
+ModelPreset preset_from_hf_config_text(std::string_view json_text,
+                                       const std::string& where = "config.json");
 
 }  // namespace moekit

@@ -2,10 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 
 #include "moekit/core/error.h"
+#include "moekit/io/json.h"
 
 namespace moekit::quark {
 namespace {
@@ -13,18 +19,62 @@ namespace {
 using json = nlohmann::json;
 namespace qk = quant_keys;
 
+// Quark's tensor data types (quark.torch.quantization.config.type.Dtype) and quantization
+// schemes (QSchemeType, plus the per_block / per_token spellings vLLM's Quark configs use).
+constexpr std::array<std::string_view, 21> kDtypes = {
+    "int2",     "int3",     "int4",   "int8",     "int16",   "int32",    "uint4",
+    "uint8",    "uint16",   "uint32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2",
+    "fp6_e3m2", "fp6_e2m3", "fp4",    "mx",       "mx6",     "mx9",      "bfp16"};
+constexpr std::array<std::string_view, 5> kQSchemes = {"per_tensor", "per_channel", "per_group",
+                                                       "per_block", "per_token"};
+// Bounds of the integer fields of a tensor quantizer.
+constexpr int64_t kMaxGroupSize = int64_t{1} << 20;
+constexpr int64_t kMaxChannelAxis = 8;
+constexpr std::size_t kMaxBlockDims = 4;
+// Longer "re:" exclude patterns are refused: std::regex compiles recursively.
+constexpr std::size_t kMaxRegexChars = 1024;
+
 std::string type_of(const json& v) {
   return v.type_name();
 }
 
+// NOTE: never dumps nested values (a hostile config may nest lists a million deep).
 std::string value_text(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
+  return io::describe_json(v);
 }
 
 [[noreturn]] void wrong_type(const std::string& path, const json& v, std::string_view expected) {
   throw Error(fmt::format("{}: expected {}, got {} {}", path, expected, type_of(v), value_text(v)));
+}
+
+template <size_t N>
+void expect_one_of(const std::string& path, const std::string& value,
+                   const std::array<std::string_view, N>& valid, std::string_view what) {
+  if (std::find(valid.begin(), valid.end(), value) != valid.end()) return;
+  throw Error(fmt::format("{}: {} is not a known {}: expected one of {}", path,
+                          value_text(json(value)), what, fmt::join(valid, ", ")));
+}
+
+int64_t int_in_range(const json& v, const std::string& path, int64_t min, int64_t max) {
+  if (!v.is_number_integer()) wrong_type(path, v, "an integer");
+  // NOTE: parsed non-negative integers are unsigned: above INT64_MAX they must not wrap.
+  const bool representable =
+      !v.is_number_unsigned() ||
+      v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (!representable || v.get<int64_t>() < min || v.get<int64_t>() > max) {
+    throw Error(fmt::format("{}: {} is out of range: expected an integer in [{}, {}]", path,
+                            value_text(v), min, max));
+  }
+  return v.get<int64_t>();
+}
+
+// Bounds a "re:" exclude entry at parse time (std::regex compiles recursively); whether it is a
+// valid expression is reported when it is first matched (is_excluded).
+void check_exclude_regex(const std::string& path, const std::string& entry) {
+  if (entry.rfind("re:", 0) == 0 && entry.size() - 3 > kMaxRegexChars) {
+    throw Error(fmt::format("{}: the regular expression of {} chars is longer than {}", path,
+                            entry.size() - 3, kMaxRegexChars));
+  }
 }
 
 std::optional<std::string> opt_string(const json& o, const char* key, const std::string& where) {
@@ -34,11 +84,11 @@ std::optional<std::string> opt_string(const json& o, const char* key, const std:
   return it->get<std::string>();
 }
 
-std::optional<int64_t> opt_int(const json& o, const char* key, const std::string& where) {
+std::optional<int64_t> opt_int(const json& o, const char* key, const std::string& where,
+                               int64_t min, int64_t max) {
   auto it = o.find(key);
   if (it == o.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number_integer()) wrong_type(where + "." + key, *it, "an integer");
-  return it->get<int64_t>();
+  return int_in_range(*it, where + "." + key, min, max);
 }
 
 std::optional<bool> opt_bool(const json& o, const char* key, const std::string& where) {
@@ -54,23 +104,29 @@ QuantSpec parse_spec(const json& j, const std::string& where) {
   auto dtype = opt_string(j, "dtype", where);
   if (!dtype) throw Error(fmt::format("{}: missing required key 'dtype'", where));
   s.dtype = *dtype;
+  expect_one_of(where + ".dtype", s.dtype, kDtypes, "Quark dtype");
   s.qscheme = opt_string(j, "qscheme", where);
-  s.group_size = opt_int(j, "group_size", where);
+  if (s.qscheme) expect_one_of(where + ".qscheme", *s.qscheme, kQSchemes, "Quark qscheme");
+  s.group_size = opt_int(j, "group_size", where, 1, kMaxGroupSize);
+  if (s.qscheme == "per_group" && !s.group_size) {
+    throw Error(fmt::format("{}: qscheme \"per_group\" needs a group_size (an integer in [1, {}])",
+                            where, kMaxGroupSize));
+  }
   s.is_dynamic = opt_bool(j, "is_dynamic", where);
   s.symmetric = opt_bool(j, "symmetric", where);
   s.scale_format = opt_string(j, "scale_format", where);
   s.scale_type = opt_string(j, "scale_type", where);
-  s.ch_axis = opt_int(j, "ch_axis", where);
+  s.ch_axis = opt_int(j, "ch_axis", where, -kMaxChannelAxis, kMaxChannelAxis);
   if (auto it = j.find("block_size"); it != j.end() && !it->is_null()) {
     const std::string path = where + ".block_size";
     if (!it->is_array()) wrong_type(path, *it, "a list of integers");
-    std::vector<int64_t> b;
-    for (size_t i = 0; i < it->size(); ++i) {
-      if (!(*it)[i].is_number_integer()) {
-        wrong_type(fmt::format("{}[{}]", path, i), (*it)[i], "an integer");
-      }
-      b.push_back((*it)[i].get<int64_t>());
+    if (it->empty() || it->size() > kMaxBlockDims) {
+      throw Error(fmt::format("{}: a list of {} block dims: expected 1 to {}", path, it->size(),
+                              kMaxBlockDims));
     }
+    std::vector<int64_t> b;
+    for (size_t i = 0; i < it->size(); ++i)
+      b.push_back(int_in_range((*it)[i], fmt::format("{}[{}]", path, i), 1, kMaxGroupSize));
     s.block_size = std::move(b);
   }
   return s;
@@ -154,10 +210,20 @@ const LayerQuantConfig& match_one(const QuarkConfig& c, std::string_view name,
   return c.global_quant_config;
 }
 
+// NOTE: a config is untrusted input. libstdc++'s default (backtracking) matcher takes
+// exponential time on patterns such as "(.*)*x" or "e**" (found by fuzz_quark_config: one
+// exclude entry hung the loader); its polynomial mode (a Thompson NFA, no back-references) cannot.
+#if defined(__GLIBCXX__)
+constexpr std::regex::flag_type kRegexFlags =
+    std::regex::ECMAScript | std::regex_constants::__polynomial;
+#else
+constexpr std::regex::flag_type kRegexFlags = std::regex::ECMAScript;
+#endif
+
 bool exclude_entry_matches(const std::string& entry, std::string_view name) {
   if (entry.rfind("re:", 0) == 0) {
     try {
-      const std::regex re(entry.substr(3));
+      const std::regex re(entry.substr(3), kRegexFlags);
       std::match_results<std::string_view::const_iterator> m;
       return std::regex_search(name.begin(), name.end(), m, re,
                                std::regex_constants::match_continuous);
@@ -283,21 +349,17 @@ QuarkConfig QuarkConfig::from_json(const json& j, std::string_view where_view) {
     const std::string path = where + ".exclude";
     if (!e->is_array()) wrong_type(path, *e, "a list of layer names");
     for (size_t i = 0; i < e->size(); ++i) {
-      if (!(*e)[i].is_string()) wrong_type(fmt::format("{}[{}]", path, i), (*e)[i], "a string");
+      const std::string entry_path = fmt::format("{}[{}]", path, i);
+      if (!(*e)[i].is_string()) wrong_type(entry_path, (*e)[i], "a string");
       c.exclude.push_back((*e)[i].get<std::string>());
+      check_exclude_regex(entry_path, c.exclude.back());
     }
   }
   return c;
 }
 
 QuarkConfig QuarkConfig::parse(std::string_view text, std::string_view where) {
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    throw Error(fmt::format("{}: not valid JSON (byte {}): {}", where, e.byte, e.what()));
-  }
-  return from_json(j, where);
+  return from_json(io::parse_json(text, where), where);
 }
 
 bool QuarkConfig::is_excluded(std::string_view layer_name) const {

@@ -87,7 +87,8 @@ struct QuarkConfig {
 
   // Whether `layer_name` (or, for an experts layer, the projections of its first expert) is in
   // `exclude`: entries match exactly, as fnmatch patterns when they hold * ? or [, or as regular
-  // expressions (ECMAScript, matched from the start) when they start with "re:".
+  // expressions (ECMAScript, matched from the start, in time polynomial in the name: no
+  // back-references) when they start with "re:". Throws moekit::Error for an invalid expression.
   bool is_excluded(std::string_view layer_name) const;
   // The config of `layer_name` (rules in the file comment). layer_type: e.g. "FusedMoE".
   const LayerQuantConfig& find_matched_config(std::string_view layer_name,
