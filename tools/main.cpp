@@ -7,6 +7,7 @@
 
 #include "cli_common.h"
 #include "moekit/core/error.h"
+#include "moekit/core/logging.h"
 
 int main(int argc, char** argv) {
   using namespace moekit::cli;
@@ -90,7 +91,9 @@ int main(int argc, char** argv) {
       "Time the layer and each stage on the GPU (CUDA events over CUDA-graph replays, "
       "weights rotated past L2) and compare with the device's measured peaks");
   bench_deployment.add_to(*bench);
-  bench->add_option("--models", bench_models, "model presets to time")->capture_default_str();
+  bench->add_option("--models", bench_models, "model presets to time")
+      ->capture_default_str()
+      ->excludes(bench_deployment.config_option);
   bench->add_option("--tokens", bench_tokens, "batch sizes M")->capture_default_str();
   bench->add_option("--routing", bench_routing, "random, balanced or skewed")
       ->check(CLI::IsMember({"random", "balanced", "skewed"}))
@@ -108,6 +111,7 @@ int main(int argc, char** argv) {
   }
   std::cout << std::unitbuf;  // progress survives a killed or piped run
   try {
+    (void)moekit::log::level();  // an unknown MOEKIT_LOG_LEVEL is an error for every command
     if (*run && !run_checkpoint.empty()) {
       if (run_layer < 0) run_layer = moekit::preset_from_hf_config(run_checkpoint).first_moe_layer;
       return run_checkpoint_command(run_deployment, run_checkpoint, run_layer, tokens, seed,

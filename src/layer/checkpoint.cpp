@@ -11,6 +11,7 @@
 
 #include "moekit/core/error.h"
 #include "moekit/experts/cpu_reference.h"
+#include "moekit/io/json.h"
 #include "moekit/io/safetensors.h"
 #include "moekit/quant/moe_input_quant.h"
 #include "moekit/quantization/quark/quark_moe.h"
@@ -42,19 +43,13 @@ bool is_float_dtype(DType d) {
 
 json read_config_json(const std::filesystem::path& dir) {
   const std::filesystem::path file = dir / "config.json";
-  std::ifstream in(file);
-  MOEKIT_CHECK(in.good(), "cannot open {} (a checkpoint directory needs a config.json)",
-               file.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  try {
-    json j = json::parse(text);
-    MOEKIT_CHECK(j.is_object(), "{}: expected a JSON object, got {}", file.string(), j.type_name());
-    return j;
-  } catch (const json::parse_error& e) {
-    throw Error(fmt::format("{}: not valid JSON (byte {}): {}", file.string(), e.byte, e.what()));
-  }
+  MOEKIT_CHECK(std::filesystem::is_directory(dir),
+               "{} is not a checkpoint directory (it needs a config.json and *.safetensors)",
+               dir.string());
+  json j = io::read_json_file(file);
+  MOEKIT_CHECK(j.is_object(), "{}: expected a JSON object, got {}", file.string(),
+               io::describe_json(j));
+  return j;
 }
 
 // The checkpoint's view of one tensor, converted to a CPU Tensor.

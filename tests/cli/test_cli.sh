@@ -66,6 +66,20 @@ PY
 expect 2 "has no router \(gate\) weight: pass --routing" run --checkpoint "$tmp/nogate" -m 5
 expect 0 "synthetic balanced router logits.*|-> OK" run --checkpoint "$tmp/nogate" -m 5 --routing balanced
 
+# Environment variables with unknown values, and a config.json that is not a file.
+out=$(MOEKIT_LOG_LEVEL=garbage "$moekit" explain --model tiny 2>&1)
+if [ $? -ne 2 ] || ! grep -q "MOEKIT_LOG_LEVEL='garbage' is not valid" <<<"$out"; then
+  echo "FAILED: MOEKIT_LOG_LEVEL=garbage moekit explain: $out"
+  failures=$((failures + 1))
+else
+  echo "ok: MOEKIT_LOG_LEVEL=garbage moekit explain"
+fi
+mkdir -p "$tmp/dirconfig/config.json"
+expect 2 "config.json.*(directory|not a regular file)" explain --config "$tmp/dirconfig/config.json"
+expect 2 "config.json.*(directory|not a regular file)" run --checkpoint "$tmp/dirconfig" --layer 0
+expect 2 "--models excludes --config|--config excludes --models" \
+  bench --config "$tmp/bf16" --models tiny
+
 # Memory is planned before work: a layer that cannot fit is refused at once, with the figures.
 expect 2 "needs about [0-9.]+ GB of host memory .* GB is available" \
   run --model deepseek-v3 --device cpu -m 16 --max-tokens 1000000
