@@ -7,6 +7,7 @@
 #include "core/elementwise.h"
 #include "moekit/config/quant_factories.h"
 #include "moekit/core/checks.h"
+#include "moekit/core/env.h"
 #include "moekit/core/logging.h"
 #include "moekit/experts/cpu_emulation.h"
 #include "moekit/experts/cpu_reference.h"
@@ -96,6 +97,7 @@ MoEConfig MoELayer::make_moe_config(const ModelPreset& model, const MoELayerOpti
   moe.intermediate_size_per_partition_unpadded = model.intermediate_size / options.parallel.tp_size;
   moe.moe_backend = options.backend;
   moe.tile_config = options.tile_config;
+  moe.batch_invariant = options.batch_invariant || env::get_bool(kBatchInvariantEnvVar, false);
   moe.max_num_tokens = options.max_num_tokens;
   moe.has_bias = model.has_bias;
   moe.swiglu_limit = model.swiglu_limit;

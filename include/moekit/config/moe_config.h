@@ -34,7 +34,10 @@ struct MoEConfig {
   // Forces the experts' GEMM tile configuration by its table name ("auto": the experts choose;
   // `moekit bench --tile`). Experts without a tile table ignore it only when it is "auto".
   std::string tile_config = "auto";
-  int64_t max_num_tokens = 8192;     // per rank per forward (sizes workspaces and batched buffers)
+  int64_t max_num_tokens = 8192;  // per rank per forward (sizes workspaces and batched buffers)
+  // A token's output must not depend on the other tokens of its batch: experts keep one reduction
+  // order for every batch size (no batch-size-dependent split-K or tile change that reorders sums).
+  bool batch_invariant = false;
   bool has_bias = false;
   bool is_lora_enabled = false;
   std::optional<float> swiglu_limit;

@@ -27,6 +27,9 @@
 
 namespace moekit {
 
+// Environment variable: "1" makes every layer batch-invariant (MoELayerOptions::batch_invariant).
+inline constexpr const char* kBatchInvariantEnvVar = "MOEKIT_BATCH_INVARIANT";
+
 // The tensors of one layer on this rank. Shapes: E_local experts, E global, H hidden,
 // I intermediate, N1 = 2I gated or I `_no_mul`; Kc = the packed row bytes of a quantized format.
 //
@@ -50,7 +53,10 @@ struct MoELayerOptions {
   ParallelConfig parallel;                // EP rank / size (the expert_map follows from it)
   std::string backend = "auto";           // force an experts backend by name ("auto": the oracle)
   std::string tile_config = "auto";       // force the experts' GEMM tile config by table name
-  int64_t max_num_tokens = 8192;          // per forward; sizes the workspaces once
+  // A token's output independent of the other tokens in its batch (MoEConfig::batch_invariant);
+  // also set by the environment variable MOEKIT_BATCH_INVARIANT=1.
+  bool batch_invariant = false;
+  int64_t max_num_tokens = 8192;  // per forward; sizes the workspaces once
   // Caller-owned workspaces shared by several layers (grown to this layer's worst case at
   // construction); when null the layer owns its own.
   WorkspaceManager* workspace = nullptr;
