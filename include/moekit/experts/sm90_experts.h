@@ -22,6 +22,10 @@
 
 namespace moekit {
 
+namespace sm90 {
+struct SharedMlp;
+}  // namespace sm90
+
 // Whether the Hopper experts fuse the gated activation into GEMM1 for this layer. Then w13 and its
 // bias must be in the blocks-of-32 gate/up order (UnquantizedMoEKernelOracle::
 // convert_to_kernel_format produces it); otherwise they keep the standard layout.
@@ -64,13 +68,11 @@ class Sm90SharedExperts final : public SharedExperts {
   // allocated here, once; forward allocates nothing.
   Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation, ActivationParams params,
                     int64_t max_num_tokens);
+  ~Sm90SharedExperts() override;
   Tensor forward(const Tensor& x, RunContext ctx) override;
 
  private:
-  Tensor w13_, w2_, hidden_, act_, out_;
-  Tensor offsets_;  // (2,) int32 on the device: {0, M} of the single "expert"
-  Activation activation_;
-  ActivationParams params_;
+  std::unique_ptr<sm90::SharedMlp> mlp_;  // weights and buffers (experts/cuda/sm90_experts.h)
 };
 
 }  // namespace moekit

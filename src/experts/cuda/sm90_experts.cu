@@ -1,16 +1,17 @@
-// Sm90GroupedExperts / Sm90SharedExperts: the launch sequence of the unquantized GPU pipeline (see
+// The launch sequences of the Hopper experts (experts/cuda/sm90_experts.h; the classes are in
 // include/moekit/experts/sm90_experts.h). Every buffer comes from the workspaces; nothing here
 // allocates or synchronizes.
+#include "experts/cuda/sm90_experts.h"
+
 #include <cuda_runtime.h>
 
-#include "core/cuda_check.cuh"
+#include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/moe_activation.h"
 #include "experts/cuda/moe_permute.h"
 #include "experts/cuda/moe_unpermute.h"
 #include "experts/cuda/sm90_experts_common.h"
 #include "experts/cuda/sm90_grouped_gemm.h"
 #include "moekit/core/checks.h"
-#include "moekit/experts/sm90_experts.h"
 
 namespace moekit {
 namespace {
@@ -183,21 +184,17 @@ void run_activation(Activation act, const ActivationParams& params, const void* 
   MOEKIT_CUDA_CHECK(cuda::launch_moe_activation(p, to_cuda(stream)));
 }
 
-WorkspaceShapes Sm90GroupedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
-                                                     int64_t, int64_t local_num_experts,
-                                                     const ExpertTokensMetadata*,
-                                                     Activation activation) const {
-  const size_t es = element_size(moe_config().in_dtype);
+namespace sm90 {
+
+WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, int64_t M, int64_t N, int64_t K,
+                                         int64_t topk, int64_t local_num_experts,
+                                         Activation activation) {
+  const size_t es = element_size(moe.in_dtype);
   const Ws2Layout l = ws2_layout(M, N, K, topk, local_num_experts, activation, es);
   return {{M * topk, N}, {static_cast<int64_t>((l.bytes + es - 1) / es)}, {M, K}};
 }
 
-std::shared_ptr<const TopKWeightAndReduce> Sm90GroupedExperts::finalize_weight_and_reduce_impl()
-    const {
-  return std::make_shared<TopKWeightAndReduceNoOp>();
-}
-
-void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+void grouped_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr,
                "Sm90GroupedExperts needs a CUDA stream in RunContext");
   const Tensor& x = args.hidden_states;
@@ -255,8 +252,8 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   ctx.stage_done("align");
 
   // 2. GEMM1 with the token gather: (rows, N) into workspace13.
-  const Tensor& b1 = quant_config().w1_bias();
-  const Tensor& b2 = quant_config().w2_bias();
+  const Tensor& b1 = experts.quant_config().w1_bias();
+  const Tensor& b2 = experts.quant_config().w2_bias();
   cuda::GroupedGemmArgs g1;
   g1.a = x.data();
   g1.lda = K;
@@ -273,9 +270,9 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
   void* act = at<void>(ws2, l.act);
-  if (sm90_fuses_activation(moe_config())) {
+  if (sm90_fuses_activation(experts.moe_config())) {
     // 2+3. GEMM1 with the gated activation in its epilogue: (rows, N/2) straight into ws2.
-    set_fused_activation(g1, args.activation, moe_config().activation_params());
+    set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
     g1.c = act;
     g1.ldc = d;
     run_gemm(g1, ctx.stream, "GEMM1 + activation");
@@ -284,8 +281,8 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
     run_gemm(g1, ctx.stream, "GEMM1");
     ctx.stage_done("gemm1");
     // 3. activation on the valid rows.
-    run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(), act,
-                   dtype, capacity, N, total, permuted, ctx.stream);
+    run_activation(args.activation, experts.moe_config().activation_params(),
+                   args.workspace13.data(), act, dtype, capacity, N, total, permuted, ctx.stream);
     ctx.stage_done("activation");
   }
 
@@ -328,21 +325,7 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   ctx.stage_done("reduce");
 }
 
-WorkspaceShapes Sm90BatchedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t,
-                                                     int64_t, int64_t local_num_experts,
-                                                     const ExpertTokensMetadata*,
-                                                     Activation activation) const {
-  // M is max_num_tokens * num_dispatchers (T) in the batched format.
-  const int64_t rows = local_num_experts * M;
-  return {{rows, N}, {rows, activation_output_dim(activation, N)}, {local_num_experts, M, K}};
-}
-
-std::shared_ptr<const TopKWeightAndReduce> Sm90BatchedExperts::finalize_weight_and_reduce_impl()
-    const {
-  return std::make_shared<TopKWeightAndReduceDelegate>();
-}
-
-void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+void batched_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr,
                "Sm90BatchedExperts needs a CUDA stream in RunContext");
   const Tensor& x = args.hidden_states;
@@ -365,8 +348,8 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   const DType dtype = x.dtype();
   expect_dtype(args.w1, "w1", {dtype});
   expect_dtype(args.w2, "w2", {dtype});
-  const Tensor& b1 = quant_config().w1_bias();
-  const Tensor& b2 = quant_config().w2_bias();
+  const Tensor& b1 = experts.quant_config().w1_bias();
+  const Tensor& b2 = experts.quant_config().w2_bias();
 
   cuda::GroupedGemmArgs g1;
   g1.a = x.data();
@@ -383,8 +366,8 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
-  if (sm90_fuses_activation(moe_config())) {
-    set_fused_activation(g1, args.activation, moe_config().activation_params());
+  if (sm90_fuses_activation(experts.moe_config())) {
+    set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
     g1.c = args.workspace2.data();
     g1.ldc = d;
     run_gemm(g1, ctx.stream, "batched GEMM1 + activation");
@@ -393,8 +376,9 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
     run_gemm(g1, ctx.stream, "batched GEMM1");
     ctx.stage_done("gemm1");
     // Rows past each expert's count hold stale values; their activations are never read.
-    run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(),
-                   args.workspace2.data(), dtype, E * T, N, nullptr, nullptr, ctx.stream);
+    run_activation(args.activation, experts.moe_config().activation_params(),
+                   args.workspace13.data(), args.workspace2.data(), dtype, E * T, N, nullptr,
+                   nullptr, ctx.stream);
     ctx.stage_done("activation");
   }
   cuda::GroupedGemmArgs g2 = g1;
@@ -413,45 +397,27 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   ctx.stage_done("gemm2");
 }
 
-Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
-                                     ActivationParams params, int64_t max_num_tokens)
-    : w13_(std::move(w13)), w2_(std::move(w2)), activation_(activation), params_(params) {
-  expect_dim(w13_, "shared_w13", 2);
-  expect_dim(w2_, "shared_w2", 2);
-  MOEKIT_CHECK(w13_.device().is_cuda() && w2_.device() == w13_.device(),
-               "Sm90SharedExperts: weights must be on one CUDA device, got {} and {}",
-               w13_.describe(), w2_.describe());
-  const int64_t n = w13_.size(0), h = w13_.size(1), i = w2_.size(1);
-  MOEKIT_CHECK(activation_output_dim(activation, n) == i && w2_.size(0) == h,
-               "Sm90SharedExperts: shared_w13 {} and shared_w2 {} do not form an MLP with {}",
-               w13_.describe(), w2_.describe(), activation_name(activation));
-  hidden_ = Tensor::empty({max_num_tokens, n}, w13_.dtype(), w13_.device());
-  act_ = Tensor::empty({max_num_tokens, i}, w13_.dtype(), w13_.device());
-  out_ = Tensor::empty({max_num_tokens, h}, w13_.dtype(), w13_.device());
-  offsets_ = Tensor::empty({2}, DType::kInt32, w13_.device());
-}
-
-Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
+Tensor shared_forward(SharedMlp& mlp, const Tensor& x, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr, "Sm90SharedExperts needs a CUDA stream in RunContext");
   expect_dim(x, "shared_experts_input", 2);
   expect_contiguous(x, "shared_experts_input");
-  const int64_t M = x.size(0), H = x.size(1), N = w13_.size(0), I = w2_.size(1);
-  MOEKIT_CHECK(M <= hidden_.size(0), "shared experts: M={} > max_num_tokens={}", M,
-               hidden_.size(0));
-  MOEKIT_CHECK(H == w13_.size(1) && x.dtype() == w13_.dtype(),
+  const int64_t M = x.size(0), H = x.size(1), N = mlp.w13.size(0), I = mlp.w2.size(1);
+  MOEKIT_CHECK(M <= mlp.hidden.size(0), "shared experts: M={} > max_num_tokens={}", M,
+               mlp.hidden.size(0));
+  MOEKIT_CHECK(H == mlp.w13.size(1) && x.dtype() == mlp.w13.dtype(),
                "shared experts: input {} does not match shared_w13 {}", x.describe(),
-               w13_.describe());
-  Tensor out = out_.slice(0, 0, M);
+               mlp.w13.describe());
+  Tensor out = mlp.out.slice(0, 0, M);
   if (M == 0) return out;
   // One "expert" holding every token: offsets {0, M} live in a tiny device constant table.
-  int32_t* offsets = offsets_.data_as<int32_t>();
+  int32_t* offsets = mlp.offsets.data_as<int32_t>();
   set_single_expert_offsets<<<1, 1, 0, to_cuda(ctx.stream)>>>(offsets, static_cast<int32_t>(M));
   MOEKIT_CUDA_CHECK(cudaGetLastError());
   cuda::GroupedGemmArgs g1;
   g1.a = x.data();
   g1.lda = H;
-  g1.w = w13_.data();
-  g1.c = hidden_.data();
+  g1.w = mlp.w13.data();
+  g1.c = mlp.hidden.data();
   g1.ldc = N;
   g1.expert_offsets = offsets;
   g1.num_experts = 1;
@@ -460,13 +426,13 @@ Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
   g1.k = static_cast<int>(H);
   g1.dtype = gemm_dtype_of(x.dtype());
   run_gemm(g1, ctx.stream, "shared GEMM1");
-  run_activation(activation_, params_, hidden_.data(), act_.data(), x.dtype(), M, N, nullptr,
-                 nullptr, ctx.stream);
+  run_activation(mlp.activation, mlp.params, mlp.hidden.data(), mlp.act.data(), x.dtype(), M, N,
+                 nullptr, nullptr, ctx.stream);
   cuda::GroupedGemmArgs g2 = g1;
-  g2.a = act_.data();
+  g2.a = mlp.act.data();
   g2.lda = I;
-  g2.w = w2_.data();
-  g2.c = out_.data();
+  g2.w = mlp.w2.data();
+  g2.c = mlp.out.data();
   g2.ldc = H;
   g2.n = static_cast<int>(H);
   g2.k = static_cast<int>(I);
@@ -474,4 +440,5 @@ Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
   return out;
 }
 
+}  // namespace sm90
 }  // namespace moekit

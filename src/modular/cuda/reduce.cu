@@ -1,9 +1,9 @@
-// The device half of TopKWeightAndReduceContiguous (see reduce_cuda_hook.h).
+// The device half of TopKWeightAndReduceContiguous (see modular/cuda/reduce.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "core/cuda_check.cuh"
-#include "modular/reduce_cuda_hook.h"
+#include "core/cuda/cuda_check.cuh"
+#include "modular/cuda/reduce.h"
 #include "moekit/core/checks.h"
 
 namespace moekit {

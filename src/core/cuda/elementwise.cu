@@ -4,8 +4,8 @@
 
 #include <climits>
 
-#include "core/cuda_check.cuh"
-#include "core/elementwise.h"
+#include "core/cuda/cuda_check.cuh"
+#include "core/cuda/elementwise.h"
 
 namespace moekit {
 namespace {

@@ -1,10 +1,10 @@
-// The GPU half of PrepareFinalizeBatched (see batched_cuda.h).
-#include "core/cuda_check.cuh"
+// The GPU half of PrepareFinalizeBatched (see prepare_finalize/cuda/batched.h).
+#include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/moe_permute.h"
 #include "experts/cuda/moe_unpermute.h"
 #include "experts/cuda/sm90_experts_common.h"
 #include "moekit/core/checks.h"
-#include "prepare_finalize/batched_cuda.h"
+#include "prepare_finalize/cuda/batched.h"
 
 namespace moekit::detail {
 

@@ -1,6 +1,6 @@
 // The device path of apply_moe_activation.
-#include "config/activation_cuda_hook.h"
-#include "core/cuda_check.cuh"
+#include "config/cuda/activation.h"
+#include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/sm90_experts_common.h"
 #include "moekit/core/checks.h"
 
