@@ -29,8 +29,8 @@
 
 namespace {
 
+using moekit::cuda::ElemType;
 using moekit::cuda::FusedActivation;
-using moekit::cuda::GemmDtype;
 using moekit::cuda::GroupedGemmArgs;
 using moekit::cuda::GroupedGemmParams;
 using moekit::cuda::GroupedGemmTile;
@@ -102,19 +102,18 @@ std::string gpu_unavailable() {
     }                                                 \
   } while (0)
 
-float to_f(uint16_t bits, GemmDtype dt) {
-  return dt == GemmDtype::kBF16 ? moekit::bf16_bits_to_float(bits)
-                                : moekit::f16_bits_to_float(bits);
+float to_f(uint16_t bits, ElemType dt) {
+  return dt == ElemType::kBF16 ? moekit::bf16_bits_to_float(bits) : moekit::f16_bits_to_float(bits);
 }
-uint16_t from_f(float v, GemmDtype dt) {
-  return dt == GemmDtype::kBF16 ? moekit::float_to_bf16_bits(v) : moekit::float_to_f16_bits(v);
+uint16_t from_f(float v, ElemType dt) {
+  return dt == ElemType::kBF16 ? moekit::float_to_bf16_bits(v) : moekit::float_to_f16_bits(v);
 }
 
 enum class BiasKind { kNone, kFp32, kDtype };
 
 // A test problem: schedule + shapes + options.
 struct Case {
-  GemmDtype dtype = GemmDtype::kBF16;
+  ElemType dtype = ElemType::kBF16;
   int n = 64;
   int k = 64;
   std::vector<int> counts;  // rows per expert
@@ -309,8 +308,8 @@ const char* act_name(FusedActivation a) {
 // Compares C with the fp64 reference; checks poison where nothing may be written.
 void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& label) {
   const Case& cs = p.cs;
-  const double rel_tol = cs.dtype == GemmDtype::kBF16 ? 1e-2 : 2e-3;
-  const double elem_rel = cs.dtype == GemmDtype::kBF16 ? 4.5e-3 : 6e-4;  // > half an ulp
+  const double rel_tol = cs.dtype == ElemType::kBF16 ? 1e-2 : 2e-3;
+  const double elem_rel = cs.dtype == ElemType::kBF16 ? 4.5e-3 : 6e-4;  // > half an ulp
   double err2 = 0, ref2 = 0;
   int64_t bad = 0, unwritten = 0, clobbered = 0, checked = 0;
   const bool fused = cs.act != FusedActivation::kNone;
@@ -420,7 +419,7 @@ TEST(GroupedGemm, AwkwardScheduleGatherPaddingFp32Bias) {
 TEST(GroupedGemm, Fp16DtypeBiasNoGather) {
   REQUIRE_GPU();
   Case cs;
-  cs.dtype = GemmDtype::kF16;
+  cs.dtype = ElemType::kF16;
   cs.counts = {33, 0, 129, 7};
   cs.n = 128;
   cs.k = 72;
@@ -580,7 +579,7 @@ constexpr FusedActivation kFusedKinds[] = {
 // n = 320: 5 gate/up blocks, so the 256-wide tile's second n-tile holds one block.
 TEST(GroupedGemmFused, EveryKindBothDtypesBothTiles) {
   REQUIRE_GPU();
-  for (GemmDtype dt : {GemmDtype::kBF16, GemmDtype::kF16}) {
+  for (ElemType dt : {ElemType::kBF16, ElemType::kF16}) {
     for (int variant = 0; variant < 7; ++variant) {
       Case cs;
       cs.dtype = dt;
@@ -590,12 +589,12 @@ TEST(GroupedGemmFused, EveryKindBothDtypesBothTiles) {
       cs.n = 320;
       cs.k = 136;
       cs.gather = true;
-      cs.bias = dt == GemmDtype::kBF16 ? BiasKind::kFp32 : BiasKind::kDtype;
+      cs.bias = dt == ElemType::kBF16 ? BiasKind::kFp32 : BiasKind::kDtype;
       cs.lda_pad = 8;
       cs.ldc_pad = 8;
       cs.seed = 100 + variant;
       run_case(cs, std::string("fused ") + act_name(cs.act) + (cs.has_clamp ? "+clamp" : "") +
-                       (dt == GemmDtype::kBF16 ? " bf16" : " f16"));
+                       (dt == ElemType::kBF16 ? " bf16" : " f16"));
     }
   }
 }

@@ -134,12 +134,6 @@ std::vector<float> unpack(mc::ElemType t, const std::vector<uint8_t>& raw) {
   return out;
 }
 
-mc::ElemType elem_of(mc::LogitsType t) {
-  return t == mc::LogitsType::kF32    ? mc::ElemType::kF32
-         : t == mc::LogitsType::kBF16 ? mc::ElemType::kBF16
-                                      : mc::ElemType::kF16;
-}
-
 // Uniform in [lo, hi), rounded to t, never exactly zero.
 float rand_nonzero(std::mt19937_64& rng, mc::ElemType t, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
@@ -154,7 +148,7 @@ float rand_nonzero(std::mt19937_64& rng, mc::ElemType t, float lo, float hi) {
 struct RouterCase {
   int64_t M = 1;
   int E = 128, k = 8;
-  mc::LogitsType type = mc::LogitsType::kBF16;
+  mc::ElemType type = mc::ElemType::kBF16;
   mc::RouterScoring scoring = mc::RouterScoring::kSoftmax;
   bool bias = false;
   int G = 0, tg = 0;
@@ -250,7 +244,7 @@ RouterRowRef router_ref_row(const RouterCase& c, const float* logits, const floa
 // `regen` rows whose selection is a near-tie are redrawn first.
 void check_router(const RouterCase& c, std::vector<float> logits, const std::vector<float>& bias,
                   std::mt19937_64* regen, bool check_order = false) {
-  const mc::ElemType et = elem_of(c.type);
+  const mc::ElemType et = c.type;
   const int64_t stride = c.E + c.stride_pad;
   std::vector<RouterRowRef> ref(static_cast<size_t>(c.M));
   for (int64_t m = 0; m < c.M; ++m) {
@@ -341,7 +335,7 @@ void check_router(const RouterCase& c, std::vector<float> logits, const std::vec
 
 void run_random_router(const RouterCase& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  const mc::ElemType et = elem_of(c.type);
+  const mc::ElemType et = c.type;
   std::vector<float> logits(static_cast<size_t>(c.M * c.E));
   for (float& v : logits)
     v = rand_nonzero(rng, et, -4.0f, 4.0f);
@@ -370,13 +364,13 @@ TEST_F(RouterTest, Qwen3SoftmaxRenormAllM) {
 TEST_F(RouterTest, SoftmaxF32NoRenormStridedRows) {
   RouterCase c;
   c.M = 1000;
-  c.type = mc::LogitsType::kF32;
+  c.type = mc::ElemType::kF32;
   c.stride_pad = 3;
   run_random_router(c, 2);
 }
 
 TEST_F(RouterTest, DeepSeekV3GroupedBias) {
-  for (auto type : {mc::LogitsType::kBF16, mc::LogitsType::kF32}) {
+  for (auto type : {mc::ElemType::kBF16, mc::ElemType::kF32}) {
     for (int64_t M : {1, 33, 8192}) {
       RouterCase c;
       c.M = M;
@@ -399,7 +393,7 @@ TEST_F(RouterTest, GroupedNoBiasSoftmaxF16) {
   c.M = 500;
   c.E = 64;
   c.k = 6;
-  c.type = mc::LogitsType::kF16;
+  c.type = mc::ElemType::kF16;
   c.G = 4;
   c.tg = 2;
   run_random_router(c, 4);
@@ -420,7 +414,7 @@ TEST_F(RouterTest, GroupsOfOneAndLargeGroups) {
   b.M = 100;
   b.E = 512;
   b.k = 10;
-  b.type = mc::LogitsType::kF32;
+  b.type = mc::ElemType::kF32;
   b.scoring = mc::RouterScoring::kSigmoid;
   b.bias = true;
   b.G = 16;
@@ -434,7 +428,7 @@ TEST_F(RouterTest, SigmoidOddExpertCount) {
   c.M = 333;
   c.E = 60;
   c.k = 4;
-  c.type = mc::LogitsType::kF16;
+  c.type = mc::ElemType::kF16;
   c.scoring = mc::RouterScoring::kSigmoid;
   run_random_router(c, 7);
 }
@@ -473,7 +467,7 @@ TEST_F(RouterTest, TiesGoToLowerIds) {
   c.M = 3;
   c.E = 96;
   c.k = 8;
-  c.type = mc::LogitsType::kF32;
+  c.type = mc::ElemType::kF32;
   std::vector<float> logits(static_cast<size_t>(c.M * c.E), 1.5f);
   check_router(c, logits, {}, nullptr, /*check_order=*/true);
 }
@@ -519,7 +513,7 @@ TEST_F(RouterTest, NanAndInfLogits) {
       c.M = static_cast<int64_t>(rows.size());
       c.E = E;
       c.k = 8;
-      c.type = mc::LogitsType::kF32;
+      c.type = mc::ElemType::kF32;
       c.scoring = scoring;
       c.renorm = true;
       if (grouped) {
@@ -541,15 +535,15 @@ TEST_F(RouterTest, GroupLayoutsOffTheFastPath) {
     int E, k, G, tg;
     bool bias;
     int stride_pad;
-    mc::LogitsType type;
+    mc::ElemType type;
   };
   const Shape shapes[] = {
-      {96, 8, 32, 7, true, 0, mc::LogitsType::kBF16},    // gsize 3, 4 experts per lane
-      {60, 6, 6, 2, true, 0, mc::LogitsType::kF32},      // gsize 10, 2 per lane, 5 lanes a group
-      {192, 8, 8, 3, true, 1, mc::LogitsType::kBF16},    // gsize 24, 8 per lane, 3 lanes a group
-      {256, 8, 8, 4, true, 1, mc::LogitsType::kBF16},    // DeepSeek shape, misaligned rows
-      {1024, 32, 32, 9, true, 0, mc::LogitsType::kF16},  // gsize 32 = one lane a group
-      {128, 8, 4, 4, false, 0, mc::LogitsType::kBF16},   // every group kept, no bias
+      {96, 8, 32, 7, true, 0, mc::ElemType::kBF16},    // gsize 3, 4 experts per lane
+      {60, 6, 6, 2, true, 0, mc::ElemType::kF32},      // gsize 10, 2 per lane, 5 lanes a group
+      {192, 8, 8, 3, true, 1, mc::ElemType::kBF16},    // gsize 24, 8 per lane, 3 lanes a group
+      {256, 8, 8, 4, true, 1, mc::ElemType::kBF16},    // DeepSeek shape, misaligned rows
+      {1024, 32, 32, 9, true, 0, mc::ElemType::kF16},  // gsize 32 = one lane a group
+      {128, 8, 4, 4, false, 0, mc::ElemType::kBF16},   // every group kept, no bias
   };
   int seed = 40;
   for (const auto& sh : shapes) {
@@ -787,7 +781,7 @@ TEST_F(AlignTest, RouterThenAlignChain) {
   DevBuf<float> d_bias(bias), d_w(static_cast<size_t>(M * k));
   DevBuf<int32_t> d_ids(static_cast<size_t>(M * k));
   mc::TopkRouterParams rp;
-  rp.logits_type = mc::LogitsType::kBF16;
+  rp.logits_type = mc::ElemType::kBF16;
   rp.logits_row_stride = E;
   rp.num_tokens = M;
   rp.num_experts = E;
@@ -1324,7 +1318,7 @@ TEST_F(GpuTest, SupportKernelsBench) {
       DevBuf<uint8_t> d_ws(ws_bytes);
       mc::TopkRouterParams rp;
       rp.logits = d_logits.get();
-      rp.logits_type = mc::LogitsType::kBF16;
+      rp.logits_type = mc::ElemType::kBF16;
       rp.logits_row_stride = md.E;
       rp.num_tokens = M;
       rp.num_experts = md.E;

@@ -10,15 +10,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "experts/cuda/elem_io.cuh"
+#include "core/cuda/elem_io.cuh"
 
 namespace moekit::cuda {
 namespace {
-
-using detail::from_f32;
-using detail::ld1;
-using detail::load_vec;
-using detail::store_vec;
 
 constexpr int kThreads = 128;
 
@@ -140,6 +135,8 @@ const char* moe_activation_unsupported_reason(const MoeActivationParams& p) {
   if (p.in_row_stride < in_cols) return "in_row_stride smaller than the input row";
   if (p.out_row_stride < p.d) return "out_row_stride < d";
   if (p.rows > 0 && p.d > 0 && (p.in == nullptr || p.out == nullptr)) return "null in / out";
+  if (!is_float_storage(p.in_type) || !is_float_storage(p.out_type))
+    return "in_type / out_type must be f32, bf16 or f16";
   if ((p.kind == ActKind::kSwigluOai || p.kind == ActKind::kSwigluStep ||
        (p.kind == ActKind::kSilu && p.has_clamp_limit)) &&
       !(p.clamp_limit > 0.0f))
@@ -151,8 +148,8 @@ cudaError_t launch_moe_activation(const MoeActivationParams& p, cudaStream_t str
   if (moe_activation_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.d == 0) return cudaSuccess;
   const bool vec = p.d % 8 == 0 && p.in_row_stride % 8 == 0 && p.out_row_stride % 8 == 0 &&
-                   detail::aligned16(p.in) && detail::aligned16(p.out);
-  detail::dispatch_elem_types(p.in_type, p.out_type, [&](auto in_tag, auto out_tag) {
+                   aligned16(p.in) && aligned16(p.out);
+  dispatch_elem_types(p.in_type, p.out_type, [&](auto in_tag, auto out_tag) {
     launch_typed<decltype(in_tag), decltype(out_tag)>(p, vec, stream);
   });
   return cudaGetLastError();

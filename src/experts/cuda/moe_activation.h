@@ -10,14 +10,9 @@
 
 #include <cstdint>
 
+#include "core/cuda/elem_type.h"
+
 namespace moekit::cuda {
-
-// Element type of activation tensors.
-enum class ElemType : uint8_t { kF32, kBF16, kF16 };
-
-inline int elem_bytes(ElemType t) {
-  return t == ElemType::kF32 ? 4 : 2;
-}
 
 // NOTE: the gated kinds come first (kernels test kind <= kRelu2).
 enum class ActKind : uint8_t {
@@ -41,7 +36,7 @@ inline bool act_is_gated(ActKind k) {
 struct MoeActivationParams {
   ActKind kind = ActKind::kSilu;
   const void* in = nullptr;  // (rows, 2d) gated or (rows, d), row stride in_row_stride elements
-  ElemType in_type = ElemType::kBF16;
+  ElemType in_type = ElemType::kBF16;  // f32, bf16 or f16 (also out_type)
   int64_t in_row_stride = 0;
   void* out = nullptr;  // (rows, d), row stride out_row_stride elements
   ElemType out_type = ElemType::kBF16;

@@ -77,25 +77,10 @@ T* at(const Tensor& base, size_t byte_offset) {
 
 }  // namespace
 
-cuda::GemmDtype gemm_dtype_of(DType dtype) {
+cuda::ElemType gemm_dtype_of(DType dtype) {
   MOEKIT_CHECK(dtype == DType::kBF16 || dtype == DType::kF16,
                "the Hopper GEMM takes bf16 or f16, got {}", dtype_name(dtype));
-  return dtype == DType::kBF16 ? cuda::GemmDtype::kBF16 : cuda::GemmDtype::kF16;
-}
-
-cuda::ElemType elem_type_of(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-      return cuda::ElemType::kBF16;
-    case DType::kF16:
-      return cuda::ElemType::kF16;
-    case DType::kF32:
-      return cuda::ElemType::kF32;
-    default:
-      MOEKIT_CHECK(false, "dtype {} is not an activation dtype (bf16, f16, f32)",
-                   dtype_name(dtype));
-  }
-  return cuda::ElemType::kF32;
+  return cuda::elem_type_of(dtype);
 }
 
 cuda::ActKind act_kind_of(Activation a) {
@@ -166,7 +151,7 @@ void run_activation(Activation act, const ActivationParams& params, const void* 
   cuda::MoeActivationParams p;
   p.kind = act_kind_of(act);
   p.in = in;
-  p.in_type = elem_type_of(dtype);
+  p.in_type = cuda::float_storage_of(dtype);
   p.in_row_stride = n;
   p.d = activation_output_dim(act, n);
   p.out = out;
@@ -306,7 +291,7 @@ void grouped_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, 
   cuda::MoeUnpermuteParams u;
   u.layout = cuda::UnpermuteLayout::kStandard;
   u.y = g2.c;
-  u.y_type = elem_type_of(dtype);
+  u.y_type = cuda::float_storage_of(dtype);
   u.y_row_stride = K;
   u.slot_to_row = slot_to_row;
   u.topk_weights = args.topk_weights.data_as<const float>();
@@ -316,7 +301,7 @@ void grouped_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, 
   u.hidden = K;
   expect_shape(args.output, "experts output", {M, K});
   u.out = args.output.data();
-  u.out_type = elem_type_of(args.output.dtype());
+  u.out_type = cuda::float_storage_of(args.output.dtype());
   u.out_row_stride = K;
   if (const char* why = cuda::moe_unpermute_unsupported_reason(u)) {
     MOEKIT_CHECK(false, "unpermute: {}", why);

@@ -9,8 +9,8 @@
 
 namespace moekit {
 
-cuda::GemmDtype gemm_dtype_of(DType dtype);
-cuda::ElemType elem_type_of(DType dtype);
+// The GEMM's element type of dtype (bf16 or f16); throws moekit::Error naming the dtype otherwise.
+cuda::ElemType gemm_dtype_of(DType dtype);
 cuda::ActKind act_kind_of(Activation activation);
 // Throws moekit::Error with the GEMM's can_implement reason or the failing CUDA call.
 void run_gemm(const cuda::GroupedGemmArgs& args, Stream stream, const char* what);

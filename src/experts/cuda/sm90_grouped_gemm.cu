@@ -25,6 +25,7 @@
 //      n / 2 columns; the kind is a runtime switch (no extra instantiations).
 #include "experts/cuda/sm90_grouped_gemm.h"
 
+#include "core/cuda/elem_io.cuh"
 #include "core/elementwise.h"
 
 #include <cuda.h>
@@ -288,23 +289,6 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[kN / 2], uint64_t desc_a, u
 #undef MOEKIT_R64_HI
 #undef MOEKIT_R128_HI
 
-template <typename T>
-struct Pair;
-template <>
-struct Pair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ __forceinline__ type make(float x, float y) {
-    return __floats2bfloat162_rn(x, y);
-  }
-  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-};
-template <>
-struct Pair<__half> {
-  using type = __half2;
-  static __device__ __forceinline__ type make(float x, float y) { return __floats2half2_rn(x, y); }
-  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-};
-
 // Rows [begin, end) of expert e in either schedule form.
 __device__ __forceinline__ void expert_rows(const KernelParams& p, int e, int& begin, int& end) {
   if (p.expert_counts != nullptr) {
@@ -402,8 +386,8 @@ __device__ __forceinline__ float2 bias_pair(const KernelParams& p, int expert, i
       b = *reinterpret_cast<const float2*>(static_cast<const float*>(p.bias) + bi);
     } else {
       const T* bt = static_cast<const T*>(p.bias) + bi;
-      b.x = Pair<T>::to_float(bt[0]);
-      b.y = Pair<T>::to_float(bt[1]);
+      b.x = to_f32(bt[0]);
+      b.y = to_f32(bt[1]);
     }
   }
   return b;
@@ -934,7 +918,9 @@ std::string misaligned(const char* name, const void* ptr, int bytes) {
 
 std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& params) {
   using std::to_string;
-  if (args.dtype != GemmDtype::kBF16 && args.dtype != GemmDtype::kF16) return "dtype is unknown";
+  if (args.dtype != ElemType::kBF16 && args.dtype != ElemType::kF16) {
+    return std::string("dtype ") + elem_type_name(args.dtype) + " is not bf16 or f16";
+  }
   if (args.a == nullptr || args.w == nullptr || args.c == nullptr) return "a, w and c are required";
   if (args.num_experts < 1 || args.num_experts > kMaxExperts) {
     return "num_experts=" + to_string(args.num_experts) + " is not in [1, " +
@@ -1046,7 +1032,7 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
   if (!can_implement(args, params).empty()) return cudaErrorInvalidValue;
   const GroupedGemmTile tile =
       params.tile == GroupedGemmTile::kAuto ? select_grouped_gemm_tile(args) : params.tile;
-  if (args.dtype == GemmDtype::kBF16) return launch_tile<__nv_bfloat16>(args, params, tile, stream);
+  if (args.dtype == ElemType::kBF16) return launch_tile<__nv_bfloat16>(args, params, tile, stream);
   return launch_tile<__half>(args, params, tile, stream);
 }
 

@@ -16,10 +16,9 @@
 #include <cstdint>
 #include <string>
 
-namespace moekit::cuda {
+#include "core/cuda/elem_type.h"
 
-// Element type of A, W and C (the bias is fp32 or this type).
-enum class GemmDtype { kBF16, kF16 };
+namespace moekit::cuda {
 
 // Optional gated activation fused into the epilogue (GEMM1 of an MoE layer). The math is that of
 // the gated kinds of moe_activation.cu, with g the gate and u the up pre-activation (bias added),
@@ -84,9 +83,9 @@ struct GroupedGemmArgs {
   // Upper bound on the total scheduled rows. It only sizes the grid and picks the tile: a larger
   // actual count is still computed correctly, just with fewer CTAs than ideal.
   int64_t num_rows_upper_bound = 0;
-  int n = 0;  // output columns; multiple of 8
-  int k = 0;  // reduction length; multiple of 8
-  GemmDtype dtype = GemmDtype::kBF16;
+  int n = 0;                         // output columns; multiple of 8
+  int k = 0;                         // reduction length; multiple of 8
+  ElemType dtype = ElemType::kBF16;  // A, W and C: kBF16 or kF16 (the bias: fp32 or this)
   // Fused gated activation (see above); kNone = plain GEMM (C has n columns).
   FusedActivation fused_act = FusedActivation::kNone;
   bool has_clamp_limit = false;  // kSiluMul only: clamp g above and u to [-L, L]

@@ -15,20 +15,8 @@ void route_on_device_into(const RouterConfig& config, const Tensor& router_logit
                router_logits.describe());
   cuda::TopkRouterParams p;
   p.logits = router_logits.data();
-  switch (router_logits.dtype()) {
-    case DType::kF32:
-      p.logits_type = cuda::LogitsType::kF32;
-      break;
-    case DType::kBF16:
-      p.logits_type = cuda::LogitsType::kBF16;
-      break;
-    case DType::kF16:
-      p.logits_type = cuda::LogitsType::kF16;
-      break;
-    default:
-      MOEKIT_CHECK(false, "router_logits dtype {} must be f32, bf16 or f16",
-                   dtype_name(router_logits.dtype()));
-  }
+  expect_dtype(router_logits, "router_logits", {DType::kF32, DType::kBF16, DType::kF16});
+  p.logits_type = cuda::elem_type_of(router_logits.dtype());
   p.logits_row_stride = router_logits.size(0) > 1 ? router_logits.stride(0) : config.num_experts;
   p.num_tokens = router_logits.size(0);
   p.num_experts = config.num_experts;

@@ -10,6 +10,8 @@
 //   5. gather the unbiased weights, renormalize and scale them, and store ids and weights.
 #include "router/cuda/topk_router.h"
 
+#include "core/cuda/elem_io.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -55,21 +57,6 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
   return v;
 }
 
-template <typename T>
-__device__ __forceinline__ float to_f32(T v);
-template <>
-__device__ __forceinline__ float to_f32<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) {
-  return __half2float(v);
-}
-
 template <typename T, int VPT>
 __device__ __forceinline__ void load_row(const void* base, int E, int lane, float (&x)[VPT]) {
   const T* row = static_cast<const T*>(base);
@@ -91,11 +78,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   // 1. load
   float x[VPT];
   switch (p.logits_type) {
-    case LogitsType::kF32:
+    case ElemType::kF32:
       load_row<float, VPT>(static_cast<const float*>(p.logits) + row * p.logits_row_stride, E, lane,
                            x);
       break;
-    case LogitsType::kBF16:
+    case ElemType::kBF16:
       load_row<__nv_bfloat16, VPT>(
           static_cast<const __nv_bfloat16*>(p.logits) + row * p.logits_row_stride, E, lane, x);
       break;
@@ -564,9 +551,7 @@ const char* topk_router_unsupported_reason(const TopkRouterParams& p) {
   if (p.scoring != RouterScoring::kSoftmax && p.scoring != RouterScoring::kSigmoid &&
       p.scoring != RouterScoring::kLlama4)
     return "unknown scoring";
-  if (p.logits_type != LogitsType::kF32 && p.logits_type != LogitsType::kBF16 &&
-      p.logits_type != LogitsType::kF16)
-    return "unknown logits type";
+  if (!is_float_storage(p.logits_type)) return "logits type must be f32, bf16 or f16";
   return nullptr;
 }
 
@@ -580,10 +565,10 @@ cudaError_t launch_topk_router(const TopkRouterParams& p, cudaStream_t stream) {
   if (!use_legacy()) {
     cudaError_t err;
     switch (p.logits_type) {
-      case LogitsType::kF32:
+      case ElemType::kF32:
         err = launch_v2_vpt<float>(p, grid, block, stream);
         break;
-      case LogitsType::kBF16:
+      case ElemType::kBF16:
         err = launch_v2_vpt<__nv_bfloat16>(p, grid, block, stream);
         break;
       default:

@@ -11,10 +11,9 @@
 
 #include <cstdint>
 
-namespace moekit::cuda {
+#include "core/cuda/elem_type.h"
 
-// Element type of the router logits.
-enum class LogitsType : uint8_t { kF32, kBF16, kF16 };
+namespace moekit::cuda {
 
 // How the logits become scores.
 enum class RouterScoring : uint8_t {
@@ -26,12 +25,12 @@ enum class RouterScoring : uint8_t {
 
 // Parameters of one routing call. Pointers are device pointers.
 struct TopkRouterParams {
-  const void* logits = nullptr;  // (M, E) with row stride logits_row_stride elements
-  LogitsType logits_type = LogitsType::kBF16;
-  int64_t logits_row_stride = 0;  // elements between rows; >= num_experts
-  int64_t num_tokens = 0;         // M (0 is valid: nothing is launched)
-  int num_experts = 0;            // E, 1..1024
-  int top_k = 0;                  // k, 1..min(32, E)
+  const void* logits = nullptr;            // (M, E) with row stride logits_row_stride elements
+  ElemType logits_type = ElemType::kBF16;  // f32, bf16 or f16
+  int64_t logits_row_stride = 0;           // elements between rows; >= num_experts
+  int64_t num_tokens = 0;                  // M (0 is valid: nothing is launched)
+  int num_experts = 0;                     // E, 1..1024
+  int top_k = 0;                           // k, 1..min(32, E)
   RouterScoring scoring = RouterScoring::kSoftmax;
   // (E,) fp32 or nullptr. Added to the scores for SELECTION only; weights use unbiased scores.
   const float* e_score_correction_bias = nullptr;
