@@ -81,19 +81,52 @@ const ExpertsClass& Sm90BatchedExperts::klass() {
   return k;
 }
 
+int sm90::tile_from_config(const MoEConfig& moe, const char* who) {
+  if (moe.tile_config == "auto") return -1;
+  const int tile = cuda::sm90::find_tile(moe.tile_config);
+  MOEKIT_CHECK(tile >= 0,
+               "{}: tile_config '{}' is not a tile of the Hopper grouped GEMM; valid: auto, {}",
+               who, moe.tile_config, cuda::sm90::tile_names());
+  return tile;
+}
+
 Sm90BatchedExperts::Sm90BatchedExperts(const MoEConfig& moe, const QuantConfig& quant,
                                        int64_t max_num_tokens, int num_dispatchers)
-    : ExpertsModular(klass(), moe, quant, max_num_tokens, num_dispatchers) {
+    : ExpertsModular(klass(), moe, quant, max_num_tokens, num_dispatchers),
+      state_(std::make_unique<sm90::LaunchState>()) {
   if constexpr (!kCudaBuild) throw_no_cuda("Sm90BatchedExperts");
   MOEKIT_CHECK(!quant.is_quantized(), "Sm90BatchedExperts runs unquantized layers only, got {}",
                quant.describe());
+  state_->tile = sm90::tile_from_config(moe, "Sm90BatchedExperts");
 }
 
+Sm90BatchedExperts::~Sm90BatchedExperts() = default;
+
 Sm90GroupedExperts::Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& quant)
-    : ExpertsModular(klass(), moe, quant, std::nullopt, std::nullopt) {
+    : ExpertsModular(klass(), moe, quant, std::nullopt, std::nullopt),
+      state_(std::make_unique<sm90::LaunchState>()) {
   if constexpr (!kCudaBuild) throw_no_cuda("Sm90GroupedExperts");
   MOEKIT_CHECK(!quant.is_quantized(), "Sm90GroupedExperts runs unquantized layers only, got {}",
                quant.describe());
+  state_->tile = sm90::tile_from_config(moe, "Sm90GroupedExperts");
+}
+
+Sm90GroupedExperts::~Sm90GroupedExperts() = default;
+
+void Sm90GroupedExperts::bind_weights(const Tensor& w1, const Tensor& w2) {
+  if constexpr (kCudaBuild) {
+    sm90::bind_weights(*state_, w1, w2);
+  } else {
+    throw_no_cuda("Sm90GroupedExperts");
+  }
+}
+
+void Sm90BatchedExperts::bind_weights(const Tensor& w1, const Tensor& w2) {
+  if constexpr (kCudaBuild) {
+    sm90::bind_weights(*state_, w1, w2);
+  } else {
+    throw_no_cuda("Sm90BatchedExperts");
+  }
 }
 
 WorkspaceShapes Sm90GroupedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
@@ -115,7 +148,7 @@ std::shared_ptr<const TopKWeightAndReduce> Sm90GroupedExperts::finalize_weight_a
 
 void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   if constexpr (kCudaBuild) {
-    sm90::grouped_apply(*this, args, ctx);
+    sm90::grouped_apply(*this, *state_, args, ctx);
   } else {
     throw_no_cuda("Sm90GroupedExperts");
   }
@@ -137,7 +170,7 @@ std::shared_ptr<const TopKWeightAndReduce> Sm90BatchedExperts::finalize_weight_a
 
 void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   if constexpr (kCudaBuild) {
-    sm90::batched_apply(*this, args, ctx);
+    sm90::batched_apply(*this, *state_, args, ctx);
   } else {
     throw_no_cuda("Sm90BatchedExperts");
   }
@@ -164,6 +197,7 @@ Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activatio
   mlp_->w2 = std::move(w2);
   mlp_->activation = activation;
   mlp_->params = params;
+  if constexpr (kCudaBuild) sm90::prepare_shared(*mlp_);
 }
 
 Sm90SharedExperts::~Sm90SharedExperts() = default;

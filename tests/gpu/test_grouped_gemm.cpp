@@ -33,7 +33,7 @@ using moekit::cuda::ElemType;
 using moekit::cuda::FusedActivation;
 using moekit::cuda::GroupedGemmArgs;
 using moekit::cuda::GroupedGemmParams;
-using moekit::cuda::GroupedGemmTile;
+namespace sm90 = moekit::cuda::sm90;
 
 #define CUDA_OK(call)                                                          \
   do {                                                                         \
@@ -379,13 +379,14 @@ void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& 
   }
 }
 
-std::vector<uint16_t> run_and_fetch(Problem& p, GroupedGemmTile tile, cudaStream_t stream = 0,
-                                    int max_ctas = 0) {
+std::vector<uint16_t> run_and_fetch(Problem& p, int tile, cudaStream_t stream = 0, int max_ctas = 0,
+                                    const sm90::WeightLaunchCache* cache = nullptr) {
   std::vector<uint16_t> c(p.num_rows * p.ldc);
   EXPECT_EQ(cudaMemsetAsync(p.d_c.get(), 0xFF, p.d_c.bytes(), stream), cudaSuccess);
   GroupedGemmParams params;
   params.tile = tile;
   params.max_ctas = max_ctas;
+  params.cache = cache;
   const std::string why = moekit::cuda::can_implement(p.args, params);
   EXPECT_EQ(why, "");
   EXPECT_EQ(moekit::cuda::run_grouped_gemm(p.args, stream, params), cudaSuccess);
@@ -397,8 +398,8 @@ std::vector<uint16_t> run_and_fetch(Problem& p, GroupedGemmTile tile, cudaStream
 void run_case(const Case& cs, const std::string& name, int max_ctas = 0) {
   Problem p;
   build(p, cs);
-  for (GroupedGemmTile tile : {GroupedGemmTile::k64x64, GroupedGemmTile::k128x256}) {
-    const std::string label = name + " tile " + moekit::cuda::grouped_gemm_tile_name(tile);
+  for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+    const std::string label = name + " tile " + sm90::kTileTable[tile].name;
     check(p, run_and_fetch(p, tile, 0, max_ctas), label);
   }
 }
@@ -492,7 +493,7 @@ TEST(GroupedGemm, EmptyScheduleWritesNothing) {
   Problem p;
   build(p, cs);
   p.args.num_rows_upper_bound = 0;
-  const auto c = run_and_fetch(p, GroupedGemmTile::kAuto);
+  const auto c = run_and_fetch(p, -1);
   EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](uint16_t v) { return v == 0xFFFF; }));
 }
 
@@ -506,7 +507,7 @@ TEST(GroupedGemm, CapturedInCudaGraphMatchesDirectLaunch) {
   cs.seed = 6;
   Problem p;
   build(p, cs);
-  const auto direct = run_and_fetch(p, GroupedGemmTile::kAuto);
+  const auto direct = run_and_fetch(p, -1);
 
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -527,6 +528,37 @@ TEST(GroupedGemm, CapturedInCudaGraphMatchesDirectLaunch) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// The launch state prepared once (SM count, kernel attributes, W's tensor maps) gives the same
+// bits as launches that prepare themselves; a cache of other weights is ignored.
+TEST(GroupedGemm, PreparedLaunchStateMatchesUnprepared) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.counts = {5, 70, 0, 140, 1};
+  cs.n = 320;
+  cs.k = 200;
+  cs.gather = true;
+  cs.bias = BiasKind::kFp32;
+  cs.seed = 12;
+  Problem p, other;
+  build(p, cs);
+  cs.seed = 13;
+  build(other, cs);
+  sm90::WeightLaunchCache cache, other_cache;
+  CUDA_OK(moekit::cuda::prepare_grouped_gemm_weights(p.args, &cache));
+  CUDA_OK(moekit::cuda::prepare_grouped_gemm_weights(other.args, &other_cache));
+  EXPECT_EQ(cache.w, p.args.w);
+  EXPECT_GT(cache.sms, 0);
+  for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+    const std::string label = std::string("prepared tile ") + sm90::kTileTable[tile].name;
+    const auto plain = run_and_fetch(p, tile);
+    const auto cached = run_and_fetch(p, tile, 0, 0, &cache);
+    const auto foreign = run_and_fetch(p, tile, 0, 0, &other_cache);
+    check(p, cached, label);
+    EXPECT_EQ(0, std::memcmp(plain.data(), cached.data(), plain.size() * 2)) << label;
+    EXPECT_EQ(0, std::memcmp(plain.data(), foreign.data(), plain.size() * 2)) << label;
+  }
 }
 
 // Host-only: needs no GPU.
@@ -565,6 +597,15 @@ TEST(GroupedGemm, CanImplementGivesReasons) {
   bad.lda = 60;
   EXPECT_NE(moekit::cuda::can_implement(bad).find("lda=60"), std::string::npos);
   EXPECT_EQ(moekit::cuda::run_grouped_gemm(bad, nullptr), cudaErrorInvalidValue);
+  bad = g;
+  bad.dtype = ElemType::kF32;
+  EXPECT_EQ(moekit::cuda::can_implement(bad), "dtype f32 is not bf16 or f16");
+  sm90::WeightLaunchCache cache;
+  EXPECT_EQ(moekit::cuda::prepare_grouped_gemm_weights(bad, &cache), cudaErrorInvalidValue);
+  EXPECT_EQ(cache.w, nullptr);
+  moekit::cuda::GroupedGemmParams params;
+  params.tile = sm90::kNumTiles;
+  EXPECT_NE(moekit::cuda::can_implement(g, params).find("64x64, 128x256"), std::string::npos);
 }
 
 // ---- fused gated activation
@@ -767,7 +808,7 @@ TEST(GroupedGemm, DISABLED_BenchGemm1) {
       }
       touched_experts /= kRoutings;
       for (int run = 0; run < 4; ++run) {
-        const GroupedGemmTile tile = run < 2 ? GroupedGemmTile::k64x64 : GroupedGemmTile::k128x256;
+        const int tile = sm90::find_tile(run < 2 ? "64x64" : "128x256");
         const bool fused = run % 2 == 1;  // silu-and-mul fused into the epilogue, C = N/2 columns
         GroupedGemmArgs g;
         g.a = a.get();
@@ -814,7 +855,7 @@ TEST(GroupedGemm, DISABLED_BenchGemm1) {
         const double wbytes = touched_experts * N * K * 2.0;
         const double all_bytes = wbytes + rows * (K + (fused ? N / 2 : N)) * 2.0;
         std::printf("| %s | %d | %lld | %s | %s | %.1f | %.1f | %.2f | %.2f |\n", m.name, M,
-                    static_cast<long long>(rows), moekit::cuda::grouped_gemm_tile_name(tile),
+                    static_cast<long long>(rows), sm90::kTileTable[tile].name,
                     fused ? "silu fused" : "plain", us, flops / us * 1e-6, wbytes / us * 1e-6,
                     all_bytes / us * 1e-6);
         std::fflush(stdout);
@@ -829,8 +870,7 @@ TEST(GroupedGemm, DISABLED_BenchGemm1) {
         g.num_rows_upper_bound = rows;
         std::string why;
         const auto tile = moekit::cuda::select_grouped_gemm_tile(g, &why);
-        std::printf("|   auto picks %s: %s |\n", moekit::cuda::grouped_gemm_tile_name(tile),
-                    why.c_str());
+        std::printf("|   auto picks %s: %s |\n", sm90::kTileTable[tile].name, why.c_str());
       }
     }
   }

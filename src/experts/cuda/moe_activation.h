@@ -11,6 +11,8 @@
 #include <cstdint>
 
 #include "core/cuda/elem_type.h"
+#include "moekit/config/activation.h"
+#include "moekit/core/device.h"
 
 namespace moekit::cuda {
 
@@ -57,5 +59,14 @@ struct MoeActivationParams {
 const char* moe_activation_unsupported_reason(const MoeActivationParams& p);
 
 cudaError_t launch_moe_activation(const MoeActivationParams& p, cudaStream_t stream);
+
+// The kernel's kind of a library activation.
+ActKind act_kind_of(Activation activation);
+
+// Rows of (rows, n) -> (rows, activation_output_dim(n)) of one float dtype, with the optional
+// device row masks; throws moekit::Error with the kernel's reason or the failing launch.
+void run_activation(Activation act, const ActivationParams& params, const void* in, void* out,
+                    DType dtype, int64_t rows, int64_t n, const int32_t* valid_rows,
+                    const int32_t* permuted_rows, Stream stream);
 
 }  // namespace moekit::cuda

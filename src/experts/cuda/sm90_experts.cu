@@ -9,7 +9,6 @@
 #include "experts/cuda/moe_activation.h"
 #include "experts/cuda/moe_permute.h"
 #include "experts/cuda/moe_unpermute.h"
-#include "experts/cuda/sm90_experts_common.h"
 #include "experts/cuda/sm90_grouped_gemm.h"
 #include "moekit/core/checks.h"
 
@@ -75,38 +74,10 @@ T* at(const Tensor& base, size_t byte_offset) {
   return reinterpret_cast<T*>(static_cast<char*>(base.data()) + byte_offset);
 }
 
-}  // namespace
-
 cuda::ElemType gemm_dtype_of(DType dtype) {
   MOEKIT_CHECK(dtype == DType::kBF16 || dtype == DType::kF16,
                "the Hopper GEMM takes bf16 or f16, got {}", dtype_name(dtype));
   return cuda::elem_type_of(dtype);
-}
-
-cuda::ActKind act_kind_of(Activation a) {
-  switch (a) {
-    case Activation::kSilu:
-      return cuda::ActKind::kSilu;
-    case Activation::kGelu:
-      return cuda::ActKind::kGelu;
-    case Activation::kGeluTanh:
-      return cuda::ActKind::kGeluTanh;
-    case Activation::kSwigluOai:
-      return cuda::ActKind::kSwigluOai;
-    case Activation::kSwigluStep:
-      return cuda::ActKind::kSwigluStep;
-    case Activation::kRelu2:
-      return cuda::ActKind::kRelu2;
-    case Activation::kSiluNoMul:
-      return cuda::ActKind::kSiluNoMul;
-    case Activation::kGeluNoMul:
-      return cuda::ActKind::kGeluNoMul;
-    case Activation::kGeluTanhNoMul:
-      return cuda::ActKind::kGeluTanhNoMul;
-    case Activation::kRelu2NoMul:
-      return cuda::ActKind::kRelu2NoMul;
-  }
-  return cuda::ActKind::kSilu;
 }
 
 // Sets GEMM1's fused gated activation (the weights are then in blocks-of-32 gate/up order).
@@ -139,35 +110,41 @@ void set_fused_activation(cuda::GroupedGemmArgs& g, Activation act,
   g.alpha = params.alpha;
 }
 
-void run_gemm(const cuda::GroupedGemmArgs& args, Stream stream, const char* what) {
-  const std::string why = cuda::can_implement(args);
+// Launches one grouped GEMM with the experts' tile (-1: by rows per expert) and W's prepared
+// launch state (used when it describes args.w); throws with can_implement's reason.
+void run_gemm(const cuda::GroupedGemmArgs& args, int tile,
+              const cuda::sm90::WeightLaunchCache& cache, Stream stream, const char* what) {
+  cuda::GroupedGemmParams params;
+  params.tile = tile;
+  params.cache = &cache;
+  const std::string why = cuda::can_implement(args, params);
   MOEKIT_CHECK(why.empty(), "{}: the grouped GEMM cannot run this problem: {}", what, why);
-  MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream)));
+  MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream), params));
 }
 
-void run_activation(Activation act, const ActivationParams& params, const void* in, void* out,
-                    DType dtype, int64_t rows, int64_t n, const int32_t* valid_rows,
-                    const int32_t* permuted_rows, Stream stream) {
-  cuda::MoeActivationParams p;
-  p.kind = act_kind_of(act);
-  p.in = in;
-  p.in_type = cuda::float_storage_of(dtype);
-  p.in_row_stride = n;
-  p.d = activation_output_dim(act, n);
-  p.out = out;
-  p.out_type = p.in_type;
-  p.out_row_stride = p.d;
-  p.rows = rows;
-  p.has_clamp_limit = params.clamp_limit.has_value();
-  if (params.clamp_limit) p.clamp_limit = *params.clamp_limit;
-  p.alpha = params.alpha;
-  p.valid_rows = valid_rows;
-  p.permuted_rows = permuted_rows;
-  if (const char* why = cuda::moe_activation_unsupported_reason(p)) {
-    MOEKIT_CHECK(false, "activation {}: {}", activation_name(act), why);
-  }
-  MOEKIT_CUDA_CHECK(cuda::launch_moe_activation(p, to_cuda(stream)));
+// W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights.
+cuda::GroupedGemmArgs weight_shape(const Tensor& w) {
+  cuda::GroupedGemmArgs g;
+  g.w = w.data();
+  g.num_experts = static_cast<int>(w.dim() == 3 ? w.size(0) : 1);
+  g.n = static_cast<int>(w.size(w.dim() - 2));
+  g.k = static_cast<int>(w.size(w.dim() - 1));
+  g.dtype = gemm_dtype_of(w.dtype());
+  return g;
 }
+
+// W's launch state; empty (every launch prepares itself) for a tensor the GEMM cannot take.
+cuda::sm90::WeightLaunchCache prepare(const Tensor& w) {
+  cuda::sm90::WeightLaunchCache cache;
+  if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) ||
+      (w.dtype() != DType::kBF16 && w.dtype() != DType::kF16)) {
+    return cache;
+  }
+  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w), &cache));
+  return cache;
+}
+
+}  // namespace
 
 namespace sm90 {
 
@@ -179,7 +156,8 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, int64_t M, int64_
   return {{M * topk, N}, {static_cast<int64_t>((l.bytes + es - 1) / es)}, {M, K}};
 }
 
-void grouped_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, RunContext ctx) {
+void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
+                   const ExpertsApplyArgs& args, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr,
                "Sm90GroupedExperts needs a CUDA stream in RunContext");
   const Tensor& x = args.hidden_states;
@@ -260,14 +238,15 @@ void grouped_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, 
     set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
     g1.c = act;
     g1.ldc = d;
-    run_gemm(g1, ctx.stream, "GEMM1 + activation");
+    run_gemm(g1, state.tile, state.w1, ctx.stream, "GEMM1 + activation");
     ctx.stage_done("gemm1");
   } else {
-    run_gemm(g1, ctx.stream, "GEMM1");
+    run_gemm(g1, state.tile, state.w1, ctx.stream, "GEMM1");
     ctx.stage_done("gemm1");
     // 3. activation on the valid rows.
-    run_activation(args.activation, experts.moe_config().activation_params(),
-                   args.workspace13.data(), act, dtype, capacity, N, total, permuted, ctx.stream);
+    cuda::run_activation(args.activation, experts.moe_config().activation_params(),
+                         args.workspace13.data(), act, dtype, capacity, N, total, permuted,
+                         ctx.stream);
     ctx.stage_done("activation");
   }
 
@@ -284,7 +263,7 @@ void grouped_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, 
   g2.ldc = K;
   g2.n = static_cast<int>(K);
   g2.k = static_cast<int>(d);
-  run_gemm(g2, ctx.stream, "GEMM2");
+  run_gemm(g2, state.tile, state.w2, ctx.stream, "GEMM2");
   ctx.stage_done("gemm2");
 
   // 5. weighted unpermute + reduce into the (M, K) output (workspace13 is dead by now).
@@ -310,7 +289,8 @@ void grouped_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, 
   ctx.stage_done("reduce");
 }
 
-void batched_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, RunContext ctx) {
+void batched_apply(const ExpertsModular& experts, const LaunchState& state,
+                   const ExpertsApplyArgs& args, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr,
                "Sm90BatchedExperts needs a CUDA stream in RunContext");
   const Tensor& x = args.hidden_states;
@@ -355,15 +335,15 @@ void batched_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, 
     set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
     g1.c = args.workspace2.data();
     g1.ldc = d;
-    run_gemm(g1, ctx.stream, "batched GEMM1 + activation");
+    run_gemm(g1, state.tile, state.w1, ctx.stream, "batched GEMM1 + activation");
     ctx.stage_done("gemm1");
   } else {
-    run_gemm(g1, ctx.stream, "batched GEMM1");
+    run_gemm(g1, state.tile, state.w1, ctx.stream, "batched GEMM1");
     ctx.stage_done("gemm1");
     // Rows past each expert's count hold stale values; their activations are never read.
-    run_activation(args.activation, experts.moe_config().activation_params(),
-                   args.workspace13.data(), args.workspace2.data(), dtype, E * T, N, nullptr,
-                   nullptr, ctx.stream);
+    cuda::run_activation(args.activation, experts.moe_config().activation_params(),
+                         args.workspace13.data(), args.workspace2.data(), dtype, E * T, N, nullptr,
+                         nullptr, ctx.stream);
     ctx.stage_done("activation");
   }
   cuda::GroupedGemmArgs g2 = g1;
@@ -378,11 +358,21 @@ void batched_apply(const ExpertsModular& experts, const ExpertsApplyArgs& args, 
   g2.ldc = K;
   g2.n = static_cast<int>(K);
   g2.k = static_cast<int>(d);
-  run_gemm(g2, ctx.stream, "batched GEMM2");
+  run_gemm(g2, state.tile, state.w2, ctx.stream, "batched GEMM2");
   ctx.stage_done("gemm2");
 }
 
-Tensor shared_forward(SharedMlp& mlp, const Tensor& x, RunContext ctx) {
+void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2) {
+  state.w1 = prepare(w1);
+  state.w2 = prepare(w2);
+}
+
+void prepare_shared(SharedMlp& mlp) {
+  mlp.w13_cache = prepare(mlp.w13);
+  mlp.w2_cache = prepare(mlp.w2);
+}
+
+Tensor shared_forward(const SharedMlp& mlp, const Tensor& x, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr, "Sm90SharedExperts needs a CUDA stream in RunContext");
   expect_dim(x, "shared_experts_input", 2);
   expect_contiguous(x, "shared_experts_input");
@@ -410,9 +400,9 @@ Tensor shared_forward(SharedMlp& mlp, const Tensor& x, RunContext ctx) {
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(H);
   g1.dtype = gemm_dtype_of(x.dtype());
-  run_gemm(g1, ctx.stream, "shared GEMM1");
-  run_activation(mlp.activation, mlp.params, mlp.hidden.data(), mlp.act.data(), x.dtype(), M, N,
-                 nullptr, nullptr, ctx.stream);
+  run_gemm(g1, -1, mlp.w13_cache, ctx.stream, "shared GEMM1");
+  cuda::run_activation(mlp.activation, mlp.params, mlp.hidden.data(), mlp.act.data(), x.dtype(), M,
+                       N, nullptr, nullptr, ctx.stream);
   cuda::GroupedGemmArgs g2 = g1;
   g2.a = mlp.act.data();
   g2.lda = I;
@@ -421,7 +411,7 @@ Tensor shared_forward(SharedMlp& mlp, const Tensor& x, RunContext ctx) {
   g2.ldc = H;
   g2.n = static_cast<int>(H);
   g2.k = static_cast<int>(I);
-  run_gemm(g2, ctx.stream, "shared GEMM2");
+  run_gemm(g2, -1, mlp.w2_cache, ctx.stream, "shared GEMM2");
   return out;
 }
 

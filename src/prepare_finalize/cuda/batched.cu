@@ -2,7 +2,6 @@
 #include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/moe_permute.h"
 #include "experts/cuda/moe_unpermute.h"
-#include "experts/cuda/sm90_experts_common.h"
 #include "moekit/core/checks.h"
 #include "prepare_finalize/cuda/batched.h"
 
