@@ -2,8 +2,9 @@
 // l*VPT+VPT-1 (vector loads; a DeepSeek group of 32 experts spans 4 lanes).
 //
 // This kernel does, per row:
-//   1. load the E logits (and the bias) of the lane's run (NaN -> -inf);
-//   2. score them in fp32 (softmax with warp reductions, or sigmoid);
+//   1. load the E logits (and the bias) of the lane's run;
+//   2. score them in fp32 (softmax with warp reductions, or sigmoid) with the NaN / Inf rules of
+//      include/moekit/router/router.h (the CPU router's), so both paths give the same ids;
 //   3. build 32-bit order-preserving selection keys from score (+ bias); experts of groups that are
 //      not among the top `topk_group` groups get the lowest key class (group top-2 by log2(L) xor
 //      levels when a group is L whole lanes, L a power of two; else a full-warp reduction per
@@ -27,10 +28,12 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr unsigned kFull = 0xffffffffu;
 
-// Order-preserving map float -> uint32 (larger float, larger key). NaN counts as -inf. The result
-// is >= 0x007fffff for every float, so 0 stays free for "excluded".
+// Order-preserving map float -> uint32 (larger float, larger key). NaN counts as -inf and -0 as +0
+// (they compare equal, so ties go to the lower id as on the CPU). The result is >= 0x007fffff for
+// every float, so 0 and 1 stay free for "picked / padding" and "excluded group".
 __device__ __forceinline__ uint32_t order_key(float v) {
   if (v != v) v = -INFINITY;
+  v += 0.0f;  // NOTE: -0 + +0 = +0 under round-to-nearest; not folded away without fast-math
   const uint32_t u = __float_as_uint(v);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
@@ -90,36 +93,33 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (bias != nullptr) {
     load_run<float, VPT>(bias + e0, nvalid, b, 0.0f);
   }
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    if (x[i] != x[i]) x[i] = -INFINITY;
-  }
 
-  // 2. scores
+  // 2. scores (NOTE: router.h's rules: NaN scores 0 and stays out of the softmax normalization;
+  // +inf experts share the mass, or all non-NaN experts when every one is -inf)
   float s[VPT];
   if (p.scoring == RouterScoring::kSoftmax) {
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      m = fmaxf(m, x[i]);
+      m = fmaxf(m, x[i]);  // fmaxf ignores NaN
     m = key_to_float(__reduce_max_sync(kFull, order_key(m)));
     const bool inf_max = isinf(m);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const float ev = inf_max ? (x[i] == m ? 1.0f : 0.0f) : expf(x[i] - m);
+      const float ev = x[i] != x[i] ? 0.0f : inf_max ? (x[i] == m ? 1.0f : 0.0f) : expf(x[i] - m);
       s[i] = i < nvalid ? ev : 0.0f;
       sum += s[i];
     }
     sum = warp_sum(sum);
-    const float inv = 1.0f / sum;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // 0: a row of only NaN
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       s[i] *= inv;
   } else {
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      s[i] = 1.0f / (1.0f + expf(-x[i]));
+      s[i] = x[i] != x[i] ? 0.0f : 1.0f / (1.0f + expf(-x[i]));
   }
 
   // 3. selection values and keys (0: padding or already picked; 1: excluded group)
@@ -128,9 +128,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     float v = llama4 ? x[i] : s[i];
-    if (bias != nullptr && i < nvalid) v += b[i];
-    if (v != v) v = -INFINITY;
-    if (x[i] == -INFINITY) v = -INFINITY;
+    if (!llama4 && bias != nullptr && i < nvalid) v += b[i];
+    if (x[i] != x[i] || v != v) v = -INFINITY;  // a NaN logit selects last; -inf is not special
     sel[i] = v;
   }
   uint32_t key[VPT];

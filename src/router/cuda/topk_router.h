@@ -56,9 +56,11 @@ inline size_t topk_router_workspace_bytes(const TopkRouterParams&) {
 // Enqueues the routing kernel on `stream`. Returns cudaErrorInvalidValue when
 // topk_router_unsupported_reason(p) is non-null, else the launch status.
 //
-// Numerics: fp32 math. NaN and -inf logits select last (as -inf, bias ignored); NaN gets weight 0
-// from softmax / sigmoid; ids are always distinct and in [0, E). Rows whose logits are all -inf/NaN
-// give a uniform softmax. Renormalize skips the division when the k weights sum to 0.
+// Numerics: fp32 math with the NaN / Inf rules of include/moekit/router/router.h (the CPU
+// router's): a NaN logit scores 0, stays out of the softmax normalization and selects last; a
+// -inf logit selects by its score (+ bias) like any other; +inf experts share the softmax mass;
+// -0 and +0 select alike. ids are always distinct and in [0, E). Renormalize skips the division
+// when the k weights sum to 0.
 cudaError_t launch_topk_router(const TopkRouterParams& p, cudaStream_t stream);
 
 }  // namespace moekit::cuda
