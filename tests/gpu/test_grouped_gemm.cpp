@@ -6,8 +6,7 @@
 // before each run; every scheduled element must be written and every other element must keep the
 // poison.
 //
-// The benchmark is a disabled test: run it with
-//   test_grouped_gemm --gtest_also_run_disabled_tests --gtest_filter='*Bench*'
+// Timings are not tests: `moekit bench-kernels --kernels gemm1`.
 #include <gtest/gtest.h>
 
 #if MOEKIT_WITH_CUDA
@@ -17,9 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -737,144 +734,6 @@ TEST(GroupedGemmFused, CanImplementGivesReasons) {
   bad = g;
   bad.fused_act = static_cast<FusedActivation>(42);
   EXPECT_EQ(moekit::cuda::can_implement(bad), "fused_act is unknown");
-}
-
-// ---- benchmark (disabled by default) -----------------------------------------------------------
-
-struct ModelShape {
-  const char* name;
-  int experts, top_k, hidden, inter;
-};
-
-TEST(GroupedGemm, DISABLED_BenchGemm1) {
-  REQUIRE_GPU();
-  const ModelShape models[] = {{"qwen3-30b-a3b", 128, 8, 2048, 768},
-                               {"deepseek-v3", 256, 8, 7168, 2048}};
-  const int tokens[] = {1, 64, 1024, 16384};
-  constexpr int kRoutings = 4;  // distinct routings cycled so that weights are not L2-resident
-  constexpr int kLaunchesPerGraph = 8;
-  constexpr int kReplays = 7;
-  cudaStream_t stream = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::printf(
-      "| model | M | rows | tile | epilogue | us | TFLOP/s | weight TB/s | all bytes TB/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
-  for (const ModelShape& m : models) {
-    const int E = m.experts, K = m.hidden, N = 2 * m.inter;
-    const size_t w_bytes = static_cast<size_t>(E) * N * K * 2;
-    DeviceBuffer w(w_bytes);
-    ASSERT_NE(w.get(), nullptr);
-    {  // random bits, replicated on the device
-      std::mt19937 rng(7);
-      const size_t chunk = std::min<size_t>(w_bytes, size_t{64} << 20);
-      std::vector<uint16_t> host(chunk / 2);
-      for (auto& x : host)
-        x = moekit::float_to_bf16_bits(std::uniform_real_distribution<float>(-1, 1)(rng));
-      CUDA_OK(cudaMemcpy(w.get(), host.data(), chunk, cudaMemcpyHostToDevice));
-      for (size_t done = chunk; done < w_bytes;) {
-        const size_t n = std::min(done, w_bytes - done);
-        CUDA_OK(cudaMemcpy(w.as<uint8_t>() + done, w.get(), n, cudaMemcpyDeviceToDevice));
-        done += n;
-      }
-    }
-    for (int M : tokens) {
-      const int64_t rows = static_cast<int64_t>(M) * m.top_k;
-      std::vector<uint16_t> a_host(static_cast<size_t>(M) * K);
-      std::mt19937 rng(M);
-      for (auto& x : a_host)
-        x = moekit::float_to_bf16_bits(std::uniform_real_distribution<float>(-1, 1)(rng));
-      DeviceBuffer a = upload(a_host);
-      DeviceBuffer c(static_cast<size_t>(std::max<int64_t>(rows, 1)) * N * 2);
-      std::vector<DeviceBuffer> d_offsets, d_gather;
-      double touched_experts = 0;
-      for (int r = 0; r < kRoutings; ++r) {
-        std::vector<std::vector<int32_t>> per_expert(E);
-        std::vector<int> ids(E);
-        for (int t = 0; t < M; ++t) {
-          std::iota(ids.begin(), ids.end(), 0);
-          for (int j = 0; j < m.top_k; ++j) {  // k distinct experts, uniform
-            std::swap(ids[j], ids[j + rng() % (E - j)]);
-            per_expert[ids[j]].push_back(t);
-          }
-        }
-        std::vector<int32_t> offsets(E + 1, 0), gather;
-        for (int e = 0; e < E; ++e) {
-          offsets[e + 1] = offsets[e] + static_cast<int32_t>(per_expert[e].size());
-          gather.insert(gather.end(), per_expert[e].begin(), per_expert[e].end());
-          touched_experts += per_expert[e].empty() ? 0 : 1;
-        }
-        d_offsets.push_back(upload(offsets));
-        d_gather.push_back(upload(gather));
-      }
-      touched_experts /= kRoutings;
-      for (int run = 0; run < 4; ++run) {
-        const int tile = sm90::find_tile(run < 2 ? "64x64" : "128x256");
-        const bool fused = run % 2 == 1;  // silu-and-mul fused into the epilogue, C = N/2 columns
-        GroupedGemmArgs g;
-        g.a = a.get();
-        g.lda = K;
-        g.w = w.get();
-        g.c = c.get();
-        g.ldc = fused ? N / 2 : N;
-        g.fused_act = fused ? FusedActivation::kSiluMul : FusedActivation::kNone;
-        g.num_experts = E;
-        g.num_rows_upper_bound = rows;
-        g.n = N;
-        g.k = K;
-        GroupedGemmParams params;
-        params.tile = tile;
-        auto launch = [&](int i) {
-          g.expert_offsets = d_offsets[i % kRoutings].as<int32_t>();
-          g.gather_rows = d_gather[i % kRoutings].as<int32_t>();
-          return moekit::cuda::run_grouped_gemm(g, stream, params);
-        };
-        for (int i = 0; i < kRoutings; ++i)
-          CUDA_OK(launch(i));
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < kLaunchesPerGraph; ++i)
-          CUDA_OK(launch(i));
-        CUDA_OK(cudaStreamEndCapture(stream, &graph));
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-        CUDA_OK(cudaGraphLaunch(exec, stream));  // warm-up
-        cudaEvent_t start, stop;
-        cudaEventCreate(&start);
-        cudaEventCreate(&stop);
-        std::vector<float> ms(kReplays);
-        for (int i = 0; i < kReplays; ++i) {
-          cudaEventRecord(start, stream);
-          cudaGraphLaunch(exec, stream);
-          cudaEventRecord(stop, stream);
-          CUDA_OK(cudaEventSynchronize(stop));
-          cudaEventElapsedTime(&ms[i], start, stop);
-        }
-        std::sort(ms.begin(), ms.end());
-        const double us = 1e3 * ms[kReplays / 2] / kLaunchesPerGraph;
-        const double flops = 2.0 * rows * N * K;
-        const double wbytes = touched_experts * N * K * 2.0;
-        const double all_bytes = wbytes + rows * (K + (fused ? N / 2 : N)) * 2.0;
-        std::printf("| %s | %d | %lld | %s | %s | %.1f | %.1f | %.2f | %.2f |\n", m.name, M,
-                    static_cast<long long>(rows), sm90::kTileTable[tile].name,
-                    fused ? "silu fused" : "plain", us, flops / us * 1e-6, wbytes / us * 1e-6,
-                    all_bytes / us * 1e-6);
-        std::fflush(stdout);
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-      }
-      {
-        GroupedGemmArgs g;
-        g.num_experts = E;
-        g.num_rows_upper_bound = rows;
-        std::string why;
-        const auto tile = moekit::cuda::select_grouped_gemm_tile(g, &why);
-        std::printf("|   auto picks %s: %s |\n", sm90::kTileTable[tile].name, why.c_str());
-      }
-    }
-  }
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 }  // namespace

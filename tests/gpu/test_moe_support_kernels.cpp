@@ -6,9 +6,8 @@
 //
 // Tolerances (one table): ids compared as sets (and as sequences where the order is defined), data
 // movement and the unpermute sum bitwise, router weights to kRouterWeightRelTol, activations to
-// one output ulp (kActTol). Outputs are poisoned (0xFF bytes) before every launch.
-//
-// The benchmark at the end (SupportKernelsBench) runs only with MOEKIT_SUPPORT_BENCH=1.
+// one output ulp (kActTol). Outputs are poisoned (0xFF bytes) before every launch. Timings are
+// not tests: `moekit bench-kernels --kernels router-align`.
 #include <gtest/gtest.h>
 
 #if defined(MOEKIT_WITH_CUDA)
@@ -19,7 +18,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -1277,182 +1275,6 @@ TEST_F(UnpermuteTest, BatchedCombine) {
                   100);
   check_unpermute({200, 4, 72, mc::ElemType::kBF16, mc::ElemType::kF32, false, false, true, 20},
                   101);  // overflowed slots skipped
-}
-
-// ---- benchmark (MOEKIT_SUPPORT_BENCH=1)
-// ----------------------------------------------------------
-
-struct BenchModel {
-  const char* name;
-  int E, k, G, tg;
-  mc::RouterScoring scoring;
-  bool bias;
-  float scale;
-};
-
-TEST_F(GpuTest, SupportKernelsBench) {
-  const char* env = std::getenv("MOEKIT_SUPPORT_BENCH");
-  if (env == nullptr || std::string(env) != "1") GTEST_SKIP() << "set MOEKIT_SUPPORT_BENCH=1";
-  const BenchModel models[] = {
-      {"qwen3-30b-a3b", 128, 8, 0, 0, mc::RouterScoring::kSoftmax, false, 1.0f},
-      {"deepseek-v3", 256, 8, 8, 4, mc::RouterScoring::kSigmoid, true, 2.5f}};
-  constexpr int kReps = 20, kTimed = 50;
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t t0, t1;
-  CUDA_OK(cudaEventCreate(&t0));
-  CUDA_OK(cudaEventCreate(&t1));
-  std::printf(
-      "\n| model | M | router us | align us (row_align 1) | align us (row_align 128) | "
-      "router+align us (128) |\n|---|---|---|---|---|---|\n");
-  for (const auto& md : models) {
-    for (int64_t M : {1, 16, 64, 1024, 16384}) {
-      std::mt19937_64 rng(7 + M);
-      std::vector<float> logits(static_cast<size_t>(M * md.E));
-      for (float& v : logits)
-        v = rand_nonzero(rng, mc::ElemType::kBF16, -4.0f, 4.0f);
-      std::vector<float> bias(md.E);
-      for (float& v : bias)
-        v = rand_nonzero(rng, mc::ElemType::kF32, -1.0f, 1.0f);
-      DevBuf<uint8_t> d_logits(pack(mc::ElemType::kBF16, logits));
-      DevBuf<float> d_bias(bias), d_w(static_cast<size_t>(M * md.k));
-      DevBuf<int32_t> d_ids(static_cast<size_t>(M * md.k));
-      const int64_t cap = mc::moe_align_capacity(M, md.k, md.E, 128);
-      DevBuf<int32_t> d_counts(md.E), d_off(md.E + 1), d_perm(cap),
-          d_s2r(static_cast<size_t>(M * md.k)), d_total(1);
-      const size_t ws_bytes = mc::moe_align_workspace_bytes(M, md.k, md.E);
-      DevBuf<uint8_t> d_ws(ws_bytes);
-      mc::TopkRouterParams rp;
-      rp.logits = d_logits.get();
-      rp.logits_type = mc::ElemType::kBF16;
-      rp.logits_row_stride = md.E;
-      rp.num_tokens = M;
-      rp.num_experts = md.E;
-      rp.top_k = md.k;
-      rp.scoring = md.scoring;
-      rp.e_score_correction_bias = md.bias ? d_bias.get() : nullptr;
-      rp.num_expert_group = md.G;
-      rp.topk_group = md.tg;
-      rp.renormalize = true;
-      rp.routed_scaling_factor = md.scale;
-      rp.topk_weights = d_w.get();
-      rp.topk_ids = d_ids.get();
-      mc::MoeAlignParams ap;
-      ap.topk_ids = d_ids.get();
-      ap.num_tokens = M;
-      ap.top_k = md.k;
-      ap.num_global_experts = md.E;
-      ap.num_local_experts = md.E;
-      ap.expert_counts = d_counts.get();
-      ap.expert_offsets = d_off.get();
-      ap.permuted_rows = d_perm.get();
-      ap.slot_to_row = d_s2r.get();
-      ap.total_rows = d_total.get();
-      ap.workspace = d_ws.get();
-      ap.workspace_bytes = ws_bytes;
-      CUDA_OK(mc::launch_topk_router(rp, stream));  // ids for the align runs
-      CUDA_OK(cudaStreamSynchronize(stream));
-      double us[4];
-      for (int variant = 0; variant < 4; ++variant) {
-        ap.row_align = variant == 1 ? 1 : 128;
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int r = 0; r < kReps; ++r) {
-          if (variant == 0 || variant == 3) {
-            CUDA_OK(mc::launch_topk_router(rp, stream));
-          }
-          if (variant != 0) {
-            CUDA_OK(mc::launch_moe_align(ap, stream));
-          }
-        }
-        CUDA_OK(cudaStreamEndCapture(stream, &graph));
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int r = 0; r < 5; ++r)
-          CUDA_OK(cudaGraphLaunch(exec, stream));
-        std::vector<float> ms(kTimed);
-        for (int r = 0; r < kTimed; ++r) {
-          CUDA_OK(cudaEventRecord(t0, stream));
-          CUDA_OK(cudaGraphLaunch(exec, stream));
-          CUDA_OK(cudaEventRecord(t1, stream));
-          CUDA_OK(cudaEventSynchronize(t1));
-          CUDA_OK(cudaEventElapsedTime(&ms[r], t0, t1));
-        }
-        std::sort(ms.begin(), ms.end());
-        us[variant] = ms[kTimed / 2] * 1000.0 / kReps;
-        CUDA_OK(cudaGraphExecDestroy(exec));
-        CUDA_OK(cudaGraphDestroy(graph));
-      }
-      std::printf("| %s | %lld | %.2f | %.2f | %.2f | %.2f |\n", md.name, static_cast<long long>(M),
-                  us[0], us[1], us[2], us[3]);
-    }
-  }
-  // Same replays, one graph launch per pair (the latency a single decode step sees).
-  std::printf("\nsingle router+align graph (row_align 128), median of %d launches:\n", kTimed);
-  for (const auto& md : models) {
-    for (int64_t M : {1, 64}) {
-      std::mt19937_64 rng(9 + M);
-      std::vector<float> logits(static_cast<size_t>(M * md.E));
-      for (float& v : logits)
-        v = rand_nonzero(rng, mc::ElemType::kBF16, -4.0f, 4.0f);
-      std::vector<float> bias(md.E, 0.125f);
-      DevBuf<uint8_t> d_logits(pack(mc::ElemType::kBF16, logits));
-      DevBuf<float> d_bias(bias), d_w(static_cast<size_t>(M * md.k));
-      DevBuf<int32_t> d_ids(static_cast<size_t>(M * md.k));
-      const int64_t cap = mc::moe_align_capacity(M, md.k, md.E, 128);
-      DevBuf<int32_t> d_counts(md.E), d_off(md.E + 1), d_perm(cap),
-          d_s2r(static_cast<size_t>(M * md.k));
-      mc::TopkRouterParams rp;
-      rp.logits = d_logits.get();
-      rp.logits_row_stride = md.E;
-      rp.num_tokens = M;
-      rp.num_experts = md.E;
-      rp.top_k = md.k;
-      rp.scoring = md.scoring;
-      rp.e_score_correction_bias = md.bias ? d_bias.get() : nullptr;
-      rp.num_expert_group = md.G;
-      rp.topk_group = md.tg;
-      rp.renormalize = true;
-      rp.topk_weights = d_w.get();
-      rp.topk_ids = d_ids.get();
-      mc::MoeAlignParams ap;
-      ap.topk_ids = d_ids.get();
-      ap.num_tokens = M;
-      ap.top_k = md.k;
-      ap.num_global_experts = md.E;
-      ap.num_local_experts = md.E;
-      ap.row_align = 128;
-      ap.expert_counts = d_counts.get();
-      ap.expert_offsets = d_off.get();
-      ap.permuted_rows = d_perm.get();
-      ap.slot_to_row = d_s2r.get();
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      CUDA_OK(mc::launch_topk_router(rp, stream));
-      CUDA_OK(mc::launch_moe_align(ap, stream));
-      CUDA_OK(cudaStreamEndCapture(stream, &graph));
-      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-      for (int r = 0; r < 5; ++r)
-        CUDA_OK(cudaGraphLaunch(exec, stream));
-      std::vector<float> ms(kTimed);
-      for (int r = 0; r < kTimed; ++r) {
-        CUDA_OK(cudaEventRecord(t0, stream));
-        CUDA_OK(cudaGraphLaunch(exec, stream));
-        CUDA_OK(cudaEventRecord(t1, stream));
-        CUDA_OK(cudaEventSynchronize(t1));
-        CUDA_OK(cudaEventElapsedTime(&ms[r], t0, t1));
-      }
-      std::sort(ms.begin(), ms.end());
-      std::printf("  %s M=%lld: %.2f us\n", md.name, static_cast<long long>(M),
-                  ms[kTimed / 2] * 1000.0);
-      CUDA_OK(cudaGraphExecDestroy(exec));
-      CUDA_OK(cudaGraphDestroy(graph));
-    }
-  }
-  CUDA_OK(cudaEventDestroy(t0));
-  CUDA_OK(cudaEventDestroy(t1));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 }  // namespace
