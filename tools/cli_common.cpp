@@ -13,6 +13,16 @@
 
 namespace moekit::cli {
 
+void BenchKernelsOptions::add_to(CLI::App& app) {
+  app.add_option("--kernels", kernels, "router-align, gemm1")->capture_default_str();
+  app.add_option("--tokens", tokens, "batch sizes M")->capture_default_str();
+  app.add_option("--reps", reps, "timed graph replays per case (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--tile", tile, "gemm1: a tile-table name (64x64, 128x256) or all")
+      ->capture_default_str();
+}
+
 void DeploymentOptions::add_to(CLI::App& app) {
   model_option = app.add_option("--model", model,
                                 "model preset (mixtral-8x7b, qwen3-30b-a3b, deepseek-v3, "

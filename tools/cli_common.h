@@ -83,5 +83,17 @@ int make_fixture_command(const std::string& scheme, const std::string& out,
 int bench_command(const DeploymentOptions& deployment, const std::vector<std::string>& models,
                   const std::vector<int64_t>& tokens, const std::string& routing_dist, int reps,
                   const std::string& json_path);
+// `moekit bench-kernels`: the router + align ("router-align") and grouped GEMM1 ("gemm1") kernels
+// timed alone.
+struct BenchKernelsOptions {
+  std::vector<std::string> kernels = {"router-align", "gemm1"};
+  std::vector<int64_t> tokens = {1, 16, 64, 1024, 16384};
+  int reps = 50;             // timed graph replays per case (median)
+  std::string tile = "all";  // gemm1: a tile-table name or "all"
+
+  void add_to(CLI::App& app);
+};
+// tools/bench_kernels.cpp, built only with CUDA: call it under `if constexpr (kCudaBuild)`.
+int bench_kernels_command(const BenchKernelsOptions& options);
 
 }  // namespace moekit::cli

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli_common.h"
+#include "core/cuda_seam.h"
 #include "moekit/core/error.h"
 #include "moekit/core/logging.h"
 
@@ -102,6 +103,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   bench->add_option("--json", bench_json, "also write the results as JSON to this file");
 
+  BenchKernelsOptions bench_kernels_options;
+  CLI::App* bench_kernels = app.add_subcommand(
+      "bench-kernels",
+      "Time the router + align and grouped-GEMM kernels alone on the GPU (CUDA-graph replays)");
+  bench_kernels_options.add_to(*bench_kernels);
+
   // Usage errors (unknown or conflicting flags, bad values) exit with 2, like every other error.
   try {
     app.parse(argc, argv);
@@ -125,6 +132,13 @@ int main(int argc, char** argv) {
     if (*fixture) {
       return make_fixture_command(fixture_scheme, fixture_out, fixture_model, fixture_seed,
                                   fixture_shards);
+    }
+    if (*bench_kernels) {
+      if constexpr (moekit::kCudaBuild) {
+        return bench_kernels_command(bench_kernels_options);
+      } else {
+        moekit::throw_no_cuda("moekit bench-kernels");
+      }
     }
     if (*bench) {
       return bench_command(bench_deployment, bench_models, bench_tokens, bench_routing, bench_reps,

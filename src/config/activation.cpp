@@ -4,12 +4,10 @@
 #include <array>
 #include <cmath>
 
+#include "config/cuda/activation.h"
+#include "core/cuda_seam.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
-
-#ifdef MOEKIT_WITH_CUDA
-#include "config/activation_cuda_hook.h"
-#endif
 
 namespace moekit {
 namespace {
@@ -173,13 +171,12 @@ void apply_moe_activation(Activation activation, const ActivationParams& params,
   MOEKIT_CHECK(input.device() == output.device(), "activation input on {} but output on {}",
                input.device().to_string(), output.device().to_string());
   if (input.device().is_cuda()) {
-#ifdef MOEKIT_WITH_CUDA
-    apply_moe_activation_cuda(activation, params, output, input, stream);
-    return;
-#else
-    MOEKIT_CHECK(false, "activation on {} needs CUDA; moekit was built without CUDA",
-                 input.device().to_string());
-#endif
+    if constexpr (kCudaBuild) {
+      apply_moe_activation_cuda(activation, params, output, input, stream);
+      return;
+    } else {
+      throw_no_cuda("the activation on " + input.device().to_string());
+    }
   }
   expect_contiguous(input, "activation input");
   expect_contiguous(output, "activation output");

@@ -6,7 +6,8 @@
 #include <cctype>
 #include <thread>
 
-#include "core/cuda_runtime.h"
+#include "core/cuda/runtime.h"
+#include "core/cuda_seam.h"
 #include "moekit/core/error.h"
 
 namespace moekit {
@@ -28,35 +29,31 @@ DeviceInfo cpu_device_info() {
 }
 
 bool built_with_cuda() {
-#ifdef MOEKIT_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
+  return kCudaBuild;
 }
 
 int cuda_device_count() {
-#ifdef MOEKIT_WITH_CUDA
-  return cuda_rt::device_count(nullptr);
-#else
-  return 0;
-#endif
+  if constexpr (kCudaBuild) {
+    return cuda_rt::device_count(nullptr);
+  } else {
+    return 0;
+  }
 }
 
 std::string cuda_unavailable_reason() {
-#ifdef MOEKIT_WITH_CUDA
-  std::string reason;
-  const int count = cuda_rt::device_count(&reason);
-  return count > 0 ? std::string() : reason;
-#else
-  return "moekit was built without CUDA";
-#endif
+  if constexpr (kCudaBuild) {
+    std::string reason;
+    const int count = cuda_rt::device_count(&reason);
+    return count > 0 ? std::string() : reason;
+  } else {
+    return "moekit was built without CUDA";
+  }
 }
 
 DeviceInfo default_device_info() {
-#ifdef MOEKIT_WITH_CUDA
-  if (cuda_device_count() > 0) return cuda_rt::device_info(0);
-#endif
+  if constexpr (kCudaBuild) {
+    if (cuda_device_count() > 0) return cuda_rt::device_info(0);
+  }
   return cpu_device_info();
 }
 
@@ -96,18 +93,17 @@ DeviceInfo device_info_by_name(const std::string& name) {
 }
 
 CudaStream::CudaStream(int device_index) {
-#ifdef MOEKIT_WITH_CUDA
-  handle_ = cuda_rt::create_stream(device_index);
-#else
-  (void)device_index;
-  throw Error("moekit: cannot create a CUDA stream: moekit was built without CUDA");
-#endif
+  if constexpr (kCudaBuild) {
+    handle_ = cuda_rt::create_stream(device_index);
+  } else {
+    throw_no_cuda("creating a CUDA stream");
+  }
 }
 
 CudaStream::~CudaStream() {
-#ifdef MOEKIT_WITH_CUDA
-  if (handle_ != nullptr) cuda_rt::destroy_stream(handle_);
-#endif
+  if constexpr (kCudaBuild) {
+    if (handle_ != nullptr) cuda_rt::destroy_stream(handle_);
+  }
 }
 
 void CudaStream::synchronize() const {
@@ -115,11 +111,9 @@ void CudaStream::synchronize() const {
 }
 
 void synchronize(Stream stream) {
-#ifdef MOEKIT_WITH_CUDA
-  if (stream.handle != nullptr) cuda_rt::synchronize_stream(stream.handle);
-#else
-  (void)stream;
-#endif
+  if constexpr (kCudaBuild) {
+    if (stream.handle != nullptr) cuda_rt::synchronize_stream(stream.handle);
+  }
 }
 
 }  // namespace moekit

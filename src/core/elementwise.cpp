@@ -3,6 +3,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/cuda/elementwise.h"
+#include "core/cuda_seam.h"
 #include "moekit/core/checks.h"
 
 namespace moekit {
@@ -14,10 +16,12 @@ void add_inplace(Tensor& out, const Tensor& other, Stream stream) {
   expect_contiguous(other, "add_inplace input");
   expect_device(other, "add_inplace input", out.device());
   if (out.device().is_cuda()) {
-#ifdef MOEKIT_WITH_CUDA
-    add_inplace_cuda(out, other, stream);
-    return;
-#endif
+    if constexpr (kCudaBuild) {
+      add_inplace_cuda(out, other, stream);
+      return;
+    } else {
+      throw_no_cuda("add_inplace on a GPU");
+    }
   }
   const int64_t n = out.numel();
 #pragma omp parallel for schedule(static)
@@ -38,10 +42,12 @@ void scale_rows(Tensor& out, const Tensor& in, const Tensor& weights, Stream str
   expect_contiguous(out, "scale_rows output");
   expect_contiguous(weights, "topk_weights");
   if (in.device().is_cuda()) {
-#ifdef MOEKIT_WITH_CUDA
-    scale_rows_cuda(out, in, weights, stream);
-    return;
-#endif
+    if constexpr (kCudaBuild) {
+      scale_rows_cuda(out, in, weights, stream);
+      return;
+    } else {
+      throw_no_cuda("scale_rows on a GPU");
+    }
   }
   const float* w = weights.data_as<const float>();
   for (int64_t m = 0; m < M; ++m) {
@@ -74,10 +80,12 @@ void interleave_gate_up_blocks(Tensor& dst, const Tensor& src, bool pairwise, St
   const int64_t n = src.size(1);
   MOEKIT_CHECK(n % 64 == 0, "interleave_gate_up_blocks: 2I={} must be a multiple of 64", n);
   if (src.device().is_cuda()) {
-#ifdef MOEKIT_WITH_CUDA
-    interleave_gate_up_blocks_cuda(dst, src, pairwise, stream);
-    return;
-#endif
+    if constexpr (kCudaBuild) {
+      interleave_gate_up_blocks_cuda(dst, src, pairwise, stream);
+      return;
+    } else {
+      throw_no_cuda("interleave_gate_up_blocks on a GPU");
+    }
   }
   const int64_t E = src.size(0), K = src.dim() == 3 ? src.size(2) : 1;
   const size_t row_bytes = static_cast<size_t>(K) * element_size(src.dtype());
@@ -104,10 +112,12 @@ void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream) {
   MOEKIT_CHECK(is_floating(t.dtype()), "fill_uniform: dtype {} is not a float type",
                dtype_name(t.dtype()));
   if (t.device().is_cuda()) {
-#ifdef MOEKIT_WITH_CUDA
-    fill_uniform_cuda(t, seed, scale, stream);
-    return;
-#endif
+    if constexpr (kCudaBuild) {
+      fill_uniform_cuda(t, seed, scale, stream);
+      return;
+    } else {
+      throw_no_cuda("fill_uniform on a GPU");
+    }
   }
   const int64_t n = t.numel();
 #pragma omp parallel for schedule(static)
@@ -123,10 +133,12 @@ void convert_ids_to_int32(const Tensor& ids64, Tensor& ids32, Stream stream) {
                ids32.describe());
   expect_contiguous(ids64, "topk_ids");
   if (ids64.device().is_cuda()) {
-#ifdef MOEKIT_WITH_CUDA
-    convert_ids_to_int32_cuda(ids64, ids32, stream);
-    return;
-#endif
+    if constexpr (kCudaBuild) {
+      convert_ids_to_int32_cuda(ids64, ids32, stream);
+      return;
+    } else {
+      throw_no_cuda("convert_ids_to_int32 on a GPU");
+    }
   }
   const int64_t* src = ids64.data_as<int64_t>();
   int32_t* dst = ids32.data_as<int32_t>();

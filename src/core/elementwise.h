@@ -1,5 +1,5 @@
 // Internal: small elementwise ops the layer needs on either device (CPU here, CUDA in
-// elementwise.cu). Stream-ordered on the GPU; they never allocate.
+// core/cuda/elementwise.cu). Stream-ordered on the GPU; they never allocate.
 #pragma once
 
 #include "moekit/core/tensor.h"
@@ -26,13 +26,5 @@ void interleave_gate_up_blocks(Tensor& dst, const Tensor& src, bool pairwise, St
 void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream);
 // The hash behind fill_uniform, for host-side recomputation.
 float hashed_uniform(uint64_t seed, uint64_t index);
-
-#ifdef MOEKIT_WITH_CUDA
-void interleave_gate_up_blocks_cuda(Tensor& dst, const Tensor& src, bool pairwise, Stream stream);
-void scale_rows_cuda(Tensor& out, const Tensor& in, const Tensor& weights, Stream stream);
-void fill_uniform_cuda(Tensor& t, uint64_t seed, float scale, Stream stream);
-void add_inplace_cuda(Tensor& out, const Tensor& other, Stream stream);
-void convert_ids_to_int32_cuda(const Tensor& ids64, Tensor& ids32, Stream stream);
-#endif
 
 }  // namespace moekit

@@ -8,7 +8,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "core/cuda_runtime.h"
+#include "core/cuda/runtime.h"
+#include "core/cuda_seam.h"
 #include "moekit/core/error.h"
 #include "moekit/core/half.h"
 #include "moekit/quant/formats.h"
@@ -38,13 +39,12 @@ class CpuAllocator final : public Allocator {
 class CudaAllocator final : public Allocator {
  public:
   std::shared_ptr<Storage> allocate(size_t bytes, Device device) override {
-#ifdef MOEKIT_WITH_CUDA
-    void* ptr = cuda_rt::allocate(bytes, device.index);
-    return std::make_shared<Storage>(ptr, bytes, device, [](void* p) { cuda_rt::release(p); });
-#else
-    throw Error(fmt::format("moekit: cannot allocate {} bytes on {}: moekit was built without CUDA",
-                            bytes, device.to_string()));
-#endif
+    if constexpr (kCudaBuild) {
+      void* ptr = cuda_rt::allocate(bytes, device.index);
+      return std::make_shared<Storage>(ptr, bytes, device, [](void* p) { cuda_rt::release(p); });
+    } else {
+      throw_no_cuda(fmt::format("allocating {} bytes on {}", bytes, device.to_string()));
+    }
   }
 };
 
@@ -297,21 +297,20 @@ void Tensor::copy_from(const Tensor& src) {
     }
     MOEKIT_CHECK(false, "copy_from: destination {} must be contiguous", describe());
   }
-#ifdef MOEKIT_WITH_CUDA
-  MOEKIT_CHECK(is_contiguous(), "copy_from: destination {} must be contiguous", describe());
-  if (src.is_contiguous()) {
-    cuda_rt::copy(data_, device_, src.data(), src.device(), nbytes());
+  if constexpr (!kCudaBuild) {
+    throw_no_cuda(fmt::format("copy from {} to {}", src.describe(), describe()));
   } else {
-    MOEKIT_CHECK(src.device().is_cpu(), "copy_from: strided source {} on a GPU is not supported",
-                 src.describe());
-    std::vector<char> staging(src.nbytes());
-    gather_contiguous(src, staging.data());
-    cuda_rt::copy(data_, device_, staging.data(), Device::cpu(), nbytes());
+    MOEKIT_CHECK(is_contiguous(), "copy_from: destination {} must be contiguous", describe());
+    if (src.is_contiguous()) {
+      cuda_rt::copy(data_, device_, src.data(), src.device(), nbytes());
+    } else {
+      MOEKIT_CHECK(src.device().is_cpu(), "copy_from: strided source {} on a GPU is not supported",
+                   src.describe());
+      std::vector<char> staging(src.nbytes());
+      gather_contiguous(src, staging.data());
+      cuda_rt::copy(data_, device_, staging.data(), Device::cpu(), nbytes());
+    }
   }
-#else
-  throw Error(fmt::format("moekit: copy from {} to {} needs CUDA; moekit was built without CUDA",
-                          src.describe(), describe()));
-#endif
 }
 
 void Tensor::copy_from_async(const Tensor& src, Stream stream) {
@@ -325,14 +324,13 @@ void Tensor::copy_from_async(const Tensor& src, Stream stream) {
   MOEKIT_CHECK(is_contiguous() && src.is_contiguous() && src.device() == device_,
                "copy_from_async: {} and {} must be contiguous and on one device", src.describe(),
                describe());
-#ifdef MOEKIT_WITH_CUDA
-  MOEKIT_CHECK(stream.handle != nullptr, "copy_from_async on {} needs a CUDA stream",
-               device_.to_string());
-  cuda_rt::copy_async(data_, src.data(), nbytes(), stream);
-#else
-  (void)stream;
-  throw Error("moekit: copy_from_async on a GPU needs CUDA; moekit was built without CUDA");
-#endif
+  if constexpr (kCudaBuild) {
+    MOEKIT_CHECK(stream.handle != nullptr, "copy_from_async on {} needs a CUDA stream",
+                 device_.to_string());
+    cuda_rt::copy_async(data_, src.data(), nbytes(), stream);
+  } else {
+    throw_no_cuda("copy_from_async on a GPU");
+  }
 }
 
 Tensor Tensor::to_dtype(DType dtype) const {

@@ -1,4 +1,5 @@
-// Capability records of the Hopper experts (compiled in every build; see sm90_experts.h).
+// Capability records of the Hopper experts and their host-side methods (compiled in every build;
+// see sm90_experts.h). The launch sequences are device entry points (experts/cuda/sm90_experts.h).
 #include "moekit/experts/sm90_experts.h"
 
 #include <fmt/format.h>
@@ -6,7 +7,10 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/cuda_seam.h"
 #include "core/elementwise.h"
+#include "experts/cuda/sm90_experts.h"
+#include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/oracle/backend.h"
 
@@ -82,57 +86,134 @@ const ExpertsClass& Sm90BatchedExperts::klass() {
   return k;
 }
 
+int sm90::tile_from_config(const MoEConfig& moe, const char* who) {
+  if (moe.tile_config == "auto") return -1;
+  const int tile = cuda::sm90::find_tile(moe.tile_config);
+  MOEKIT_CHECK(tile >= 0,
+               "{}: tile_config '{}' is not a tile of the Hopper grouped GEMM; valid: auto, {}",
+               who, moe.tile_config, cuda::sm90::tile_names());
+  return tile;
+}
+
 Sm90BatchedExperts::Sm90BatchedExperts(const MoEConfig& moe, const QuantConfig& quant,
                                        int64_t max_num_tokens, int num_dispatchers)
-    : ExpertsModular(klass(), moe, quant, max_num_tokens, num_dispatchers) {
-#ifndef MOEKIT_WITH_CUDA
-  throw Error("moekit: Sm90BatchedExperts needs CUDA; moekit was built without CUDA");
-#endif
+    : ExpertsModular(klass(), moe, quant, max_num_tokens, num_dispatchers),
+      state_(std::make_unique<sm90::LaunchState>()) {
+  if constexpr (!kCudaBuild) throw_no_cuda("Sm90BatchedExperts");
   MOEKIT_CHECK(!quant.is_quantized(), "Sm90BatchedExperts runs unquantized layers only, got {}",
                quant.describe());
+  state_->tile = sm90::tile_from_config(moe, "Sm90BatchedExperts");
 }
+
+Sm90BatchedExperts::~Sm90BatchedExperts() = default;
 
 Sm90GroupedExperts::Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& quant)
-    : ExpertsModular(klass(), moe, quant, std::nullopt, std::nullopt) {
-#ifndef MOEKIT_WITH_CUDA
-  throw Error("moekit: Sm90GroupedExperts needs CUDA; moekit was built without CUDA");
-#endif
+    : ExpertsModular(klass(), moe, quant, std::nullopt, std::nullopt),
+      state_(std::make_unique<sm90::LaunchState>()) {
+  if constexpr (!kCudaBuild) throw_no_cuda("Sm90GroupedExperts");
   MOEKIT_CHECK(!quant.is_quantized(), "Sm90GroupedExperts runs unquantized layers only, got {}",
                quant.describe());
+  state_->tile = sm90::tile_from_config(moe, "Sm90GroupedExperts");
 }
 
-#ifndef MOEKIT_WITH_CUDA
-WorkspaceShapes Sm90GroupedExperts::workspace_shapes(int64_t, int64_t, int64_t, int64_t, int64_t,
-                                                     int64_t, const ExpertTokensMetadata*,
-                                                     Activation) const {
-  throw Error("moekit: Sm90GroupedExperts needs CUDA");
+Sm90GroupedExperts::~Sm90GroupedExperts() = default;
+
+void Sm90GroupedExperts::bind_weights(const Tensor& w1, const Tensor& w2) {
+  if constexpr (kCudaBuild) {
+    sm90::bind_weights(*state_, w1, w2);
+  } else {
+    throw_no_cuda("Sm90GroupedExperts");
+  }
 }
+
+void Sm90BatchedExperts::bind_weights(const Tensor& w1, const Tensor& w2) {
+  if constexpr (kCudaBuild) {
+    sm90::bind_weights(*state_, w1, w2);
+  } else {
+    throw_no_cuda("Sm90BatchedExperts");
+  }
+}
+
+WorkspaceShapes Sm90GroupedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
+                                                     int64_t, int64_t local_num_experts,
+                                                     const ExpertTokensMetadata*,
+                                                     Activation activation) const {
+  if constexpr (kCudaBuild) {
+    return sm90::grouped_workspace_shapes(moe_config(), M, N, K, topk, local_num_experts,
+                                          activation);
+  } else {
+    throw_no_cuda("Sm90GroupedExperts");
+  }
+}
+
 std::shared_ptr<const TopKWeightAndReduce> Sm90GroupedExperts::finalize_weight_and_reduce_impl()
     const {
   return std::make_shared<TopKWeightAndReduceNoOp>();
 }
-void Sm90GroupedExperts::apply(const ExpertsApplyArgs&, RunContext) {
-  throw Error("moekit: Sm90GroupedExperts needs CUDA");
+
+void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+  if constexpr (kCudaBuild) {
+    sm90::grouped_apply(*this, *state_, args, ctx);
+  } else {
+    throw_no_cuda("Sm90GroupedExperts");
+  }
 }
-WorkspaceShapes Sm90BatchedExperts::workspace_shapes(int64_t, int64_t, int64_t, int64_t, int64_t,
-                                                     int64_t, const ExpertTokensMetadata*,
-                                                     Activation) const {
-  throw Error("moekit: Sm90BatchedExperts needs CUDA");
+
+WorkspaceShapes Sm90BatchedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t,
+                                                     int64_t, int64_t local_num_experts,
+                                                     const ExpertTokensMetadata*,
+                                                     Activation activation) const {
+  // M is max_num_tokens * num_dispatchers (T) in the batched format.
+  const int64_t rows = local_num_experts * M;
+  return {{rows, N}, {rows, activation_output_dim(activation, N)}, {local_num_experts, M, K}};
 }
+
 std::shared_ptr<const TopKWeightAndReduce> Sm90BatchedExperts::finalize_weight_and_reduce_impl()
     const {
   return std::make_shared<TopKWeightAndReduceDelegate>();
 }
-void Sm90BatchedExperts::apply(const ExpertsApplyArgs&, RunContext) {
-  throw Error("moekit: Sm90BatchedExperts needs CUDA");
+
+void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+  if constexpr (kCudaBuild) {
+    sm90::batched_apply(*this, *state_, args, ctx);
+  } else {
+    throw_no_cuda("Sm90BatchedExperts");
+  }
 }
-Sm90SharedExperts::Sm90SharedExperts(Tensor, Tensor, Activation, ActivationParams, int64_t) {
-  throw Error("moekit: Sm90SharedExperts needs CUDA; moekit was built without CUDA");
+
+Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
+                                     ActivationParams params, int64_t max_num_tokens) {
+  if constexpr (!kCudaBuild) throw_no_cuda("Sm90SharedExperts");
+  expect_dim(w13, "shared_w13", 2);
+  expect_dim(w2, "shared_w2", 2);
+  MOEKIT_CHECK(w13.device().is_cuda() && w2.device() == w13.device(),
+               "Sm90SharedExperts: weights must be on one CUDA device, got {} and {}",
+               w13.describe(), w2.describe());
+  const int64_t n = w13.size(0), h = w13.size(1), i = w2.size(1);
+  MOEKIT_CHECK(activation_output_dim(activation, n) == i && w2.size(0) == h,
+               "Sm90SharedExperts: shared_w13 {} and shared_w2 {} do not form an MLP with {}",
+               w13.describe(), w2.describe(), activation_name(activation));
+  mlp_ = std::make_unique<sm90::SharedMlp>();
+  mlp_->hidden = Tensor::empty({max_num_tokens, n}, w13.dtype(), w13.device());
+  mlp_->act = Tensor::empty({max_num_tokens, i}, w13.dtype(), w13.device());
+  mlp_->out = Tensor::empty({max_num_tokens, h}, w13.dtype(), w13.device());
+  mlp_->offsets = Tensor::empty({2}, DType::kInt32, w13.device());
+  mlp_->w13 = std::move(w13);
+  mlp_->w2 = std::move(w2);
+  mlp_->activation = activation;
+  mlp_->params = params;
+  if constexpr (kCudaBuild) sm90::prepare_shared(*mlp_);
 }
-Tensor Sm90SharedExperts::forward(const Tensor&, RunContext) {
-  throw Error("moekit: Sm90SharedExperts needs CUDA");
+
+Sm90SharedExperts::~Sm90SharedExperts() = default;
+
+Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
+  if constexpr (kCudaBuild) {
+    return sm90::shared_forward(*mlp_, x, ctx);
+  } else {
+    throw_no_cuda("Sm90SharedExperts");
+  }
 }
-#endif
 
 // ---- backend registrations (the unquantized oracle) -------------------------------------------
 

@@ -1,13 +1,14 @@
 // CPU implementations of the four TopKWeightAndReduce strategies. CUDA tensors go to the device
-// hook (modular/reduce_cuda_hook.h) for the contiguous reduce.
+// entry point (modular/cuda/reduce.h) for the contiguous reduce.
 #include "moekit/modular/topk_weight_and_reduce.h"
 
 #include <algorithm>
 #include <vector>
 
+#include "core/cuda_seam.h"
 #include "modular/batched_layout.h"
 #include "modular/cpu_rows.h"
-#include "modular/reduce_cuda_hook.h"
+#include "modular/cuda/reduce.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 
@@ -135,10 +136,15 @@ Tensor TopKWeightAndReduceContiguous::apply(Tensor output, const Tensor& fused_e
   if (M == 0) return output;
 
   if (fused_expert_output.device().is_cuda()) {
-    expect_contiguous(output, "output");
-    reduce_topk_on_device(output, fused_expert_output.view({M, topk, K}), topk_weights, topk_ids,
-                          apply_router_weight_on_input, ctx.stream);
-    return output;
+    if constexpr (kCudaBuild) {
+      expect_contiguous(output, "output");
+      reduce_topk_on_device(output, fused_expert_output.view({M, topk, K}), topk_weights, topk_ids,
+                            apply_router_weight_on_input, ctx.stream);
+      return output;
+    } else {
+      throw_no_cuda("TopKWeightAndReduceContiguous on " + fused_expert_output.device().to_string() +
+                    " (move the tensors to the CPU)");
+    }
   }
 
   const std::vector<float> weights =

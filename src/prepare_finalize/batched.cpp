@@ -7,11 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_seam.h"
 #include "modular/batched_layout.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/prepare_finalize/factory.h"
-#include "prepare_finalize/batched_cuda.h"
+#include "prepare_finalize/cuda/batched.h"
 #include "prepare_finalize/prepare_common.h"
 
 namespace moekit {
@@ -55,9 +56,13 @@ PrepareResult PrepareFinalizeBatched::prepare(const PrepareArgs& args, RunContex
                      args.quant_config->a1.dtype == QuantDType::kNone,
                  "{}: quantized activations are not dispatched on the GPU yet", kWho);
     expert_map_ = args.expert_map;
-    return detail::batched_prepare_device(device_state_, a1, args.topk_ids, args.expert_map,
-                                          args.num_experts, num_local_experts_,
-                                          max_num_tokens_ * num_dispatchers_, rank_, ctx);
+    if constexpr (kCudaBuild) {
+      return detail::batched_prepare_device(device_state_, a1, args.topk_ids, args.expert_map,
+                                            args.num_experts, num_local_experts_,
+                                            max_num_tokens_ * num_dispatchers_, rank_, ctx);
+    } else {
+      throw_no_cuda(std::string(kWho) + " on " + a1.device().to_string());
+    }
   }
   if (!a1.is_contiguous()) a1 = a1.clone();
 
@@ -112,9 +117,13 @@ void PrepareFinalizeBatched::finalize(const FinalizeArgs& args, RunContext ctx) 
   const bool delegate =
       impl == nullptr || dynamic_cast<const TopKWeightAndReduceDelegate*>(impl.get()) != nullptr;
   if (args.output.device().is_cuda() && delegate) {
-    detail::batched_finalize_device(device_state_, args.output, args.fused_expert_output,
-                                    args.topk_weights, args.apply_router_weight_on_input, ctx);
-    return;
+    if constexpr (kCudaBuild) {
+      detail::batched_finalize_device(device_state_, args.output, args.fused_expert_output,
+                                      args.topk_weights, args.apply_router_weight_on_input, ctx);
+      return;
+    } else {
+      throw_no_cuda(std::string(kWho) + " on " + args.output.device().to_string());
+    }
   }
   if (delegate) {
     impl =

@@ -6,10 +6,11 @@
 #include <string>
 #include <utility>
 
+#include "core/cuda_seam.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/core/logging.h"
-#include "router/router_cuda_hook.h"
+#include "router/cuda/route_on_device.h"
 
 namespace moekit {
 
@@ -149,7 +150,12 @@ void Router::select_experts_into(const Tensor& hidden_states, const Tensor& rout
 void Router::compute(const Tensor& router_logits, const Tensor& topk_weights,
                      const Tensor& topk_ids, RunContext ctx) const {
   if (router_logits.device().is_cuda()) {
-    route_on_device_into(kernel_config(), router_logits, topk_weights, topk_ids, ctx);
+    if constexpr (kCudaBuild) {
+      route_on_device_into(kernel_config(), router_logits, topk_weights, topk_ids, ctx);
+    } else {
+      throw_no_cuda(fmt::format("routing router_logits {} (router {})", router_logits.describe(),
+                                kernel_config().to_string()));
+    }
   } else {
     route_cpu(kernel_config(), router_logits, topk_weights, topk_ids);
   }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -315,48 +316,88 @@ TEST(GpuLayer, GarbageIdsAreSkipped) {
             tolerance("bf16").rel_l2);
 }
 
+// The GPU router (make_router on device tensors) against the library's CPU router on the same
+// logits: ids as sets, the same id the same weight. Returns the rows whose id sets differ.
+int64_t router_mismatches(const ModelPreset& m, const Tensor& logits, const Tensor& bias) {
+  const int64_t M = logits.size(0);
+  const auto cpu_router = make_router(MoELayer::make_router_config(m, bias));
+  const Device gd = default_device_info().device();
+  const auto gpu_router =
+      make_router(MoELayer::make_router_config(m, bias.defined() ? bias.to(gd) : Tensor{}));
+  const RoutingResult rc = cpu_router->select_experts(Tensor{}, logits);
+  CudaStream stream;
+  const RoutingResult rg =
+      gpu_router->select_experts(Tensor{}, logits.to(gd), {stream.get(), nullptr});
+  stream.synchronize();
+  const auto ic = rc.topk_ids.to_int_vector(), ig = rg.topk_ids.to(Device::cpu()).to_int_vector();
+  const auto wc = rc.topk_weights.to_float_vector(),
+             wg = rg.topk_weights.to(Device::cpu()).to_float_vector();
+  int64_t mismatched_rows = 0;
+  for (int64_t r = 0; r < M; ++r) {
+    std::set<int64_t> a(ic.begin() + r * m.top_k, ic.begin() + (r + 1) * m.top_k);
+    std::set<int64_t> b(ig.begin() + r * m.top_k, ig.begin() + (r + 1) * m.top_k);
+    if (a != b) {
+      ++mismatched_rows;
+      continue;
+    }
+    for (int j = 0; j < m.top_k; ++j) {
+      // Same id -> same weight (ids are in decreasing score on both paths).
+      for (int j2 = 0; j2 < m.top_k; ++j2) {
+        if (ic[r * m.top_k + j] == ig[r * m.top_k + j2]) {
+          EXPECT_TRUE(std::isfinite(wg[r * m.top_k + j2])) << "row " << r;
+          EXPECT_NEAR(wc[r * m.top_k + j], wg[r * m.top_k + j2],
+                      1e-5 * std::max(1.0f, std::fabs(wc[r * m.top_k + j])))
+              << "row " << r;
+        }
+      }
+    }
+  }
+  return mismatched_rows;
+}
+
+Tensor router_bias(const ModelPreset& m) {
+  if (!m.has_e_score_correction_bias) return Tensor{};
+  return testing::random_tensor({m.num_experts}, DType::kF32, 22, -0.1f, 0.1f);
+}
+
 TEST(GpuLayer, RouterMatchesCpu) {
   REQUIRE_GPU();
   for (const char* preset : {"qwen3-30b-a3b", "deepseek-v3", "small-deepseek", "gpt-oss-120b"}) {
     const ModelPreset m = find_preset(preset);
-    const int64_t M = 200;
-    const Tensor logits = testing::random_tensor({M, m.num_experts}, DType::kF32, 21, -4, 4);
-    Tensor bias;
-    if (m.has_e_score_correction_bias) {
-      bias = testing::random_tensor({m.num_experts}, DType::kF32, 22, -0.1f, 0.1f);
-    }
-    const auto cpu_router = make_router(MoELayer::make_router_config(m, bias));
-    const Device gd = default_device_info().device();
-    const auto gpu_router =
-        make_router(MoELayer::make_router_config(m, bias.defined() ? bias.to(gd) : Tensor{}));
-    const RoutingResult rc = cpu_router->select_experts(Tensor{}, logits);
-    CudaStream stream;
-    const RoutingResult rg =
-        gpu_router->select_experts(Tensor{}, logits.to(gd), {stream.get(), nullptr});
-    stream.synchronize();
-    const auto ic = rc.topk_ids.to_int_vector(), ig = rg.topk_ids.to(Device::cpu()).to_int_vector();
-    const auto wc = rc.topk_weights.to_float_vector(),
-               wg = rg.topk_weights.to(Device::cpu()).to_float_vector();
-    int mismatched_rows = 0;
-    for (int64_t r = 0; r < M; ++r) {
-      std::set<int64_t> a(ic.begin() + r * m.top_k, ic.begin() + (r + 1) * m.top_k);
-      std::set<int64_t> b(ig.begin() + r * m.top_k, ig.begin() + (r + 1) * m.top_k);
-      if (a != b) {
-        ++mismatched_rows;
-        continue;
-      }
-      for (int j = 0; j < m.top_k; ++j) {
-        // Same id -> same weight (ids are in decreasing score on both paths).
-        for (int j2 = 0; j2 < m.top_k; ++j2) {
-          if (ic[r * m.top_k + j] == ig[r * m.top_k + j2]) {
-            EXPECT_NEAR(wc[r * m.top_k + j], wg[r * m.top_k + j2],
-                        1e-5 * std::max(1.0f, std::fabs(wc[r * m.top_k + j])));
-          }
-        }
-      }
-    }
+    const Tensor logits = testing::random_tensor({200, m.num_experts}, DType::kF32, 21, -4, 4);
     // Random continuous logits: exact ties are practically impossible; allow none.
-    EXPECT_EQ(mismatched_rows, 0) << preset;
+    EXPECT_EQ(router_mismatches(m, logits, router_bias(m)), 0) << preset;
+  }
+}
+
+// NaN and +-inf logits follow one convention on both paths (include/moekit/router/router.h).
+TEST(GpuLayer, RouterNanAndInfMatchCpu) {
+  REQUIRE_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const char* preset : {"qwen3-30b-a3b", "deepseek-v3", "small-deepseek", "gpt-oss-120b"}) {
+    const ModelPreset m = find_preset(preset);
+    const int E = m.num_experts;
+    std::vector<float> base(E), v;
+    for (int e = 0; e < E; ++e)
+      base[e] = static_cast<float>((e * 37) % E) * (8.0f / E) - 4.0f;  // distinct, spaced
+    auto row = [&](auto edit) {
+      std::vector<float> r = base;
+      for (int e = 0; e < E; ++e)
+        edit(e, r[e]);
+      v.insert(v.end(), r.begin(), r.end());
+    };
+    row([&](int, float& x) { x = nan; });
+    row([&](int, float& x) { x = -inf; });
+    row([&](int, float& x) { x = inf; });
+    row([&](int e, float& x) { x = e % 3 == 0 ? nan : x; });
+    row([&](int e, float& x) { x = e % 5 == 1 ? -inf : e % 7 == 2 ? nan : x; });
+    row([&](int e, float& x) { x = e == 3 || e == E - 2 ? inf : e % 4 == 0 ? nan : x; });
+    row([&](int e, float& x) { x = e == 17 % E ? 0.25f : nan; });
+    row([&](int e, float& x) { x = e % 2 == 0 ? -inf : nan; });
+    const int64_t M = static_cast<int64_t>(v.size()) / E;
+    const Tensor logits = Tensor::from_floats(v, {M, E}, DType::kF32);
+    EXPECT_EQ(router_mismatches(m, logits, router_bias(m)), 0) << preset;
   }
 }
 

@@ -6,8 +6,7 @@
 // before each run; every scheduled element must be written and every other element must keep the
 // poison.
 //
-// The benchmark is a disabled test: run it with
-//   test_grouped_gemm --gtest_also_run_disabled_tests --gtest_filter='*Bench*'
+// Timings are not tests: `moekit bench-kernels --kernels gemm1`.
 #include <gtest/gtest.h>
 
 #if MOEKIT_WITH_CUDA
@@ -17,9 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,11 +26,11 @@
 
 namespace {
 
+using moekit::cuda::ElemType;
 using moekit::cuda::FusedActivation;
-using moekit::cuda::GemmDtype;
 using moekit::cuda::GroupedGemmArgs;
 using moekit::cuda::GroupedGemmParams;
-using moekit::cuda::GroupedGemmTile;
+namespace sm90 = moekit::cuda::sm90;
 
 #define CUDA_OK(call)                                                          \
   do {                                                                         \
@@ -102,19 +99,18 @@ std::string gpu_unavailable() {
     }                                                 \
   } while (0)
 
-float to_f(uint16_t bits, GemmDtype dt) {
-  return dt == GemmDtype::kBF16 ? moekit::bf16_bits_to_float(bits)
-                                : moekit::f16_bits_to_float(bits);
+float to_f(uint16_t bits, ElemType dt) {
+  return dt == ElemType::kBF16 ? moekit::bf16_bits_to_float(bits) : moekit::f16_bits_to_float(bits);
 }
-uint16_t from_f(float v, GemmDtype dt) {
-  return dt == GemmDtype::kBF16 ? moekit::float_to_bf16_bits(v) : moekit::float_to_f16_bits(v);
+uint16_t from_f(float v, ElemType dt) {
+  return dt == ElemType::kBF16 ? moekit::float_to_bf16_bits(v) : moekit::float_to_f16_bits(v);
 }
 
 enum class BiasKind { kNone, kFp32, kDtype };
 
 // A test problem: schedule + shapes + options.
 struct Case {
-  GemmDtype dtype = GemmDtype::kBF16;
+  ElemType dtype = ElemType::kBF16;
   int n = 64;
   int k = 64;
   std::vector<int> counts;  // rows per expert
@@ -309,8 +305,8 @@ const char* act_name(FusedActivation a) {
 // Compares C with the fp64 reference; checks poison where nothing may be written.
 void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& label) {
   const Case& cs = p.cs;
-  const double rel_tol = cs.dtype == GemmDtype::kBF16 ? 1e-2 : 2e-3;
-  const double elem_rel = cs.dtype == GemmDtype::kBF16 ? 4.5e-3 : 6e-4;  // > half an ulp
+  const double rel_tol = cs.dtype == ElemType::kBF16 ? 1e-2 : 2e-3;
+  const double elem_rel = cs.dtype == ElemType::kBF16 ? 4.5e-3 : 6e-4;  // > half an ulp
   double err2 = 0, ref2 = 0;
   int64_t bad = 0, unwritten = 0, clobbered = 0, checked = 0;
   const bool fused = cs.act != FusedActivation::kNone;
@@ -380,13 +376,14 @@ void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& 
   }
 }
 
-std::vector<uint16_t> run_and_fetch(Problem& p, GroupedGemmTile tile, cudaStream_t stream = 0,
-                                    int max_ctas = 0) {
+std::vector<uint16_t> run_and_fetch(Problem& p, int tile, cudaStream_t stream = 0, int max_ctas = 0,
+                                    const sm90::WeightLaunchCache* cache = nullptr) {
   std::vector<uint16_t> c(p.num_rows * p.ldc);
   EXPECT_EQ(cudaMemsetAsync(p.d_c.get(), 0xFF, p.d_c.bytes(), stream), cudaSuccess);
   GroupedGemmParams params;
   params.tile = tile;
   params.max_ctas = max_ctas;
+  params.cache = cache;
   const std::string why = moekit::cuda::can_implement(p.args, params);
   EXPECT_EQ(why, "");
   EXPECT_EQ(moekit::cuda::run_grouped_gemm(p.args, stream, params), cudaSuccess);
@@ -398,8 +395,8 @@ std::vector<uint16_t> run_and_fetch(Problem& p, GroupedGemmTile tile, cudaStream
 void run_case(const Case& cs, const std::string& name, int max_ctas = 0) {
   Problem p;
   build(p, cs);
-  for (GroupedGemmTile tile : {GroupedGemmTile::k64x64, GroupedGemmTile::k128x256}) {
-    const std::string label = name + " tile " + moekit::cuda::grouped_gemm_tile_name(tile);
+  for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+    const std::string label = name + " tile " + sm90::kTileTable[tile].name;
     check(p, run_and_fetch(p, tile, 0, max_ctas), label);
   }
 }
@@ -420,7 +417,7 @@ TEST(GroupedGemm, AwkwardScheduleGatherPaddingFp32Bias) {
 TEST(GroupedGemm, Fp16DtypeBiasNoGather) {
   REQUIRE_GPU();
   Case cs;
-  cs.dtype = GemmDtype::kF16;
+  cs.dtype = ElemType::kF16;
   cs.counts = {33, 0, 129, 7};
   cs.n = 128;
   cs.k = 72;
@@ -493,7 +490,7 @@ TEST(GroupedGemm, EmptyScheduleWritesNothing) {
   Problem p;
   build(p, cs);
   p.args.num_rows_upper_bound = 0;
-  const auto c = run_and_fetch(p, GroupedGemmTile::kAuto);
+  const auto c = run_and_fetch(p, -1);
   EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](uint16_t v) { return v == 0xFFFF; }));
 }
 
@@ -507,7 +504,7 @@ TEST(GroupedGemm, CapturedInCudaGraphMatchesDirectLaunch) {
   cs.seed = 6;
   Problem p;
   build(p, cs);
-  const auto direct = run_and_fetch(p, GroupedGemmTile::kAuto);
+  const auto direct = run_and_fetch(p, -1);
 
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -528,6 +525,37 @@ TEST(GroupedGemm, CapturedInCudaGraphMatchesDirectLaunch) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// The launch state prepared once (SM count, kernel attributes, W's tensor maps) gives the same
+// bits as launches that prepare themselves; a cache of other weights is ignored.
+TEST(GroupedGemm, PreparedLaunchStateMatchesUnprepared) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.counts = {5, 70, 0, 140, 1};
+  cs.n = 320;
+  cs.k = 200;
+  cs.gather = true;
+  cs.bias = BiasKind::kFp32;
+  cs.seed = 12;
+  Problem p, other;
+  build(p, cs);
+  cs.seed = 13;
+  build(other, cs);
+  sm90::WeightLaunchCache cache, other_cache;
+  CUDA_OK(moekit::cuda::prepare_grouped_gemm_weights(p.args, &cache));
+  CUDA_OK(moekit::cuda::prepare_grouped_gemm_weights(other.args, &other_cache));
+  EXPECT_EQ(cache.w, p.args.w);
+  EXPECT_GT(cache.sms, 0);
+  for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+    const std::string label = std::string("prepared tile ") + sm90::kTileTable[tile].name;
+    const auto plain = run_and_fetch(p, tile);
+    const auto cached = run_and_fetch(p, tile, 0, 0, &cache);
+    const auto foreign = run_and_fetch(p, tile, 0, 0, &other_cache);
+    check(p, cached, label);
+    EXPECT_EQ(0, std::memcmp(plain.data(), cached.data(), plain.size() * 2)) << label;
+    EXPECT_EQ(0, std::memcmp(plain.data(), foreign.data(), plain.size() * 2)) << label;
+  }
 }
 
 // Host-only: needs no GPU.
@@ -566,6 +594,15 @@ TEST(GroupedGemm, CanImplementGivesReasons) {
   bad.lda = 60;
   EXPECT_NE(moekit::cuda::can_implement(bad).find("lda=60"), std::string::npos);
   EXPECT_EQ(moekit::cuda::run_grouped_gemm(bad, nullptr), cudaErrorInvalidValue);
+  bad = g;
+  bad.dtype = ElemType::kF32;
+  EXPECT_EQ(moekit::cuda::can_implement(bad), "dtype f32 is not bf16 or f16");
+  sm90::WeightLaunchCache cache;
+  EXPECT_EQ(moekit::cuda::prepare_grouped_gemm_weights(bad, &cache), cudaErrorInvalidValue);
+  EXPECT_EQ(cache.w, nullptr);
+  moekit::cuda::GroupedGemmParams params;
+  params.tile = sm90::kNumTiles;
+  EXPECT_NE(moekit::cuda::can_implement(g, params).find("64x64, 128x256"), std::string::npos);
 }
 
 // ---- fused gated activation
@@ -580,7 +617,7 @@ constexpr FusedActivation kFusedKinds[] = {
 // n = 320: 5 gate/up blocks, so the 256-wide tile's second n-tile holds one block.
 TEST(GroupedGemmFused, EveryKindBothDtypesBothTiles) {
   REQUIRE_GPU();
-  for (GemmDtype dt : {GemmDtype::kBF16, GemmDtype::kF16}) {
+  for (ElemType dt : {ElemType::kBF16, ElemType::kF16}) {
     for (int variant = 0; variant < 7; ++variant) {
       Case cs;
       cs.dtype = dt;
@@ -590,12 +627,12 @@ TEST(GroupedGemmFused, EveryKindBothDtypesBothTiles) {
       cs.n = 320;
       cs.k = 136;
       cs.gather = true;
-      cs.bias = dt == GemmDtype::kBF16 ? BiasKind::kFp32 : BiasKind::kDtype;
+      cs.bias = dt == ElemType::kBF16 ? BiasKind::kFp32 : BiasKind::kDtype;
       cs.lda_pad = 8;
       cs.ldc_pad = 8;
       cs.seed = 100 + variant;
       run_case(cs, std::string("fused ") + act_name(cs.act) + (cs.has_clamp ? "+clamp" : "") +
-                       (dt == GemmDtype::kBF16 ? " bf16" : " f16"));
+                       (dt == ElemType::kBF16 ? " bf16" : " f16"));
     }
   }
 }
@@ -697,145 +734,6 @@ TEST(GroupedGemmFused, CanImplementGivesReasons) {
   bad = g;
   bad.fused_act = static_cast<FusedActivation>(42);
   EXPECT_EQ(moekit::cuda::can_implement(bad), "fused_act is unknown");
-}
-
-// ---- benchmark (disabled by default) -----------------------------------------------------------
-
-struct ModelShape {
-  const char* name;
-  int experts, top_k, hidden, inter;
-};
-
-TEST(GroupedGemm, DISABLED_BenchGemm1) {
-  REQUIRE_GPU();
-  const ModelShape models[] = {{"qwen3-30b-a3b", 128, 8, 2048, 768},
-                               {"deepseek-v3", 256, 8, 7168, 2048}};
-  const int tokens[] = {1, 64, 1024, 16384};
-  constexpr int kRoutings = 4;  // distinct routings cycled so that weights are not L2-resident
-  constexpr int kLaunchesPerGraph = 8;
-  constexpr int kReplays = 7;
-  cudaStream_t stream = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::printf(
-      "| model | M | rows | tile | epilogue | us | TFLOP/s | weight TB/s | all bytes TB/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
-  for (const ModelShape& m : models) {
-    const int E = m.experts, K = m.hidden, N = 2 * m.inter;
-    const size_t w_bytes = static_cast<size_t>(E) * N * K * 2;
-    DeviceBuffer w(w_bytes);
-    ASSERT_NE(w.get(), nullptr);
-    {  // random bits, replicated on the device
-      std::mt19937 rng(7);
-      const size_t chunk = std::min<size_t>(w_bytes, size_t{64} << 20);
-      std::vector<uint16_t> host(chunk / 2);
-      for (auto& x : host)
-        x = moekit::float_to_bf16_bits(std::uniform_real_distribution<float>(-1, 1)(rng));
-      CUDA_OK(cudaMemcpy(w.get(), host.data(), chunk, cudaMemcpyHostToDevice));
-      for (size_t done = chunk; done < w_bytes;) {
-        const size_t n = std::min(done, w_bytes - done);
-        CUDA_OK(cudaMemcpy(w.as<uint8_t>() + done, w.get(), n, cudaMemcpyDeviceToDevice));
-        done += n;
-      }
-    }
-    for (int M : tokens) {
-      const int64_t rows = static_cast<int64_t>(M) * m.top_k;
-      std::vector<uint16_t> a_host(static_cast<size_t>(M) * K);
-      std::mt19937 rng(M);
-      for (auto& x : a_host)
-        x = moekit::float_to_bf16_bits(std::uniform_real_distribution<float>(-1, 1)(rng));
-      DeviceBuffer a = upload(a_host);
-      DeviceBuffer c(static_cast<size_t>(std::max<int64_t>(rows, 1)) * N * 2);
-      std::vector<DeviceBuffer> d_offsets, d_gather;
-      double touched_experts = 0;
-      for (int r = 0; r < kRoutings; ++r) {
-        std::vector<std::vector<int32_t>> per_expert(E);
-        std::vector<int> ids(E);
-        for (int t = 0; t < M; ++t) {
-          std::iota(ids.begin(), ids.end(), 0);
-          for (int j = 0; j < m.top_k; ++j) {  // k distinct experts, uniform
-            std::swap(ids[j], ids[j + rng() % (E - j)]);
-            per_expert[ids[j]].push_back(t);
-          }
-        }
-        std::vector<int32_t> offsets(E + 1, 0), gather;
-        for (int e = 0; e < E; ++e) {
-          offsets[e + 1] = offsets[e] + static_cast<int32_t>(per_expert[e].size());
-          gather.insert(gather.end(), per_expert[e].begin(), per_expert[e].end());
-          touched_experts += per_expert[e].empty() ? 0 : 1;
-        }
-        d_offsets.push_back(upload(offsets));
-        d_gather.push_back(upload(gather));
-      }
-      touched_experts /= kRoutings;
-      for (int run = 0; run < 4; ++run) {
-        const GroupedGemmTile tile = run < 2 ? GroupedGemmTile::k64x64 : GroupedGemmTile::k128x256;
-        const bool fused = run % 2 == 1;  // silu-and-mul fused into the epilogue, C = N/2 columns
-        GroupedGemmArgs g;
-        g.a = a.get();
-        g.lda = K;
-        g.w = w.get();
-        g.c = c.get();
-        g.ldc = fused ? N / 2 : N;
-        g.fused_act = fused ? FusedActivation::kSiluMul : FusedActivation::kNone;
-        g.num_experts = E;
-        g.num_rows_upper_bound = rows;
-        g.n = N;
-        g.k = K;
-        GroupedGemmParams params;
-        params.tile = tile;
-        auto launch = [&](int i) {
-          g.expert_offsets = d_offsets[i % kRoutings].as<int32_t>();
-          g.gather_rows = d_gather[i % kRoutings].as<int32_t>();
-          return moekit::cuda::run_grouped_gemm(g, stream, params);
-        };
-        for (int i = 0; i < kRoutings; ++i)
-          CUDA_OK(launch(i));
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < kLaunchesPerGraph; ++i)
-          CUDA_OK(launch(i));
-        CUDA_OK(cudaStreamEndCapture(stream, &graph));
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-        CUDA_OK(cudaGraphLaunch(exec, stream));  // warm-up
-        cudaEvent_t start, stop;
-        cudaEventCreate(&start);
-        cudaEventCreate(&stop);
-        std::vector<float> ms(kReplays);
-        for (int i = 0; i < kReplays; ++i) {
-          cudaEventRecord(start, stream);
-          cudaGraphLaunch(exec, stream);
-          cudaEventRecord(stop, stream);
-          CUDA_OK(cudaEventSynchronize(stop));
-          cudaEventElapsedTime(&ms[i], start, stop);
-        }
-        std::sort(ms.begin(), ms.end());
-        const double us = 1e3 * ms[kReplays / 2] / kLaunchesPerGraph;
-        const double flops = 2.0 * rows * N * K;
-        const double wbytes = touched_experts * N * K * 2.0;
-        const double all_bytes = wbytes + rows * (K + (fused ? N / 2 : N)) * 2.0;
-        std::printf("| %s | %d | %lld | %s | %s | %.1f | %.1f | %.2f | %.2f |\n", m.name, M,
-                    static_cast<long long>(rows), moekit::cuda::grouped_gemm_tile_name(tile),
-                    fused ? "silu fused" : "plain", us, flops / us * 1e-6, wbytes / us * 1e-6,
-                    all_bytes / us * 1e-6);
-        std::fflush(stdout);
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-      }
-      {
-        GroupedGemmArgs g;
-        g.num_experts = E;
-        g.num_rows_upper_bound = rows;
-        std::string why;
-        const auto tile = moekit::cuda::select_grouped_gemm_tile(g, &why);
-        std::printf("|   auto picks %s: %s |\n", moekit::cuda::grouped_gemm_tile_name(tile),
-                    why.c_str());
-      }
-    }
-  }
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // GPU tests of the small MoE kernels: top-k router, align/permute, batched scatter/gather,
-// activation, unpermute. Each kernel is checked against a straightforward CPU reference below.
+// activation, unpermute. The router is checked against the library's CPU router
+// (make_router(...).select_experts on host copies) and align against the library's CPU layout
+// (detail::make_batched_layout); activation and unpermute against straightforward references
+// below.
 //
 // Tolerances (one table): ids compared as sets (and as sequences where the order is defined), data
 // movement and the unpermute sum bitwise, router weights to kRouterWeightRelTol, activations to
-// one output ulp (kActTol). Outputs are poisoned (0xFF bytes) before every launch.
-//
-// The benchmark at the end (SupportKernelsBench) runs only with MOEKIT_SUPPORT_BENCH=1.
+// one output ulp (kActTol). Outputs are poisoned (0xFF bytes) before every launch. Timings are
+// not tests: `moekit bench-kernels --kernels router-align`.
 #include <gtest/gtest.h>
 
 #if defined(MOEKIT_WITH_CUDA)
@@ -16,7 +18,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -28,15 +29,17 @@
 #include "experts/cuda/moe_activation.h"
 #include "experts/cuda/moe_permute.h"
 #include "experts/cuda/moe_unpermute.h"
+#include "modular/batched_layout.h"
 #include "moekit/core/half.h"
+#include "moekit/core/tensor.h"
+#include "moekit/router/router.h"
 #include "router/cuda/topk_router.h"
 
 namespace mc = moekit::cuda;
 
 namespace {
 
-constexpr double kRouterWeightRelTol = 1e-6;
-constexpr double kSelectGapTol = 2e-6;  // near-ties closer than this are regenerated
+constexpr double kRouterWeightRelTol = 1e-6;  // vs the CPU router (double, rounded to f32)
 struct ActTol {
   double rel, abs;
 };
@@ -134,12 +137,6 @@ std::vector<float> unpack(mc::ElemType t, const std::vector<uint8_t>& raw) {
   return out;
 }
 
-mc::ElemType elem_of(mc::LogitsType t) {
-  return t == mc::LogitsType::kF32    ? mc::ElemType::kF32
-         : t == mc::LogitsType::kBF16 ? mc::ElemType::kBF16
-                                      : mc::ElemType::kF16;
-}
-
 // Uniform in [lo, hi), rounded to t, never exactly zero.
 float rand_nonzero(std::mt19937_64& rng, mc::ElemType t, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
@@ -149,12 +146,12 @@ float rand_nonzero(std::mt19937_64& rng, mc::ElemType t, float lo, float hi) {
   }
 }
 
-// ---- router reference ---------------------------------------------------------------------------
+// ---- router: the library's CPU router is the reference -----------------------------------------
 
 struct RouterCase {
   int64_t M = 1;
   int E = 128, k = 8;
-  mc::LogitsType type = mc::LogitsType::kBF16;
+  mc::ElemType type = mc::ElemType::kBF16;
   mc::RouterScoring scoring = mc::RouterScoring::kSoftmax;
   bool bias = false;
   int G = 0, tg = 0;
@@ -163,104 +160,99 @@ struct RouterCase {
   int stride_pad = 0;
 };
 
-struct RouterRowRef {
-  std::vector<int> ids;         // in selection order
-  std::vector<double> weights;  // weight of ids[j]
-  double gap = 1e30;            // smallest selection margin at a boundary (k-th expert, groups)
-};
-
-RouterRowRef router_ref_row(const RouterCase& c, const float* logits, const float* bias) {
-  const int E = c.E;
-  const double ninf = -std::numeric_limits<double>::infinity();
-  std::vector<double> x(E), s(E), sel(E);
-  for (int e = 0; e < E; ++e)
-    x[e] = std::isnan(logits[e]) ? ninf : static_cast<double>(logits[e]);
-  if (c.scoring == mc::RouterScoring::kSoftmax) {
-    double m = ninf;
-    for (double v : x)
-      m = std::max(m, v);
-    double sum = 0;
-    for (int e = 0; e < E; ++e) {
-      s[e] = std::isinf(m) ? (x[e] == m ? 1.0 : 0.0) : std::exp(x[e] - m);
-      sum += s[e];
-    }
-    for (double& v : s)
-      v /= sum;
-  } else {
-    for (int e = 0; e < E; ++e)
-      s[e] = 1.0 / (1.0 + std::exp(-x[e]));
-  }
-  for (int e = 0; e < E; ++e) {
-    double v = c.scoring == mc::RouterScoring::kLlama4 ? x[e] : s[e];
-    if (bias != nullptr) v += bias[e];
-    if (std::isnan(v) || x[e] == ninf) v = ninf;
-    sel[e] = v;
-  }
-  RouterRowRef r;
-  auto note_gap = [&](double a, double b) {
-    if (std::isinf(a) && std::isinf(b) && a == b) return;  // exact tie, broken by id on both sides
-    const double g = std::fabs(a - b);
-    const double rel = g / std::max(1.0, std::max(std::fabs(a), std::fabs(b)));
-    if (!(g == 0 && bias == nullptr)) r.gap = std::min(r.gap, rel);
-  };
-  std::vector<int> cls(E, 1);
-  if (c.G > 1) {
-    const int gs = E / c.G;
-    std::vector<double> gscore(c.G);
-    for (int g = 0; g < c.G; ++g) {
-      std::vector<double> v(sel.begin() + g * gs, sel.begin() + (g + 1) * gs);
-      std::sort(v.rbegin(), v.rend());
-      double sc = (bias != nullptr && gs >= 2) ? v[0] + v[1] : v[0];
-      if (std::isnan(sc)) sc = ninf;
-      gscore[g] = sc;
-    }
-    std::vector<int> order(c.G);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int a, int b) { return gscore[a] > gscore[b]; });
-    if (c.tg < c.G) note_gap(gscore[order[c.tg - 1]], gscore[order[c.tg]]);
-    std::vector<int> keep(c.G, 0);
-    for (int t = 0; t < c.tg; ++t)
-      keep[order[t]] = 1;
-    for (int e = 0; e < E; ++e)
-      cls[e] = keep[e / gs];
-  }
-  std::vector<int> order(E);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    if (cls[a] != cls[b]) return cls[a] > cls[b];
-    return sel[a] > sel[b];
-  });
-  if (c.k < E && cls[order[c.k - 1]] == cls[order[c.k]])
-    note_gap(sel[order[c.k - 1]], sel[order[c.k]]);
-  double sum = 0;
-  for (int j = 0; j < c.k; ++j) {
-    r.ids.push_back(order[j]);
-    r.weights.push_back(s[order[j]]);
-    sum += s[order[j]];
-  }
-  for (double& w : r.weights) {
-    if (c.renorm && sum > 0) w /= sum;
-    w *= c.scale;
-  }
-  return r;
+moekit::DType dtype_of(mc::ElemType t) {
+  return t == mc::ElemType::kF32    ? moekit::DType::kF32
+         : t == mc::ElemType::kBF16 ? moekit::DType::kBF16
+                                    : moekit::DType::kF16;
 }
 
-// Runs one router case on the GPU against the reference. `logits` has M*E values (row-major); with
-// `regen` rows whose selection is a near-tie are redrawn first.
+// The RouterConfig of a kernel case. NOTE: groups of one expert (G == E) select like plain top-k
+// (router.h); the library then runs the ungrouped router, which is the reference for the kernel's
+// grouped path on that layout.
+moekit::RouterConfig config_of(const RouterCase& c, const std::vector<float>& bias) {
+  moekit::RouterConfig rc;
+  rc.num_experts = c.E;
+  rc.top_k = c.k;
+  if (c.scoring == mc::RouterScoring::kLlama4) {
+    rc.llama4_top1 = true;
+    rc.renormalize = false;
+  } else {
+    rc.scoring = c.scoring == mc::RouterScoring::kSoftmax ? moekit::ScoringFunc::kSoftmax
+                                                          : moekit::ScoringFunc::kSigmoid;
+    rc.renormalize = c.renorm;
+  }
+  if (!bias.empty()) {
+    rc.e_score_correction_bias = moekit::Tensor::from_floats(bias, {c.E}, moekit::DType::kF32);
+  }
+  if (c.G > 1 && c.G < c.E) {
+    rc.use_grouped_topk = true;
+    rc.num_expert_group = c.G;
+    rc.topk_group = c.tg;
+  }
+  if (c.scale != 1.0f) rc.routed_scaling_factor = c.scale;
+  return rc;
+}
+
+struct Routing {
+  std::vector<int64_t> ids;  // (M, k) in selection order
+  std::vector<float> weights;
+};
+
+// make_router(config).select_experts on host logits (M, E) of `type` (values representable).
+Routing cpu_route(const moekit::RouterConfig& rc, const std::vector<float>& logits, int64_t M,
+                  moekit::DType type) {
+  const auto router = moekit::make_router(rc);
+  const moekit::Tensor t = moekit::Tensor::from_floats(logits, {M, rc.num_experts}, type);
+  const moekit::RoutingResult r = router->select_experts(moekit::Tensor{}, t);
+  return {r.topk_ids.to_int_vector(), r.topk_weights.to_float_vector()};
+}
+
+// Rows whose CPU selection (as a set) changes when every logit moves by +eps*u or -eps*u (u
+// uniform in [-1, 1]): near-ties, where the GPU's fp32 and the CPU's double scores may order two
+// experts differently. eps = 1e-3 moves a selection score by >= 1e-5 relative over [-4, 4], far
+// more than the two paths' rounding differences.
+std::vector<bool> near_ties(const moekit::RouterConfig& rc, const std::vector<float>& logits,
+                            int64_t M, std::mt19937_64& rng) {
+  const int k = rc.top_k;
+  const Routing base = cpu_route(rc, logits, M, moekit::DType::kF32);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> up(logits.size()), down(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float d = 1e-3f * u(rng);
+    up[i] = logits[i] + d;
+    down[i] = logits[i] - d;
+  }
+  const Routing a = cpu_route(rc, up, M, moekit::DType::kF32);
+  const Routing b = cpu_route(rc, down, M, moekit::DType::kF32);
+  std::vector<bool> tie(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) {
+    auto set_of = [&](const Routing& r) {
+      return std::set<int64_t>(r.ids.begin() + m * k, r.ids.begin() + (m + 1) * k);
+    };
+    tie[m] = set_of(base) != set_of(a) || set_of(base) != set_of(b);
+  }
+  return tie;
+}
+
+// Runs one router case on the GPU against the library's CPU router. `logits` has M*E values
+// (row-major, representable in c.type); with `regen` rows that are near-ties are redrawn first.
 void check_router(const RouterCase& c, std::vector<float> logits, const std::vector<float>& bias,
                   std::mt19937_64* regen, bool check_order = false) {
-  const mc::ElemType et = elem_of(c.type);
-  const int64_t stride = c.E + c.stride_pad;
-  std::vector<RouterRowRef> ref(static_cast<size_t>(c.M));
-  for (int64_t m = 0; m < c.M; ++m) {
-    for (int tries = 0;; ++tries) {
-      ref[m] = router_ref_row(c, &logits[m * c.E], bias.empty() ? nullptr : bias.data());
-      if (regen == nullptr || ref[m].gap >= kSelectGapTol || tries > 1000) break;
-      for (int e = 0; e < c.E; ++e)
-        logits[m * c.E + e] = rand_nonzero(*regen, et, -4.0f, 4.0f);
+  const mc::ElemType et = c.type;
+  const moekit::RouterConfig rc = config_of(c, bias);
+  if (regen != nullptr) {
+    for (int round = 0; round < 100; ++round) {
+      const std::vector<bool> tie = near_ties(rc, logits, c.M, *regen);
+      if (std::find(tie.begin(), tie.end(), true) == tie.end()) break;
+      for (int64_t m = 0; m < c.M; ++m) {
+        if (!tie[m]) continue;
+        for (int e = 0; e < c.E; ++e)
+          logits[m * c.E + e] = rand_nonzero(*regen, et, -4.0f, 4.0f);
+      }
     }
   }
+  const Routing ref = cpu_route(rc, logits, c.M, dtype_of(et));
+  const int64_t stride = c.E + c.stride_pad;
   std::vector<float> strided(static_cast<size_t>(c.M * stride), 1000.0f);  // pad: huge, unread
   for (int64_t m = 0; m < c.M; ++m)
     std::copy(&logits[m * c.E], &logits[m * c.E] + c.E, &strided[m * stride]);
@@ -293,55 +285,53 @@ void check_router(const RouterCase& c, std::vector<float> logits, const std::vec
   double max_rel = 0;
   int64_t bad_rows = 0;
   for (int64_t m = 0; m < c.M && bad_rows < 5; ++m) {
-    std::set<int> got;
+    std::set<int64_t> got;
     bool ok = true;
     for (int j = 0; j < c.k; ++j) {
       const int id = ids[m * c.k + j];
       ok &= id >= 0 && id < c.E && got.insert(id).second;
     }
-    std::set<int> want(ref[m].ids.begin(), ref[m].ids.end());
+    const std::set<int64_t> want(ref.ids.begin() + m * c.k, ref.ids.begin() + (m + 1) * c.k);
     ok &= got == want;
     if (check_order) {
       for (int j = 0; j < c.k; ++j)
-        ok &= ids[m * c.k + j] == ref[m].ids[j];
+        ok &= ids[m * c.k + j] == ref.ids[m * c.k + j];
     }
     for (int j = 0; j < c.k && ok; ++j) {
-      const int id = ids[m * c.k + j];
-      const auto it = std::find(ref[m].ids.begin(), ref[m].ids.end(), id);
-      const double rw = ref[m].weights[it - ref[m].ids.begin()];
+      const int64_t id = ids[m * c.k + j];
+      const auto at = std::find(ref.ids.begin() + m * c.k, ref.ids.begin() + (m + 1) * c.k, id);
+      const double rw = ref.weights[at - ref.ids.begin()];
       const double gw = w[m * c.k + j];
       if (!std::isfinite(gw)) {
         ok = false;
         break;
       }
-      const double rel = std::fabs(gw - rw) / std::max(std::fabs(rw), 1e-30);
-      if (rw == 0.0) {
-        ok &= gw == 0.0;
-      } else {
-        max_rel = std::max(max_rel, rel);
-        ok &= rel <= kRouterWeightRelTol;
-      }
+      const double diff = std::fabs(gw - rw);
+      if (rw != 0.0) max_rel = std::max(max_rel, diff / std::fabs(rw));
+      ok &= diff <= kRouterWeightRelTol * std::fabs(rw) + 1e-37;
     }
     if (!ok) {
       ++bad_rows;
       std::string msg = "row " + std::to_string(m) + " gpu:";
       for (int j = 0; j < c.k; ++j)
         msg += " " + std::to_string(ids[m * c.k + j]) + "(" + std::to_string(w[m * c.k + j]) + ")";
-      msg += " ref:";
-      for (int j = 0; j < c.k; ++j)
-        msg += " " + std::to_string(ref[m].ids[j]) + "(" + std::to_string(ref[m].weights[j]) + ")";
+      msg += " cpu router:";
+      for (int j = 0; j < c.k; ++j) {
+        msg += " " + std::to_string(ref.ids[m * c.k + j]) + "(" +
+               std::to_string(ref.weights[m * c.k + j]) + ")";
+      }
       ADD_FAILURE() << msg;
     }
   }
   EXPECT_EQ(bad_rows, 0);
   ::testing::Test::RecordProperty("max_weight_rel_err", std::to_string(max_rel));
-  std::printf("  router M=%lld E=%d k=%d: max weight rel err %.3g\n", static_cast<long long>(c.M),
-              c.E, c.k, max_rel);
+  std::printf("  router M=%lld E=%d k=%d: max weight rel err vs the CPU router %.3g\n",
+              static_cast<long long>(c.M), c.E, c.k, max_rel);
 }
 
 void run_random_router(const RouterCase& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  const mc::ElemType et = elem_of(c.type);
+  const mc::ElemType et = c.type;
   std::vector<float> logits(static_cast<size_t>(c.M * c.E));
   for (float& v : logits)
     v = rand_nonzero(rng, et, -4.0f, 4.0f);
@@ -370,13 +360,13 @@ TEST_F(RouterTest, Qwen3SoftmaxRenormAllM) {
 TEST_F(RouterTest, SoftmaxF32NoRenormStridedRows) {
   RouterCase c;
   c.M = 1000;
-  c.type = mc::LogitsType::kF32;
+  c.type = mc::ElemType::kF32;
   c.stride_pad = 3;
   run_random_router(c, 2);
 }
 
 TEST_F(RouterTest, DeepSeekV3GroupedBias) {
-  for (auto type : {mc::LogitsType::kBF16, mc::LogitsType::kF32}) {
+  for (auto type : {mc::ElemType::kBF16, mc::ElemType::kF32}) {
     for (int64_t M : {1, 33, 8192}) {
       RouterCase c;
       c.M = M;
@@ -399,7 +389,7 @@ TEST_F(RouterTest, GroupedNoBiasSoftmaxF16) {
   c.M = 500;
   c.E = 64;
   c.k = 6;
-  c.type = mc::LogitsType::kF16;
+  c.type = mc::ElemType::kF16;
   c.G = 4;
   c.tg = 2;
   run_random_router(c, 4);
@@ -420,7 +410,7 @@ TEST_F(RouterTest, GroupsOfOneAndLargeGroups) {
   b.M = 100;
   b.E = 512;
   b.k = 10;
-  b.type = mc::LogitsType::kF32;
+  b.type = mc::ElemType::kF32;
   b.scoring = mc::RouterScoring::kSigmoid;
   b.bias = true;
   b.G = 16;
@@ -434,7 +424,7 @@ TEST_F(RouterTest, SigmoidOddExpertCount) {
   c.M = 333;
   c.E = 60;
   c.k = 4;
-  c.type = mc::LogitsType::kF16;
+  c.type = mc::ElemType::kF16;
   c.scoring = mc::RouterScoring::kSigmoid;
   run_random_router(c, 7);
 }
@@ -473,7 +463,7 @@ TEST_F(RouterTest, TiesGoToLowerIds) {
   c.M = 3;
   c.E = 96;
   c.k = 8;
-  c.type = mc::LogitsType::kF32;
+  c.type = mc::ElemType::kF32;
   std::vector<float> logits(static_cast<size_t>(c.M * c.E), 1.5f);
   check_router(c, logits, {}, nullptr, /*check_order=*/true);
 }
@@ -519,7 +509,7 @@ TEST_F(RouterTest, NanAndInfLogits) {
       c.M = static_cast<int64_t>(rows.size());
       c.E = E;
       c.k = 8;
-      c.type = mc::LogitsType::kF32;
+      c.type = mc::ElemType::kF32;
       c.scoring = scoring;
       c.renorm = true;
       if (grouped) {
@@ -541,15 +531,15 @@ TEST_F(RouterTest, GroupLayoutsOffTheFastPath) {
     int E, k, G, tg;
     bool bias;
     int stride_pad;
-    mc::LogitsType type;
+    mc::ElemType type;
   };
   const Shape shapes[] = {
-      {96, 8, 32, 7, true, 0, mc::LogitsType::kBF16},    // gsize 3, 4 experts per lane
-      {60, 6, 6, 2, true, 0, mc::LogitsType::kF32},      // gsize 10, 2 per lane, 5 lanes a group
-      {192, 8, 8, 3, true, 1, mc::LogitsType::kBF16},    // gsize 24, 8 per lane, 3 lanes a group
-      {256, 8, 8, 4, true, 1, mc::LogitsType::kBF16},    // DeepSeek shape, misaligned rows
-      {1024, 32, 32, 9, true, 0, mc::LogitsType::kF16},  // gsize 32 = one lane a group
-      {128, 8, 4, 4, false, 0, mc::LogitsType::kBF16},   // every group kept, no bias
+      {96, 8, 32, 7, true, 0, mc::ElemType::kBF16},    // gsize 3, 4 experts per lane
+      {60, 6, 6, 2, true, 0, mc::ElemType::kF32},      // gsize 10, 2 per lane, 5 lanes a group
+      {192, 8, 8, 3, true, 1, mc::ElemType::kBF16},    // gsize 24, 8 per lane, 3 lanes a group
+      {256, 8, 8, 4, true, 1, mc::ElemType::kBF16},    // DeepSeek shape, misaligned rows
+      {1024, 32, 32, 9, true, 0, mc::ElemType::kF16},  // gsize 32 = one lane a group
+      {128, 8, 4, 4, false, 0, mc::ElemType::kBF16},   // every group kept, no bias
   };
   int seed = 40;
   for (const auto& sh : shapes) {
@@ -591,27 +581,35 @@ struct AlignRef {
   std::vector<int32_t> counts, offsets, permuted, slot_to_row;
 };
 
+// The library's CPU layout (detail::make_batched_layout: per local expert, its slots in token
+// order, then slot order; ids mapped by detail::LocalExpertMap) as the align kernel's maps:
+// offsets are the prefix of the counts rounded up to row_align, padding rows and the tail -1.
+// NOTE: LocalExpertMap bounds global ids by the map's size (or, without a map, by E_local); the
+// cases here give a map of E_global entries, or none with E_global == E_local.
 AlignRef align_ref(const std::vector<int32_t>& ids, const std::vector<int32_t>& map, int Eg, int El,
                    int align, int64_t capacity) {
+  EXPECT_TRUE(map.empty() ? Eg == El : static_cast<int>(map.size()) == Eg);
+  const std::vector<int64_t> ids64(ids.begin(), ids.end());
+  const moekit::Tensor id_t =
+      moekit::Tensor::from_ints(ids64, {static_cast<int64_t>(ids.size())}, moekit::DType::kInt32);
+  moekit::Tensor map_t;
+  if (!map.empty()) {
+    map_t = moekit::Tensor::from_ints(std::vector<int64_t>(map.begin(), map.end()),
+                                      {static_cast<int64_t>(map.size())}, moekit::DType::kInt32);
+  }
+  const moekit::detail::LocalExpertMap to_local(map_t, /*rank=*/0, El);
+  const moekit::detail::BatchedLayout layout = moekit::detail::make_batched_layout(
+      moekit::detail::read_topk_ids(id_t), static_cast<int64_t>(ids.size()), to_local, El);
   AlignRef r;
-  auto local = [&](int32_t g) -> int {
-    if (g < 0 || g >= Eg) return -1;
-    const int l = map.empty() ? g : map[g];
-    return (l >= 0 && l < El) ? l : -1;
-  };
-  r.counts.assign(El, 0);
-  for (int32_t g : ids)
-    if (local(g) >= 0) ++r.counts[local(g)];
+  r.counts = layout.counts;
   r.offsets.assign(El + 1, 0);
   for (int e = 0; e < El; ++e)
     r.offsets[e + 1] = r.offsets[e] + (r.counts[e] + align - 1) / align * align;
   r.permuted.assign(static_cast<size_t>(capacity), -1);
   r.slot_to_row.assign(ids.size(), -1);
-  std::vector<int32_t> fill(El, 0);
   for (size_t s = 0; s < ids.size(); ++s) {
-    const int l = local(ids[s]);
-    if (l < 0) continue;
-    const int32_t pos = r.offsets[l] + fill[l]++;
+    if (layout.slot_local[s] < 0) continue;
+    const int32_t pos = r.offsets[layout.slot_local[s]] + static_cast<int32_t>(layout.slot_row[s]);
     r.permuted[pos] = static_cast<int32_t>(s);
     r.slot_to_row[s] = pos;
   }
@@ -787,7 +785,7 @@ TEST_F(AlignTest, RouterThenAlignChain) {
   DevBuf<float> d_bias(bias), d_w(static_cast<size_t>(M * k));
   DevBuf<int32_t> d_ids(static_cast<size_t>(M * k));
   mc::TopkRouterParams rp;
-  rp.logits_type = mc::LogitsType::kBF16;
+  rp.logits_type = mc::ElemType::kBF16;
   rp.logits_row_stride = E;
   rp.num_tokens = M;
   rp.num_experts = E;
@@ -1277,182 +1275,6 @@ TEST_F(UnpermuteTest, BatchedCombine) {
                   100);
   check_unpermute({200, 4, 72, mc::ElemType::kBF16, mc::ElemType::kF32, false, false, true, 20},
                   101);  // overflowed slots skipped
-}
-
-// ---- benchmark (MOEKIT_SUPPORT_BENCH=1)
-// ----------------------------------------------------------
-
-struct BenchModel {
-  const char* name;
-  int E, k, G, tg;
-  mc::RouterScoring scoring;
-  bool bias;
-  float scale;
-};
-
-TEST_F(GpuTest, SupportKernelsBench) {
-  const char* env = std::getenv("MOEKIT_SUPPORT_BENCH");
-  if (env == nullptr || std::string(env) != "1") GTEST_SKIP() << "set MOEKIT_SUPPORT_BENCH=1";
-  const BenchModel models[] = {
-      {"qwen3-30b-a3b", 128, 8, 0, 0, mc::RouterScoring::kSoftmax, false, 1.0f},
-      {"deepseek-v3", 256, 8, 8, 4, mc::RouterScoring::kSigmoid, true, 2.5f}};
-  constexpr int kReps = 20, kTimed = 50;
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t t0, t1;
-  CUDA_OK(cudaEventCreate(&t0));
-  CUDA_OK(cudaEventCreate(&t1));
-  std::printf(
-      "\n| model | M | router us | align us (row_align 1) | align us (row_align 128) | "
-      "router+align us (128) |\n|---|---|---|---|---|---|\n");
-  for (const auto& md : models) {
-    for (int64_t M : {1, 16, 64, 1024, 16384}) {
-      std::mt19937_64 rng(7 + M);
-      std::vector<float> logits(static_cast<size_t>(M * md.E));
-      for (float& v : logits)
-        v = rand_nonzero(rng, mc::ElemType::kBF16, -4.0f, 4.0f);
-      std::vector<float> bias(md.E);
-      for (float& v : bias)
-        v = rand_nonzero(rng, mc::ElemType::kF32, -1.0f, 1.0f);
-      DevBuf<uint8_t> d_logits(pack(mc::ElemType::kBF16, logits));
-      DevBuf<float> d_bias(bias), d_w(static_cast<size_t>(M * md.k));
-      DevBuf<int32_t> d_ids(static_cast<size_t>(M * md.k));
-      const int64_t cap = mc::moe_align_capacity(M, md.k, md.E, 128);
-      DevBuf<int32_t> d_counts(md.E), d_off(md.E + 1), d_perm(cap),
-          d_s2r(static_cast<size_t>(M * md.k)), d_total(1);
-      const size_t ws_bytes = mc::moe_align_workspace_bytes(M, md.k, md.E);
-      DevBuf<uint8_t> d_ws(ws_bytes);
-      mc::TopkRouterParams rp;
-      rp.logits = d_logits.get();
-      rp.logits_type = mc::LogitsType::kBF16;
-      rp.logits_row_stride = md.E;
-      rp.num_tokens = M;
-      rp.num_experts = md.E;
-      rp.top_k = md.k;
-      rp.scoring = md.scoring;
-      rp.e_score_correction_bias = md.bias ? d_bias.get() : nullptr;
-      rp.num_expert_group = md.G;
-      rp.topk_group = md.tg;
-      rp.renormalize = true;
-      rp.routed_scaling_factor = md.scale;
-      rp.topk_weights = d_w.get();
-      rp.topk_ids = d_ids.get();
-      mc::MoeAlignParams ap;
-      ap.topk_ids = d_ids.get();
-      ap.num_tokens = M;
-      ap.top_k = md.k;
-      ap.num_global_experts = md.E;
-      ap.num_local_experts = md.E;
-      ap.expert_counts = d_counts.get();
-      ap.expert_offsets = d_off.get();
-      ap.permuted_rows = d_perm.get();
-      ap.slot_to_row = d_s2r.get();
-      ap.total_rows = d_total.get();
-      ap.workspace = d_ws.get();
-      ap.workspace_bytes = ws_bytes;
-      CUDA_OK(mc::launch_topk_router(rp, stream));  // ids for the align runs
-      CUDA_OK(cudaStreamSynchronize(stream));
-      double us[4];
-      for (int variant = 0; variant < 4; ++variant) {
-        ap.row_align = variant == 1 ? 1 : 128;
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int r = 0; r < kReps; ++r) {
-          if (variant == 0 || variant == 3) {
-            CUDA_OK(mc::launch_topk_router(rp, stream));
-          }
-          if (variant != 0) {
-            CUDA_OK(mc::launch_moe_align(ap, stream));
-          }
-        }
-        CUDA_OK(cudaStreamEndCapture(stream, &graph));
-        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-        for (int r = 0; r < 5; ++r)
-          CUDA_OK(cudaGraphLaunch(exec, stream));
-        std::vector<float> ms(kTimed);
-        for (int r = 0; r < kTimed; ++r) {
-          CUDA_OK(cudaEventRecord(t0, stream));
-          CUDA_OK(cudaGraphLaunch(exec, stream));
-          CUDA_OK(cudaEventRecord(t1, stream));
-          CUDA_OK(cudaEventSynchronize(t1));
-          CUDA_OK(cudaEventElapsedTime(&ms[r], t0, t1));
-        }
-        std::sort(ms.begin(), ms.end());
-        us[variant] = ms[kTimed / 2] * 1000.0 / kReps;
-        CUDA_OK(cudaGraphExecDestroy(exec));
-        CUDA_OK(cudaGraphDestroy(graph));
-      }
-      std::printf("| %s | %lld | %.2f | %.2f | %.2f | %.2f |\n", md.name, static_cast<long long>(M),
-                  us[0], us[1], us[2], us[3]);
-    }
-  }
-  // Same replays, one graph launch per pair (the latency a single decode step sees).
-  std::printf("\nsingle router+align graph (row_align 128), median of %d launches:\n", kTimed);
-  for (const auto& md : models) {
-    for (int64_t M : {1, 64}) {
-      std::mt19937_64 rng(9 + M);
-      std::vector<float> logits(static_cast<size_t>(M * md.E));
-      for (float& v : logits)
-        v = rand_nonzero(rng, mc::ElemType::kBF16, -4.0f, 4.0f);
-      std::vector<float> bias(md.E, 0.125f);
-      DevBuf<uint8_t> d_logits(pack(mc::ElemType::kBF16, logits));
-      DevBuf<float> d_bias(bias), d_w(static_cast<size_t>(M * md.k));
-      DevBuf<int32_t> d_ids(static_cast<size_t>(M * md.k));
-      const int64_t cap = mc::moe_align_capacity(M, md.k, md.E, 128);
-      DevBuf<int32_t> d_counts(md.E), d_off(md.E + 1), d_perm(cap),
-          d_s2r(static_cast<size_t>(M * md.k));
-      mc::TopkRouterParams rp;
-      rp.logits = d_logits.get();
-      rp.logits_row_stride = md.E;
-      rp.num_tokens = M;
-      rp.num_experts = md.E;
-      rp.top_k = md.k;
-      rp.scoring = md.scoring;
-      rp.e_score_correction_bias = md.bias ? d_bias.get() : nullptr;
-      rp.num_expert_group = md.G;
-      rp.topk_group = md.tg;
-      rp.renormalize = true;
-      rp.topk_weights = d_w.get();
-      rp.topk_ids = d_ids.get();
-      mc::MoeAlignParams ap;
-      ap.topk_ids = d_ids.get();
-      ap.num_tokens = M;
-      ap.top_k = md.k;
-      ap.num_global_experts = md.E;
-      ap.num_local_experts = md.E;
-      ap.row_align = 128;
-      ap.expert_counts = d_counts.get();
-      ap.expert_offsets = d_off.get();
-      ap.permuted_rows = d_perm.get();
-      ap.slot_to_row = d_s2r.get();
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      CUDA_OK(mc::launch_topk_router(rp, stream));
-      CUDA_OK(mc::launch_moe_align(ap, stream));
-      CUDA_OK(cudaStreamEndCapture(stream, &graph));
-      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-      for (int r = 0; r < 5; ++r)
-        CUDA_OK(cudaGraphLaunch(exec, stream));
-      std::vector<float> ms(kTimed);
-      for (int r = 0; r < kTimed; ++r) {
-        CUDA_OK(cudaEventRecord(t0, stream));
-        CUDA_OK(cudaGraphLaunch(exec, stream));
-        CUDA_OK(cudaEventRecord(t1, stream));
-        CUDA_OK(cudaEventSynchronize(t1));
-        CUDA_OK(cudaEventElapsedTime(&ms[r], t0, t1));
-      }
-      std::sort(ms.begin(), ms.end());
-      std::printf("  %s M=%lld: %.2f us\n", md.name, static_cast<long long>(M),
-                  ms[kTimed / 2] * 1000.0);
-      CUDA_OK(cudaGraphExecDestroy(exec));
-      CUDA_OK(cudaGraphDestroy(graph));
-    }
-  }
-  CUDA_OK(cudaEventDestroy(t0));
-  CUDA_OK(cudaEventDestroy(t1));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 }  // namespace

@@ -512,6 +512,24 @@ TEST(Router, InfAndNaNClosedForm) {
   EXPECT_EQ(weights_of(r), (std::vector<float>{1.0f, 0.5f, 0.0f}));
 }
 
+// The rules the GPU router follows too (router.h): a -inf logit is not special for selection (it
+// selects by score + bias, ahead of NaN), and -0 ties with +0.
+TEST(Router, NegInfSelectsByScorePlusBiasAndSignedZerosTie) {
+  RouterConfig c = sigmoid_config(4, 3, false);
+  c.e_score_correction_bias = bias_tensor({0.25f, 0.875f, 0.125f, -0.625f});
+  // Keys: 0 + 0.25, NaN -> -inf, 0 + 0.125, 0.5 - 0.625.
+  auto r = route(c, logits_tensor({-kInf, kNaN, -kInf, 0.0f}, 1, 4));
+  EXPECT_EQ(ids_of(r), (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ(weights_of(r), (std::vector<float>{0.0f, 0.0f, 0.5f}));
+  // Softmax without bias: -inf scores 0 like an underflowed logit; ties go to the lower id.
+  r = route(softmax_config(4, 3, false), logits_tensor({kNaN, -kInf, 0.0f, -kInf}, 1, 4));
+  EXPECT_EQ(ids_of(r), (std::vector<int64_t>{2, 1, 3}));
+  EXPECT_EQ(weights_of(r), (std::vector<float>{1.0f, 0.0f, 0.0f}));
+  r = route(llama4_config(3), logits_tensor({-1.0f, -0.0f, 0.0f}, 1, 3));
+  EXPECT_EQ(ids_of(r), (std::vector<int64_t>{1}));
+  EXPECT_EQ(weights_of(r), (std::vector<float>{0.5f}));
+}
+
 TEST(Router, NaNAndInfRowsGiveValidIdsAndFiniteWeights) {
   std::mt19937 rng(42);
   const int E = 64, M = 97;
@@ -673,7 +691,7 @@ TEST(Router, CudaLogitsWithoutCudaBuildAreAClearError) {
   Tensor ti = Tensor::from_blob(ids.data(), {2, 2}, DType::kInt32, Device::cuda(0));
   auto router = make_router(softmax_config(8, 2, true));
   expect_error_mentions(error_of([&] { router->select_experts_into(Tensor(), logits, tw, ti); }),
-                        {"no CUDA router in this build"});
+                        {"router_logits", "built without CUDA"});
 }
 
 }  // namespace

@@ -10,6 +10,10 @@
 //   5. the weighted unpermute and top-k reduction, j = 0..k-1 in order, fp32 accumulation.
 // It applies the top-k weights itself, so its finalize is NoOp.
 //
+// The GEMM tile is chosen by rows per expert, or forced by MoEConfig::tile_config (a name of the
+// tile table in src/experts/cuda/sm90/tiles.h; an unknown name is an error listing the valid
+// ones).
+//
 // Sm90SharedExperts runs the shared dense MLP with the same GEMM (one "expert", every token).
 // The capability records are compiled in every build, so a CPU-only build can say why they are
 // not chosen; constructing them without CUDA throws.
@@ -21,6 +25,11 @@
 #include "moekit/modular/kernel.h"
 
 namespace moekit {
+
+namespace sm90 {
+struct LaunchState;
+struct SharedMlp;
+}  // namespace sm90
 
 // Whether the Hopper experts fuse the gated activation into GEMM1 for this layer. Then w13 and its
 // bias must be in the blocks-of-32 gate/up order (UnquantizedMoEKernelOracle::
@@ -38,6 +47,13 @@ class Sm90GroupedExperts final : public ExpertsModular {
                                    Activation activation) const override;
   std::shared_ptr<const TopKWeightAndReduce> finalize_weight_and_reduce_impl() const override;
   void apply(const ExpertsApplyArgs& args, RunContext ctx) override;
+  // Prepares the GEMMs' launch state of w1 / w2 once (SM count, kernel attributes, TMA
+  // descriptors); applies given other weight tensors prepare theirs at launch.
+  void bind_weights(const Tensor& w1, const Tensor& w2) override;
+  ~Sm90GroupedExperts() override;
+
+ private:
+  std::unique_ptr<sm90::LaunchState> state_;  // experts/cuda/sm90_experts.h
 };
 
 // BatchedExperts format: hidden_states (E_local, T, K) with per-expert token counts on the device
@@ -56,6 +72,13 @@ class Sm90BatchedExperts final : public ExpertsModular {
                                    Activation activation) const override;
   std::shared_ptr<const TopKWeightAndReduce> finalize_weight_and_reduce_impl() const override;
   void apply(const ExpertsApplyArgs& args, RunContext ctx) override;
+  // Prepares the GEMMs' launch state of w1 / w2 once (SM count, kernel attributes, TMA
+  // descriptors); applies given other weight tensors prepare theirs at launch.
+  void bind_weights(const Tensor& w1, const Tensor& w2) override;
+  ~Sm90BatchedExperts() override;
+
+ private:
+  std::unique_ptr<sm90::LaunchState> state_;  // experts/cuda/sm90_experts.h
 };
 
 class Sm90SharedExperts final : public SharedExperts {
@@ -64,13 +87,11 @@ class Sm90SharedExperts final : public SharedExperts {
   // allocated here, once; forward allocates nothing.
   Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation, ActivationParams params,
                     int64_t max_num_tokens);
+  ~Sm90SharedExperts() override;
   Tensor forward(const Tensor& x, RunContext ctx) override;
 
  private:
-  Tensor w13_, w2_, hidden_, act_, out_;
-  Tensor offsets_;  // (2,) int32 on the device: {0, M} of the single "expert"
-  Activation activation_;
-  ActivationParams params_;
+  std::unique_ptr<sm90::SharedMlp> mlp_;  // weights and buffers (experts/cuda/sm90_experts.h)
 };
 
 }  // namespace moekit

@@ -6,19 +6,21 @@
 //   GroupedTopKRouter   DeepSeek-V3 grouped selection (num_expert_group, topk_group, bias)
 //   Llama4Router        top-1 by raw logit, weight = sigmoid(logit), applied on the input
 //
-// Numerics (CPU path; the GPU path follows the same rules):
+// Numerics (the CPU and the GPU router follow the same rules; the GPU kernel computes in fp32 with
+// expf, the CPU in double rounded to f32, so weights agree to ~1e-6 relative and ids agree unless
+// two selection scores are closer than that):
 //   - Scores are computed from the f32 value of each logit (in double, rounded to f32); selection
 //     compares the f32 selection scores; the sum of renormalization is accumulated in double.
-//   - Ties go to the lower expert id. ids are distinct per row, in [0, E), in decreasing selection
-//     score. Weights are always finite.
-//   - A NaN logit selects as -inf and scores 0 (weight 0).
+//   - Ties go to the lower expert id (-0 and +0 tie). ids are distinct per row, in [0, E), in
+//     decreasing selection score. Weights are always finite.
+//   - A NaN logit selects as -inf and scores 0 (weight 0). A -inf logit is not special for the
+//     selection: it selects by its score (+ bias), 0 unless the softmax row is all -inf.
 //   - Softmax over a row: NaN logits are left out of the normalization. If some logit is +inf, the
 //     +inf experts share the probability mass equally (one +inf expert gets 1, the rest 0). If
 //     every non-NaN logit is -inf, the non-NaN experts share it equally. A row of only NaN scores 0
 //     everywhere: its ids are the lowest k ids and its weights are 0.
 //   - Renormalize divides by the sum of the k weights only when that sum is > 0 (an all-NaN row
-//   keeps
-//     weights 0). routed_scaling_factor, when set, multiplies the weights last.
+//     keeps weights 0). routed_scaling_factor, when set, multiplies the weights last.
 #pragma once
 
 #include <memory>

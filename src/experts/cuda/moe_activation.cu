@@ -4,42 +4,21 @@
 //   1. skip the row when it is masked (row >= *valid_rows, or permuted_rows[row] < 0);
 //   2. per thread, load VEC outputs' worth of gate (and up) values with 16-byte loads when the
 //      shapes and pointers allow (VEC = 8), else one element at a time (VEC = 1);
-//   3. apply the activation in fp32 and round once to the output type.
+//   3. apply the activation in fp32 (experts/cuda/sm90/act_math.cuh, the math the GEMM epilogue
+//      fuses) and round once to the output type.
 #include "experts/cuda/moe_activation.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "experts/cuda/elem_io.cuh"
+#include "core/cuda/cuda_check.cuh"
+#include "core/cuda/elem_io.cuh"
+#include "experts/cuda/sm90/act_math.cuh"
 
 namespace moekit::cuda {
 namespace {
 
-using detail::from_f32;
-using detail::ld1;
-using detail::load_vec;
-using detail::store_vec;
-
 constexpr int kThreads = 128;
-
-__device__ __forceinline__ float sigmoidf(float x) {
-  return 1.0f / (1.0f + expf(-x));
-}
-__device__ __forceinline__ float siluf(float x) {
-  return x / (1.0f + expf(-x));
-}
-// NOTE: both gelus are written without the cancellation of 1 + erf / 1 + tanh for negative x:
-// 0.5 x (1 + erf(x / sqrt2)) = 0.5 x erfc(-x / sqrt2), and 0.5 x (1 + tanh z) = x sigmoid(2 z).
-__device__ __forceinline__ float gelu_erf(float x) {
-  return 0.5f * x * erfcf(-x * 0.70710678118654752f);
-}
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float z = 0.79788456080286536f * (x + 0.044715f * x * x * x);
-  return x / (1.0f + expf(-2.0f * z));
-}
-__device__ __forceinline__ float clampf(float v, float lim) {
-  return fminf(fmaxf(v, -lim), lim);
-}
 
 struct ActArgs {
   ActKind kind;
@@ -48,36 +27,30 @@ struct ActArgs {
   float alpha;
 };
 
-__device__ __forceinline__ float act(const ActArgs& a, float g, float u) {
+__device__ __forceinline__ float apply_act(const ActArgs& a, float g, float u) {
+  using act::Gated;
   switch (a.kind) {
     case ActKind::kSilu:
-      if (a.has_clamp) return siluf(fminf(g, a.limit)) * clampf(u, a.limit);
-      return siluf(g) * u;
+      if (a.has_clamp) return act::gated<Gated::kSiluClamp>(g, u, a.limit, a.alpha);
+      return act::gated<Gated::kSilu>(g, u, a.limit, a.alpha);
     case ActKind::kGelu:
-      return gelu_erf(g) * u;
+      return act::gated<Gated::kGelu>(g, u, a.limit, a.alpha);
     case ActKind::kGeluTanh:
-      return gelu_tanh(g) * u;
-    case ActKind::kSwigluOai: {
-      const float gc = fminf(g, a.limit);
-      const float uc = clampf(u, a.limit);
-      return (uc + 1.0f) * gc * sigmoidf(a.alpha * gc);
-    }
+      return act::gated<Gated::kGeluTanh>(g, u, a.limit, a.alpha);
+    case ActKind::kSwigluOai:
+      return act::gated<Gated::kSwigluOai>(g, u, a.limit, a.alpha);
     case ActKind::kSwigluStep:
-      return fminf(siluf(g), a.limit) * clampf(u, a.limit);
-    case ActKind::kRelu2: {
-      const float r = fmaxf(g, 0.0f);
-      return r * r * u;
-    }
+      return act::gated<Gated::kSwigluStep>(g, u, a.limit, a.alpha);
+    case ActKind::kRelu2:
+      return act::gated<Gated::kRelu2>(g, u, a.limit, a.alpha);
     case ActKind::kSiluNoMul:
-      return siluf(g);
+      return act::siluf(g);
     case ActKind::kGeluNoMul:
-      return gelu_erf(g);
+      return act::gelu_erf(g);
     case ActKind::kGeluTanhNoMul:
-      return gelu_tanh(g);
-    default: {  // kRelu2NoMul
-      const float r = fmaxf(g, 0.0f);
-      return r * r;
-    }
+      return act::gelu_tanh(g);
+    default:  // kRelu2NoMul
+      return act::relu2(g);
   }
 }
 
@@ -114,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const MoeActivatio
     }
 #pragma unroll
     for (int i = 0; i < VEC; ++i)
-      o[i] = act(a, g[i], u[i]);
+      o[i] = apply_act(a, g[i], u[i]);
     store_vec<TOut, VEC>(out + c * VEC, o);
   }
 }
@@ -140,6 +113,8 @@ const char* moe_activation_unsupported_reason(const MoeActivationParams& p) {
   if (p.in_row_stride < in_cols) return "in_row_stride smaller than the input row";
   if (p.out_row_stride < p.d) return "out_row_stride < d";
   if (p.rows > 0 && p.d > 0 && (p.in == nullptr || p.out == nullptr)) return "null in / out";
+  if (!is_float_storage(p.in_type) || !is_float_storage(p.out_type))
+    return "in_type / out_type must be f32, bf16 or f16";
   if ((p.kind == ActKind::kSwigluOai || p.kind == ActKind::kSwigluStep ||
        (p.kind == ActKind::kSilu && p.has_clamp_limit)) &&
       !(p.clamp_limit > 0.0f))
@@ -151,11 +126,61 @@ cudaError_t launch_moe_activation(const MoeActivationParams& p, cudaStream_t str
   if (moe_activation_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.d == 0) return cudaSuccess;
   const bool vec = p.d % 8 == 0 && p.in_row_stride % 8 == 0 && p.out_row_stride % 8 == 0 &&
-                   detail::aligned16(p.in) && detail::aligned16(p.out);
-  detail::dispatch_elem_types(p.in_type, p.out_type, [&](auto in_tag, auto out_tag) {
+                   aligned16(p.in) && aligned16(p.out);
+  dispatch_elem_types(p.in_type, p.out_type, [&](auto in_tag, auto out_tag) {
     launch_typed<decltype(in_tag), decltype(out_tag)>(p, vec, stream);
   });
   return cudaGetLastError();
+}
+
+ActKind act_kind_of(Activation a) {
+  switch (a) {
+    case Activation::kSilu:
+      return ActKind::kSilu;
+    case Activation::kGelu:
+      return ActKind::kGelu;
+    case Activation::kGeluTanh:
+      return ActKind::kGeluTanh;
+    case Activation::kSwigluOai:
+      return ActKind::kSwigluOai;
+    case Activation::kSwigluStep:
+      return ActKind::kSwigluStep;
+    case Activation::kRelu2:
+      return ActKind::kRelu2;
+    case Activation::kSiluNoMul:
+      return ActKind::kSiluNoMul;
+    case Activation::kGeluNoMul:
+      return ActKind::kGeluNoMul;
+    case Activation::kGeluTanhNoMul:
+      return ActKind::kGeluTanhNoMul;
+    case Activation::kRelu2NoMul:
+      return ActKind::kRelu2NoMul;
+  }
+  return ActKind::kSilu;
+}
+
+void run_activation(Activation act, const ActivationParams& params, const void* in, void* out,
+                    DType dtype, int64_t rows, int64_t n, const int32_t* valid_rows,
+                    const int32_t* permuted_rows, Stream stream) {
+  MoeActivationParams p;
+  p.kind = act_kind_of(act);
+  p.in = in;
+  p.in_type = float_storage_of(dtype);
+  p.in_row_stride = n;
+  p.d = activation_output_dim(act, n);
+  p.out = out;
+  p.out_type = p.in_type;
+  p.out_row_stride = p.d;
+  p.rows = rows;
+  p.has_clamp_limit = params.clamp_limit.has_value();
+  if (params.clamp_limit) p.clamp_limit = *params.clamp_limit;
+  p.alpha = params.alpha;
+  p.valid_rows = valid_rows;
+  p.permuted_rows = permuted_rows;
+  if (const char* why = moe_activation_unsupported_reason(p)) {
+    MOEKIT_CHECK(false, "activation {}: {}", activation_name(act), why);
+  }
+  MOEKIT_CUDA_CHECK(launch_moe_activation(p, to_cuda(stream)));
 }
 
 }  // namespace moekit::cuda

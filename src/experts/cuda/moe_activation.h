@@ -10,14 +10,11 @@
 
 #include <cstdint>
 
+#include "core/cuda/elem_type.h"
+#include "moekit/config/activation.h"
+#include "moekit/core/device.h"
+
 namespace moekit::cuda {
-
-// Element type of activation tensors.
-enum class ElemType : uint8_t { kF32, kBF16, kF16 };
-
-inline int elem_bytes(ElemType t) {
-  return t == ElemType::kF32 ? 4 : 2;
-}
 
 // NOTE: the gated kinds come first (kernels test kind <= kRelu2).
 enum class ActKind : uint8_t {
@@ -41,7 +38,7 @@ inline bool act_is_gated(ActKind k) {
 struct MoeActivationParams {
   ActKind kind = ActKind::kSilu;
   const void* in = nullptr;  // (rows, 2d) gated or (rows, d), row stride in_row_stride elements
-  ElemType in_type = ElemType::kBF16;
+  ElemType in_type = ElemType::kBF16;  // f32, bf16 or f16 (also out_type)
   int64_t in_row_stride = 0;
   void* out = nullptr;  // (rows, d), row stride out_row_stride elements
   ElemType out_type = ElemType::kBF16;
@@ -62,5 +59,14 @@ struct MoeActivationParams {
 const char* moe_activation_unsupported_reason(const MoeActivationParams& p);
 
 cudaError_t launch_moe_activation(const MoeActivationParams& p, cudaStream_t stream);
+
+// The kernel's kind of a library activation.
+ActKind act_kind_of(Activation activation);
+
+// Rows of (rows, n) -> (rows, activation_output_dim(n)) of one float dtype, with the optional
+// device row masks; throws moekit::Error with the kernel's reason or the failing launch.
+void run_activation(Activation act, const ActivationParams& params, const void* in, void* out,
+                    DType dtype, int64_t rows, int64_t n, const int32_t* valid_rows,
+                    const int32_t* permuted_rows, Stream stream);
 
 }  // namespace moekit::cuda

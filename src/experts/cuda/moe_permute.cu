@@ -1,6 +1,8 @@
 // Align / permute (token slots grouped by local expert) and the BatchedExperts copies.
 //
-// Align, small M*k (one block of 1024 threads, one launch):
+// Align, M*k <= 1024 (decode; align_tiny_kernel, one launch with programmatic dependent launch):
+// one thread per slot, every block counts and scans all slots, block 0 places them (see below).
+// Align, 1024 < M*k <= 4096 (one block of 1024 threads, one launch):
 //   1. count slots per local expert with shared-memory atomics (sums: order-free, deterministic);
 //   2. scan the counts rounded up to row_align into expert_offsets;
 //   3. place the slots chunk by chunk (1024 slots, in slot order): rank inside a warp from
@@ -12,7 +14,7 @@
 // offsets, (K3) each block places its range as in step 3 from its bases, then pads.
 #include "experts/cuda/moe_permute.h"
 
-#include <cstdlib>
+#include "core/cuda/pdl.cuh"
 
 namespace moekit::cuda {
 namespace {
@@ -245,13 +247,6 @@ __global__ void __launch_bounds__(kThreads)
 // expert's count in earlier warps (a [warp][expert] table turned into an exclusive prefix).
 constexpr int kTinySlots = 1024;
 
-__device__ __forceinline__ void pdl_wait_and_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 struct TinySmem {
   uint16_t tbl[kWarps * kMaxE];  // [warp][Es]: group sizes, then exclusive prefix over warps
   int count[kMaxE];
@@ -353,22 +348,6 @@ __global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignPara
     p.permuted_rows[r] = -1;
 }
 
-bool align_use_legacy() {
-  static const bool v = [] {
-    const char* e = std::getenv("MOEKIT_SUPPORT_LEGACY");
-    return e != nullptr && e[0] == '1';
-  }();
-  return v;
-}
-
-bool align_use_pdl() {
-  static const bool v = [] {
-    const char* e = std::getenv("MOEKIT_DISABLE_PDL");
-    return !(e != nullptr && e[0] == '1');
-  }();
-  return v;
-}
-
 cudaError_t launch_align_tiny(const MoeAlignParams& p, int64_t n, cudaStream_t stream) {
   const int E = p.num_local_experts;
   int need = static_cast<int>(n) > E ? static_cast<int>(n) : E;
@@ -386,17 +365,7 @@ cudaError_t launch_align_tiny(const MoeAlignParams& p, int64_t n, cudaStream_t s
     if (b < 1) b = 1;
     blocks = static_cast<int>(b);
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(T);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = align_use_pdl() ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, align_tiny_kernel, p);
+  return launch_pdl(align_tiny_kernel, dim3(blocks), dim3(T), stream, p);
 }
 
 int64_t slots_per_block(int64_t n) {
@@ -540,7 +509,7 @@ const char* moe_align_unsupported_reason(const MoeAlignParams& p) {
 cudaError_t launch_moe_align(const MoeAlignParams& p, cudaStream_t stream) {
   if (moe_align_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   const int64_t n = p.num_tokens * p.top_k;
-  if (n <= kTinySlots && !align_use_legacy()) {
+  if (n <= kTinySlots) {
     const cudaError_t err = launch_align_tiny(p, n, stream);
     if (err != cudaSuccess) return err;
     return cudaGetLastError();

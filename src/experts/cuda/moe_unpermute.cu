@@ -11,15 +11,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "experts/cuda/elem_io.cuh"
+#include "core/cuda/elem_io.cuh"
 
 namespace moekit::cuda {
 namespace {
-
-using detail::from_f32;
-using detail::ld1;
-using detail::load_vec;
-using detail::store_vec;
 
 constexpr int kThreads = 128;
 constexpr int kMaxTopK = 64;
@@ -112,6 +107,8 @@ const char* moe_unpermute_unsupported_reason(const MoeUnpermuteParams& p) {
     return "null y / out / slot_to_row";
   if (!p.apply_router_weight_on_input && p.num_tokens > 0 && p.topk_weights == nullptr)
     return "null topk_weights";
+  if (!is_float_storage(p.y_type) || !is_float_storage(p.out_type))
+    return "y_type / out_type must be f32, bf16 or f16";
   if (p.layout == UnpermuteLayout::kBatched &&
       (p.expert_offsets == nullptr || p.num_local_experts < 1 || p.max_tokens < 0))
     return "batched layout needs expert_offsets, num_local_experts >= 1, max_tokens >= 0";
@@ -122,8 +119,8 @@ cudaError_t launch_moe_unpermute(const MoeUnpermuteParams& p, cudaStream_t strea
   if (moe_unpermute_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   if (p.num_tokens == 0 || p.hidden == 0) return cudaSuccess;
   const bool vec = p.hidden % 8 == 0 && p.y_row_stride % 8 == 0 && p.out_row_stride % 8 == 0 &&
-                   detail::aligned16(p.y) && detail::aligned16(p.out);
-  detail::dispatch_elem_types(p.y_type, p.out_type, [&](auto in_tag, auto out_tag) {
+                   aligned16(p.y) && aligned16(p.out);
+  dispatch_elem_types(p.y_type, p.out_type, [&](auto in_tag, auto out_tag) {
     launch_typed<decltype(in_tag), decltype(out_tag)>(p, vec, stream);
   });
   return cudaGetLastError();

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "experts/cuda/moe_activation.h"  // ElemType
+#include "core/cuda/elem_type.h"
 
 namespace moekit::cuda {
 

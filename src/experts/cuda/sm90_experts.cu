@@ -1,16 +1,16 @@
-// Sm90GroupedExperts / Sm90SharedExperts: the launch sequence of the unquantized GPU pipeline (see
+// The launch sequences of the Hopper experts (experts/cuda/sm90_experts.h; the classes are in
 // include/moekit/experts/sm90_experts.h). Every buffer comes from the workspaces; nothing here
 // allocates or synchronizes.
+#include "experts/cuda/sm90_experts.h"
+
 #include <cuda_runtime.h>
 
-#include "core/cuda_check.cuh"
+#include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/moe_activation.h"
 #include "experts/cuda/moe_permute.h"
 #include "experts/cuda/moe_unpermute.h"
-#include "experts/cuda/sm90_experts_common.h"
 #include "experts/cuda/sm90_grouped_gemm.h"
 #include "moekit/core/checks.h"
-#include "moekit/experts/sm90_experts.h"
 
 namespace moekit {
 namespace {
@@ -74,53 +74,10 @@ T* at(const Tensor& base, size_t byte_offset) {
   return reinterpret_cast<T*>(static_cast<char*>(base.data()) + byte_offset);
 }
 
-}  // namespace
-
-cuda::GemmDtype gemm_dtype_of(DType dtype) {
+cuda::ElemType gemm_dtype_of(DType dtype) {
   MOEKIT_CHECK(dtype == DType::kBF16 || dtype == DType::kF16,
                "the Hopper GEMM takes bf16 or f16, got {}", dtype_name(dtype));
-  return dtype == DType::kBF16 ? cuda::GemmDtype::kBF16 : cuda::GemmDtype::kF16;
-}
-
-cuda::ElemType elem_type_of(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-      return cuda::ElemType::kBF16;
-    case DType::kF16:
-      return cuda::ElemType::kF16;
-    case DType::kF32:
-      return cuda::ElemType::kF32;
-    default:
-      MOEKIT_CHECK(false, "dtype {} is not an activation dtype (bf16, f16, f32)",
-                   dtype_name(dtype));
-  }
-  return cuda::ElemType::kF32;
-}
-
-cuda::ActKind act_kind_of(Activation a) {
-  switch (a) {
-    case Activation::kSilu:
-      return cuda::ActKind::kSilu;
-    case Activation::kGelu:
-      return cuda::ActKind::kGelu;
-    case Activation::kGeluTanh:
-      return cuda::ActKind::kGeluTanh;
-    case Activation::kSwigluOai:
-      return cuda::ActKind::kSwigluOai;
-    case Activation::kSwigluStep:
-      return cuda::ActKind::kSwigluStep;
-    case Activation::kRelu2:
-      return cuda::ActKind::kRelu2;
-    case Activation::kSiluNoMul:
-      return cuda::ActKind::kSiluNoMul;
-    case Activation::kGeluNoMul:
-      return cuda::ActKind::kGeluNoMul;
-    case Activation::kGeluTanhNoMul:
-      return cuda::ActKind::kGeluTanhNoMul;
-    case Activation::kRelu2NoMul:
-      return cuda::ActKind::kRelu2NoMul;
-  }
-  return cuda::ActKind::kSilu;
+  return cuda::elem_type_of(dtype);
 }
 
 // Sets GEMM1's fused gated activation (the weights are then in blocks-of-32 gate/up order).
@@ -153,51 +110,54 @@ void set_fused_activation(cuda::GroupedGemmArgs& g, Activation act,
   g.alpha = params.alpha;
 }
 
-void run_gemm(const cuda::GroupedGemmArgs& args, Stream stream, const char* what) {
-  const std::string why = cuda::can_implement(args);
+// Launches one grouped GEMM with the experts' tile (-1: by rows per expert) and W's prepared
+// launch state (used when it describes args.w); throws with can_implement's reason.
+void run_gemm(const cuda::GroupedGemmArgs& args, int tile,
+              const cuda::sm90::WeightLaunchCache& cache, Stream stream, const char* what) {
+  cuda::GroupedGemmParams params;
+  params.tile = tile;
+  params.cache = &cache;
+  const std::string why = cuda::can_implement(args, params);
   MOEKIT_CHECK(why.empty(), "{}: the grouped GEMM cannot run this problem: {}", what, why);
-  MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream)));
+  MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream), params));
 }
 
-void run_activation(Activation act, const ActivationParams& params, const void* in, void* out,
-                    DType dtype, int64_t rows, int64_t n, const int32_t* valid_rows,
-                    const int32_t* permuted_rows, Stream stream) {
-  cuda::MoeActivationParams p;
-  p.kind = act_kind_of(act);
-  p.in = in;
-  p.in_type = elem_type_of(dtype);
-  p.in_row_stride = n;
-  p.d = activation_output_dim(act, n);
-  p.out = out;
-  p.out_type = p.in_type;
-  p.out_row_stride = p.d;
-  p.rows = rows;
-  p.has_clamp_limit = params.clamp_limit.has_value();
-  if (params.clamp_limit) p.clamp_limit = *params.clamp_limit;
-  p.alpha = params.alpha;
-  p.valid_rows = valid_rows;
-  p.permuted_rows = permuted_rows;
-  if (const char* why = cuda::moe_activation_unsupported_reason(p)) {
-    MOEKIT_CHECK(false, "activation {}: {}", activation_name(act), why);
+// W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights.
+cuda::GroupedGemmArgs weight_shape(const Tensor& w) {
+  cuda::GroupedGemmArgs g;
+  g.w = w.data();
+  g.num_experts = static_cast<int>(w.dim() == 3 ? w.size(0) : 1);
+  g.n = static_cast<int>(w.size(w.dim() - 2));
+  g.k = static_cast<int>(w.size(w.dim() - 1));
+  g.dtype = gemm_dtype_of(w.dtype());
+  return g;
+}
+
+// W's launch state; empty (every launch prepares itself) for a tensor the GEMM cannot take.
+cuda::sm90::WeightLaunchCache prepare(const Tensor& w) {
+  cuda::sm90::WeightLaunchCache cache;
+  if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) ||
+      (w.dtype() != DType::kBF16 && w.dtype() != DType::kF16)) {
+    return cache;
   }
-  MOEKIT_CUDA_CHECK(cuda::launch_moe_activation(p, to_cuda(stream)));
+  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w), &cache));
+  return cache;
 }
 
-WorkspaceShapes Sm90GroupedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
-                                                     int64_t, int64_t local_num_experts,
-                                                     const ExpertTokensMetadata*,
-                                                     Activation activation) const {
-  const size_t es = element_size(moe_config().in_dtype);
+}  // namespace
+
+namespace sm90 {
+
+WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, int64_t M, int64_t N, int64_t K,
+                                         int64_t topk, int64_t local_num_experts,
+                                         Activation activation) {
+  const size_t es = element_size(moe.in_dtype);
   const Ws2Layout l = ws2_layout(M, N, K, topk, local_num_experts, activation, es);
   return {{M * topk, N}, {static_cast<int64_t>((l.bytes + es - 1) / es)}, {M, K}};
 }
 
-std::shared_ptr<const TopKWeightAndReduce> Sm90GroupedExperts::finalize_weight_and_reduce_impl()
-    const {
-  return std::make_shared<TopKWeightAndReduceNoOp>();
-}
-
-void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
+                   const ExpertsApplyArgs& args, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr,
                "Sm90GroupedExperts needs a CUDA stream in RunContext");
   const Tensor& x = args.hidden_states;
@@ -255,8 +215,8 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   ctx.stage_done("align");
 
   // 2. GEMM1 with the token gather: (rows, N) into workspace13.
-  const Tensor& b1 = quant_config().w1_bias();
-  const Tensor& b2 = quant_config().w2_bias();
+  const Tensor& b1 = experts.quant_config().w1_bias();
+  const Tensor& b2 = experts.quant_config().w2_bias();
   cuda::GroupedGemmArgs g1;
   g1.a = x.data();
   g1.lda = K;
@@ -273,19 +233,20 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
   void* act = at<void>(ws2, l.act);
-  if (sm90_fuses_activation(moe_config())) {
+  if (sm90_fuses_activation(experts.moe_config())) {
     // 2+3. GEMM1 with the gated activation in its epilogue: (rows, N/2) straight into ws2.
-    set_fused_activation(g1, args.activation, moe_config().activation_params());
+    set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
     g1.c = act;
     g1.ldc = d;
-    run_gemm(g1, ctx.stream, "GEMM1 + activation");
+    run_gemm(g1, state.tile, state.w1, ctx.stream, "GEMM1 + activation");
     ctx.stage_done("gemm1");
   } else {
-    run_gemm(g1, ctx.stream, "GEMM1");
+    run_gemm(g1, state.tile, state.w1, ctx.stream, "GEMM1");
     ctx.stage_done("gemm1");
     // 3. activation on the valid rows.
-    run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(), act,
-                   dtype, capacity, N, total, permuted, ctx.stream);
+    cuda::run_activation(args.activation, experts.moe_config().activation_params(),
+                         args.workspace13.data(), act, dtype, capacity, N, total, permuted,
+                         ctx.stream);
     ctx.stage_done("activation");
   }
 
@@ -302,14 +263,14 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   g2.ldc = K;
   g2.n = static_cast<int>(K);
   g2.k = static_cast<int>(d);
-  run_gemm(g2, ctx.stream, "GEMM2");
+  run_gemm(g2, state.tile, state.w2, ctx.stream, "GEMM2");
   ctx.stage_done("gemm2");
 
   // 5. weighted unpermute + reduce into the (M, K) output (workspace13 is dead by now).
   cuda::MoeUnpermuteParams u;
   u.layout = cuda::UnpermuteLayout::kStandard;
   u.y = g2.c;
-  u.y_type = elem_type_of(dtype);
+  u.y_type = cuda::float_storage_of(dtype);
   u.y_row_stride = K;
   u.slot_to_row = slot_to_row;
   u.topk_weights = args.topk_weights.data_as<const float>();
@@ -319,7 +280,7 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   u.hidden = K;
   expect_shape(args.output, "experts output", {M, K});
   u.out = args.output.data();
-  u.out_type = elem_type_of(args.output.dtype());
+  u.out_type = cuda::float_storage_of(args.output.dtype());
   u.out_row_stride = K;
   if (const char* why = cuda::moe_unpermute_unsupported_reason(u)) {
     MOEKIT_CHECK(false, "unpermute: {}", why);
@@ -328,21 +289,8 @@ void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   ctx.stage_done("reduce");
 }
 
-WorkspaceShapes Sm90BatchedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t,
-                                                     int64_t, int64_t local_num_experts,
-                                                     const ExpertTokensMetadata*,
-                                                     Activation activation) const {
-  // M is max_num_tokens * num_dispatchers (T) in the batched format.
-  const int64_t rows = local_num_experts * M;
-  return {{rows, N}, {rows, activation_output_dim(activation, N)}, {local_num_experts, M, K}};
-}
-
-std::shared_ptr<const TopKWeightAndReduce> Sm90BatchedExperts::finalize_weight_and_reduce_impl()
-    const {
-  return std::make_shared<TopKWeightAndReduceDelegate>();
-}
-
-void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+void batched_apply(const ExpertsModular& experts, const LaunchState& state,
+                   const ExpertsApplyArgs& args, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr,
                "Sm90BatchedExperts needs a CUDA stream in RunContext");
   const Tensor& x = args.hidden_states;
@@ -365,8 +313,8 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   const DType dtype = x.dtype();
   expect_dtype(args.w1, "w1", {dtype});
   expect_dtype(args.w2, "w2", {dtype});
-  const Tensor& b1 = quant_config().w1_bias();
-  const Tensor& b2 = quant_config().w2_bias();
+  const Tensor& b1 = experts.quant_config().w1_bias();
+  const Tensor& b2 = experts.quant_config().w2_bias();
 
   cuda::GroupedGemmArgs g1;
   g1.a = x.data();
@@ -383,18 +331,19 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
-  if (sm90_fuses_activation(moe_config())) {
-    set_fused_activation(g1, args.activation, moe_config().activation_params());
+  if (sm90_fuses_activation(experts.moe_config())) {
+    set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
     g1.c = args.workspace2.data();
     g1.ldc = d;
-    run_gemm(g1, ctx.stream, "batched GEMM1 + activation");
+    run_gemm(g1, state.tile, state.w1, ctx.stream, "batched GEMM1 + activation");
     ctx.stage_done("gemm1");
   } else {
-    run_gemm(g1, ctx.stream, "batched GEMM1");
+    run_gemm(g1, state.tile, state.w1, ctx.stream, "batched GEMM1");
     ctx.stage_done("gemm1");
     // Rows past each expert's count hold stale values; their activations are never read.
-    run_activation(args.activation, moe_config().activation_params(), args.workspace13.data(),
-                   args.workspace2.data(), dtype, E * T, N, nullptr, nullptr, ctx.stream);
+    cuda::run_activation(args.activation, experts.moe_config().activation_params(),
+                         args.workspace13.data(), args.workspace2.data(), dtype, E * T, N, nullptr,
+                         nullptr, ctx.stream);
     ctx.stage_done("activation");
   }
   cuda::GroupedGemmArgs g2 = g1;
@@ -409,49 +358,41 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   g2.ldc = K;
   g2.n = static_cast<int>(K);
   g2.k = static_cast<int>(d);
-  run_gemm(g2, ctx.stream, "batched GEMM2");
+  run_gemm(g2, state.tile, state.w2, ctx.stream, "batched GEMM2");
   ctx.stage_done("gemm2");
 }
 
-Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
-                                     ActivationParams params, int64_t max_num_tokens)
-    : w13_(std::move(w13)), w2_(std::move(w2)), activation_(activation), params_(params) {
-  expect_dim(w13_, "shared_w13", 2);
-  expect_dim(w2_, "shared_w2", 2);
-  MOEKIT_CHECK(w13_.device().is_cuda() && w2_.device() == w13_.device(),
-               "Sm90SharedExperts: weights must be on one CUDA device, got {} and {}",
-               w13_.describe(), w2_.describe());
-  const int64_t n = w13_.size(0), h = w13_.size(1), i = w2_.size(1);
-  MOEKIT_CHECK(activation_output_dim(activation, n) == i && w2_.size(0) == h,
-               "Sm90SharedExperts: shared_w13 {} and shared_w2 {} do not form an MLP with {}",
-               w13_.describe(), w2_.describe(), activation_name(activation));
-  hidden_ = Tensor::empty({max_num_tokens, n}, w13_.dtype(), w13_.device());
-  act_ = Tensor::empty({max_num_tokens, i}, w13_.dtype(), w13_.device());
-  out_ = Tensor::empty({max_num_tokens, h}, w13_.dtype(), w13_.device());
-  offsets_ = Tensor::empty({2}, DType::kInt32, w13_.device());
+void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2) {
+  state.w1 = prepare(w1);
+  state.w2 = prepare(w2);
 }
 
-Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
+void prepare_shared(SharedMlp& mlp) {
+  mlp.w13_cache = prepare(mlp.w13);
+  mlp.w2_cache = prepare(mlp.w2);
+}
+
+Tensor shared_forward(const SharedMlp& mlp, const Tensor& x, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr, "Sm90SharedExperts needs a CUDA stream in RunContext");
   expect_dim(x, "shared_experts_input", 2);
   expect_contiguous(x, "shared_experts_input");
-  const int64_t M = x.size(0), H = x.size(1), N = w13_.size(0), I = w2_.size(1);
-  MOEKIT_CHECK(M <= hidden_.size(0), "shared experts: M={} > max_num_tokens={}", M,
-               hidden_.size(0));
-  MOEKIT_CHECK(H == w13_.size(1) && x.dtype() == w13_.dtype(),
+  const int64_t M = x.size(0), H = x.size(1), N = mlp.w13.size(0), I = mlp.w2.size(1);
+  MOEKIT_CHECK(M <= mlp.hidden.size(0), "shared experts: M={} > max_num_tokens={}", M,
+               mlp.hidden.size(0));
+  MOEKIT_CHECK(H == mlp.w13.size(1) && x.dtype() == mlp.w13.dtype(),
                "shared experts: input {} does not match shared_w13 {}", x.describe(),
-               w13_.describe());
-  Tensor out = out_.slice(0, 0, M);
+               mlp.w13.describe());
+  Tensor out = mlp.out.slice(0, 0, M);
   if (M == 0) return out;
   // One "expert" holding every token: offsets {0, M} live in a tiny device constant table.
-  int32_t* offsets = offsets_.data_as<int32_t>();
+  int32_t* offsets = mlp.offsets.data_as<int32_t>();
   set_single_expert_offsets<<<1, 1, 0, to_cuda(ctx.stream)>>>(offsets, static_cast<int32_t>(M));
   MOEKIT_CUDA_CHECK(cudaGetLastError());
   cuda::GroupedGemmArgs g1;
   g1.a = x.data();
   g1.lda = H;
-  g1.w = w13_.data();
-  g1.c = hidden_.data();
+  g1.w = mlp.w13.data();
+  g1.c = mlp.hidden.data();
   g1.ldc = N;
   g1.expert_offsets = offsets;
   g1.num_experts = 1;
@@ -459,19 +400,20 @@ Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(H);
   g1.dtype = gemm_dtype_of(x.dtype());
-  run_gemm(g1, ctx.stream, "shared GEMM1");
-  run_activation(activation_, params_, hidden_.data(), act_.data(), x.dtype(), M, N, nullptr,
-                 nullptr, ctx.stream);
+  run_gemm(g1, -1, mlp.w13_cache, ctx.stream, "shared GEMM1");
+  cuda::run_activation(mlp.activation, mlp.params, mlp.hidden.data(), mlp.act.data(), x.dtype(), M,
+                       N, nullptr, nullptr, ctx.stream);
   cuda::GroupedGemmArgs g2 = g1;
-  g2.a = act_.data();
+  g2.a = mlp.act.data();
   g2.lda = I;
-  g2.w = w2_.data();
-  g2.c = out_.data();
+  g2.w = mlp.w2.data();
+  g2.c = mlp.out.data();
   g2.ldc = H;
   g2.n = static_cast<int>(H);
   g2.k = static_cast<int>(I);
-  run_gemm(g2, ctx.stream, "shared GEMM2");
+  run_gemm(g2, -1, mlp.w2_cache, ctx.stream, "shared GEMM2");
   return out;
 }
 
+}  // namespace sm90
 }  // namespace moekit

@@ -7,7 +7,9 @@
 // walk (expert, m-tile, n-tile) work items derived on the device from the schedule, so a launch is
 // CUDA-graph capturable (no allocation, no synchronisation, no device reads from the host).
 //
-// Host operations follow the house shape: can_implement -> workspace size -> run on a stream.
+// Host operations follow the house shape: can_implement -> workspace size -> run on a stream;
+// prepare_grouped_gemm_weights does the per-weight setup once (outside graph capture). The tile
+// configurations are the rows of sm90/tiles.h; the mainloops are in sm90_bf16_grouped_gemm.cu.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,14 +18,15 @@
 #include <cstdint>
 #include <string>
 
+#include "core/cuda/elem_type.h"
+#include "experts/cuda/sm90/launch_cache.h"
+#include "experts/cuda/sm90/tiles.h"
+
 namespace moekit::cuda {
 
-// Element type of A, W and C (the bias is fp32 or this type).
-enum class GemmDtype { kBF16, kF16 };
-
 // Optional gated activation fused into the epilogue (GEMM1 of an MoE layer). The math is that of
-// the gated kinds of moe_activation.cu, with g the gate and u the up pre-activation (bias added),
-// L = clamp_limit:
+// the gated kinds of the activation kernel (experts/cuda/sm90/act_math.cuh), with g the gate and u
+// the up pre-activation (bias added), L = clamp_limit:
 //   kSiluMul      silu(g) * u, or with has_clamp_limit silu(min(g, L)) * clamp(u, -L, L)
 //   kGeluMul      gelu_erf(g) * u
 //   kGeluTanhMul  gelu_tanh(g) * u
@@ -84,9 +87,9 @@ struct GroupedGemmArgs {
   // Upper bound on the total scheduled rows. It only sizes the grid and picks the tile: a larger
   // actual count is still computed correctly, just with fewer CTAs than ideal.
   int64_t num_rows_upper_bound = 0;
-  int n = 0;  // output columns; multiple of 8
-  int k = 0;  // reduction length; multiple of 8
-  GemmDtype dtype = GemmDtype::kBF16;
+  int n = 0;                         // output columns; multiple of 8
+  int k = 0;                         // reduction length; multiple of 8
+  ElemType dtype = ElemType::kBF16;  // A, W and C: kBF16 or kF16
   // Fused gated activation (see above); kNone = plain GEMM (C has n columns).
   FusedActivation fused_act = FusedActivation::kNone;
   bool has_clamp_limit = false;  // kSiluMul only: clamp g above and u to [-L, L]
@@ -94,17 +97,14 @@ struct GroupedGemmArgs {
   float alpha = 1.702f;          // kSwigluOai sigmoid slope
 };
 
-// Tile shapes compiled for sm_90a (BM x BN x 64, K-major 128-byte swizzled shared memory).
-enum class GroupedGemmTile {
-  kAuto,     // pick by the rows per expert (see select_grouped_gemm_tile)
-  k64x64,    // 1 consumer warpgroup, 2 CTAs per SM: decode / few rows per expert
-  k128x256,  // 2 consumer warpgroups, m64n256 wgmma: prefill, wide N
-};
-
-// Tuning knobs, kept apart from the problem.
+// Tuning knobs and prepared state, kept apart from the problem.
 struct GroupedGemmParams {
-  GroupedGemmTile tile = GroupedGemmTile::kAuto;
+  int tile = -1;     // row of sm90::kTileTable; -1: select_grouped_gemm_tile (rows per expert)
   int max_ctas = 0;  // cap on the persistent grid; 0 = occupancy x multiprocessors
+  // Launch state from prepare_grouped_gemm_weights; used when it describes args.w (same pointer,
+  // shape and dtype), otherwise the launch queries the device, sets the kernel attribute and
+  // encodes W's tensor map itself.
+  const sm90::WeightLaunchCache* cache = nullptr;
 };
 
 // "" when the problem can run, else a one-line reason ("k=12 is not a positive multiple of 8").
@@ -113,11 +113,14 @@ std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& 
 // Device workspace the launch needs, in bytes (always 0 for this kernel).
 size_t get_workspace_size(const GroupedGemmArgs& args, const GroupedGemmParams& params = {});
 
-// The tile kAuto resolves to, with the reason in *why when non-null.
-GroupedGemmTile select_grouped_gemm_tile(const GroupedGemmArgs& args, std::string* why = nullptr);
+// The table row auto-selection picks (by the rows per expert), with the reason in *why.
+int select_grouped_gemm_tile(const GroupedGemmArgs& args, std::string* why = nullptr);
 
-// "64x64", "128x256" or "auto".
-const char* grouped_gemm_tile_name(GroupedGemmTile tile);
+// Builds the launch state of W = args.w (its shape and dtype from args; the schedule is not read)
+// on the current device: SM count, the kernels' shared-memory attribute, W's tensor map for every
+// TMA row of the table. Call outside graph capture; valid while W lives at that address.
+cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
+                                         sm90::WeightLaunchCache* cache);
 
 // Launches on stream. Returns cudaErrorInvalidValue when can_implement fails, else the launch's
 // status. An empty schedule (every expert with 0 rows) launches a grid that writes nothing.
@@ -135,5 +138,10 @@ void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_
 // The same permutation for a bias (experts, n).
 void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_t n, int elem_bytes,
                              bool source_is_pairwise_interleaved);
+
+namespace detail {
+// The checks every dtype of the grouped GEMM shares (can_implement adds the dtype's own).
+std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGemmParams& params);
+}  // namespace detail
 
 }  // namespace moekit::cuda

@@ -1,22 +1,26 @@
-// Fused top-k router: one warp per token row.
+// Fused top-k router: one warp per token row; lane l owns the contiguous experts l*VPT ..
+// l*VPT+VPT-1 (vector loads; a DeepSeek group of 32 experts spans 4 lanes).
 //
 // This kernel does, per row:
-//   1. load the E logits, lane l holding experts l, l+32, ... (NaN -> -inf);
-//   2. score them in fp32 (softmax with warp reductions, or sigmoid);
+//   1. load the E logits (and the bias) of the lane's run;
+//   2. score them in fp32 (softmax with warp reductions, or sigmoid) with the NaN / Inf rules of
+//      include/moekit/router/router.h (the CPU router's), so both paths give the same ids;
 //   3. build 32-bit order-preserving selection keys from score (+ bias); experts of groups that are
-//      not among the top `topk_group` groups get the lowest key class;
-//   4. pick k times the warp-wide maximum of (key << 32 | ~expert_id), so ties go to the lower id
-//      and every pick is a distinct valid expert;
+//      not among the top `topk_group` groups get the lowest key class (group top-2 by log2(L) xor
+//      levels when a group is L whole lanes, L a power of two; else a full-warp reduction per
+//      group), groups ranked by broadcast shuffles, ties to the lower group id;
+//   4. pick k times: the warp max of the lanes' best keys (redux.sync.max), then the lowest expert
+//      id holding it (redux.sync.min), so ties go to the lower id and every pick is distinct;
 //   5. gather the unbiased weights, renormalize and scale them, and store ids and weights.
+// Launched with programmatic dependent launch (core/cuda/pdl.cuh).
 #include "router/cuda/topk_router.h"
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
+
+#include "core/cuda/elem_io.cuh"
+#include "core/cuda/pdl.cuh"
 
 namespace moekit::cuda {
 namespace {
@@ -24,19 +28,14 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr unsigned kFull = 0xffffffffu;
 
-// Order-preserving map float -> uint32 (larger float, larger key). NaN counts as -inf. The result
-// is >= 0x007fffff for every float, so 0 stays free for "excluded".
+// Order-preserving map float -> uint32 (larger float, larger key). NaN counts as -inf and -0 as +0
+// (they compare equal, so ties go to the lower id as on the CPU). The result is >= 0x007fffff for
+// every float, so 0 and 1 stay free for "picked / padding" and "excluded group".
 __device__ __forceinline__ uint32_t order_key(float v) {
   if (v != v) v = -INFINITY;
+  v += 0.0f;  // NOTE: -0 + +0 = +0 under round-to-nearest; not folded away without fast-math
   const uint32_t u = __float_as_uint(v);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
-  return v;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -44,232 +43,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1)
     v += __shfl_xor_sync(kFull, v, o);
   return v;
-}
-
-__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t w = __shfl_xor_sync(kFull, v, o);
-    v = w > v ? w : v;
-  }
-  return v;
-}
-
-template <typename T>
-__device__ __forceinline__ float to_f32(T v);
-template <>
-__device__ __forceinline__ float to_f32<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) {
-  return __half2float(v);
-}
-
-template <typename T, int VPT>
-__device__ __forceinline__ void load_row(const void* base, int E, int lane, float (&x)[VPT]) {
-  const T* row = static_cast<const T*>(base);
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int e = i * 32 + lane;
-    x[i] = e < E ? to_f32(row[e]) : -INFINITY;
-  }
-}
-
-template <int VPT>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    topk_router_kernel_legacy(const TopkRouterParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= p.num_tokens) return;
-  const int E = p.num_experts;
-
-  // 1. load
-  float x[VPT];
-  switch (p.logits_type) {
-    case LogitsType::kF32:
-      load_row<float, VPT>(static_cast<const float*>(p.logits) + row * p.logits_row_stride, E, lane,
-                           x);
-      break;
-    case LogitsType::kBF16:
-      load_row<__nv_bfloat16, VPT>(
-          static_cast<const __nv_bfloat16*>(p.logits) + row * p.logits_row_stride, E, lane, x);
-      break;
-    default:
-      load_row<__half, VPT>(static_cast<const __half*>(p.logits) + row * p.logits_row_stride, E,
-                            lane, x);
-      break;
-  }
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    if (x[i] != x[i]) x[i] = -INFINITY;
-  }
-
-  // 2. scores
-  float s[VPT];
-  if (p.scoring == RouterScoring::kSoftmax) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      m = fmaxf(m, x[i]);
-    m = warp_max(m);
-    const bool inf_max = isinf(m);  // all -inf (uniform) or some +inf (shared among the +inf)
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const bool valid = i * 32 + lane < E;
-      const float ev = inf_max ? (x[i] == m ? 1.0f : 0.0f) : expf(x[i] - m);
-      s[i] = valid ? ev : 0.0f;
-      sum += s[i];
-    }
-    sum = warp_sum(sum);
-    const float inv = 1.0f / sum;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      s[i] *= inv;
-  } else {
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      s[i] = 1.0f / (1.0f + expf(-x[i]));
-  }
-
-  // 3. selection keys
-  const float* bias = p.e_score_correction_bias;
-  const bool llama4 = p.scoring == RouterScoring::kLlama4;
-  float sel[VPT];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int e = i * 32 + lane;
-    float v = llama4 ? x[i] : s[i];
-    if (bias != nullptr && e < E) v += bias[e];
-    if (v != v) v = -INFINITY;
-    sel[i] = v;
-  }
-  // NOTE: NaN and -inf logits select as -inf even when score + bias is finite: they come last.
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    if (x[i] == -INFINITY) sel[i] = -INFINITY;
-  }
-
-  uint32_t key[VPT];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i)
-    key[i] = i * 32 + lane < E ? order_key(sel[i]) : 0u;
-
-  if (p.num_expert_group > 1) {
-    const int G = p.num_expert_group;
-    const int gsize = E / G;
-    int grp[VPT];
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      grp[i] = (i * 32 + lane) / gsize;  // >= G for padding lanes
-    const bool top2 = bias != nullptr && gsize >= 2;
-    uint32_t my_gkey = 0;  // lane g holds group g's key
-    for (int g = 0; g < G; ++g) {
-      float a1 = -INFINITY, a2 = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (grp[i] == g) {
-          const float v = sel[i];
-          if (v > a1) {
-            a2 = a1;
-            a1 = v;
-          } else if (v > a2) {
-            a2 = v;
-          }
-        }
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float b1 = __shfl_xor_sync(kFull, a1, o);
-        const float b2 = __shfl_xor_sync(kFull, a2, o);
-        const float hi = fmaxf(a1, b1);
-        a2 = fmaxf(fminf(a1, b1), fmaxf(a2, b2));
-        a1 = hi;
-      }
-      const float gscore = top2 ? a1 + a2 : a1;
-      if (lane == g) my_gkey = order_key(gscore);
-    }
-    // Pick topk_group groups; ties go to the lower group id.
-    uint64_t gk = lane < G ? (static_cast<uint64_t>(my_gkey) << 32) | (0xffffffffu - lane) : 0;
-    uint32_t keep = 0;
-    for (int t = 0; t < p.topk_group; ++t) {
-      const uint64_t best = warp_max_u64(gk);
-      const int g = static_cast<int>(0xffffffffu - static_cast<uint32_t>(best));
-      keep |= 1u << g;
-      if (lane == g) gk = 0;
-    }
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      if (grp[i] < 32 && !((keep >> grp[i]) & 1u)) key[i] = 0u;  // excluded group (id still kept)
-    }
-  }
-
-  // 4. top-k
-  uint64_t k64[VPT];
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int e = i * 32 + lane;
-    k64[i] = e < E
-                 ? (static_cast<uint64_t>(key[i]) << 32) | (0xffffffffu - static_cast<uint32_t>(e))
-                 : 0ull;
-  }
-  int my_id = 0;
-  float my_w = 0.0f;
-  for (int j = 0; j < p.top_k; ++j) {
-    uint64_t best = 0;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i)
-      best = k64[i] > best ? k64[i] : best;
-    best = warp_max_u64(best);
-    const int e = static_cast<int>(0xffffffffu - static_cast<uint32_t>(best));
-    const int owner = e & 31;
-    const int slot = e >> 5;
-    float w = 0.0f;
-    if (lane == owner) {
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-        if (i == slot) {
-          w = s[i];
-          k64[i] = 0ull;
-        }
-      }
-    }
-    w = __shfl_sync(kFull, w, owner);
-    if (lane == j) {
-      my_id = e;
-      my_w = w;
-    }
-  }
-
-  // 5. weights
-  if (p.renormalize) {
-    const float total = warp_sum(lane < p.top_k ? my_w : 0.0f);
-    if (total > 0.0f) my_w = my_w / total;
-  }
-  my_w *= p.routed_scaling_factor;
-  if (lane < p.top_k) {
-    p.topk_ids[row * p.top_k + lane] = my_id;
-    p.topk_weights[row * p.top_k + lane] = my_w;
-  }
-}
-
-// ---- v2 kernel ----------------------------------------------------------------------------------
-// Lane l owns the contiguous experts l*VPT .. l*VPT+VPT-1 (vector loads; a DeepSeek group of 32
-// experts spans 4 lanes). Each top-k round is two single-instruction warp reductions: the max key
-// (redux.sync.max) and the lowest expert id among the lanes holding it (redux.sync.min).
-
-// PDL: wait for the previous grid in the stream before touching global memory, then let the next
-// grid (launched with programmatic stream serialization) start its launch early.
-__device__ __forceinline__ void pdl_wait_and_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 }
 
 template <typename T, int VPT>
@@ -320,36 +93,33 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (bias != nullptr) {
     load_run<float, VPT>(bias + e0, nvalid, b, 0.0f);
   }
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    if (x[i] != x[i]) x[i] = -INFINITY;
-  }
 
-  // 2. scores
+  // 2. scores (NOTE: router.h's rules: NaN scores 0 and stays out of the softmax normalization;
+  // +inf experts share the mass, or all non-NaN experts when every one is -inf)
   float s[VPT];
   if (p.scoring == RouterScoring::kSoftmax) {
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      m = fmaxf(m, x[i]);
+      m = fmaxf(m, x[i]);  // fmaxf ignores NaN
     m = key_to_float(__reduce_max_sync(kFull, order_key(m)));
     const bool inf_max = isinf(m);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-      const float ev = inf_max ? (x[i] == m ? 1.0f : 0.0f) : expf(x[i] - m);
+      const float ev = x[i] != x[i] ? 0.0f : inf_max ? (x[i] == m ? 1.0f : 0.0f) : expf(x[i] - m);
       s[i] = i < nvalid ? ev : 0.0f;
       sum += s[i];
     }
     sum = warp_sum(sum);
-    const float inv = 1.0f / sum;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // 0: a row of only NaN
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       s[i] *= inv;
   } else {
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
-      s[i] = 1.0f / (1.0f + expf(-x[i]));
+      s[i] = x[i] != x[i] ? 0.0f : 1.0f / (1.0f + expf(-x[i]));
   }
 
   // 3. selection values and keys (0: padding or already picked; 1: excluded group)
@@ -358,9 +128,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     float v = llama4 ? x[i] : s[i];
-    if (bias != nullptr && i < nvalid) v += b[i];
-    if (v != v) v = -INFINITY;
-    if (x[i] == -INFINITY) v = -INFINITY;
+    if (!llama4 && bias != nullptr && i < nvalid) v += b[i];
+    if (x[i] != x[i] || v != v) v = -INFINITY;  // a NaN logit selects last; -inf is not special
     sel[i] = v;
   }
   uint32_t key[VPT];
@@ -502,46 +271,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-bool use_legacy() {
-  static const bool v = [] {
-    const char* e = std::getenv("MOEKIT_SUPPORT_LEGACY");
-    return e != nullptr && e[0] == '1';
-  }();
-  return v;
-}
-
-bool use_pdl() {
-  static const bool v = [] {
-    const char* e = std::getenv("MOEKIT_DISABLE_PDL");
-    return !(e != nullptr && e[0] == '1');
-  }();
-  return v;
-}
-
 template <typename T, int VPT>
-cudaError_t launch_v2(const TopkRouterParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = use_pdl() ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, topk_router_kernel<T, VPT>, p);
+cudaError_t launch_vpt(const TopkRouterParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
+  return launch_pdl(topk_router_kernel<T, VPT>, grid, block, stream, p);
 }
 
+// Experts per lane: the smallest of 1, 2, 4, 8, 16, 32 that covers E (up to 1024).
 template <typename T>
-cudaError_t launch_v2_vpt(const TopkRouterParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
+cudaError_t launch_typed(const TopkRouterParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
   const int vpt = (p.num_experts + 31) / 32;
-  if (vpt <= 1) return launch_v2<T, 1>(p, grid, block, stream);
-  if (vpt <= 2) return launch_v2<T, 2>(p, grid, block, stream);
-  if (vpt <= 4) return launch_v2<T, 4>(p, grid, block, stream);
-  if (vpt <= 8) return launch_v2<T, 8>(p, grid, block, stream);
-  if (vpt <= 16) return launch_v2<T, 16>(p, grid, block, stream);
-  return launch_v2<T, 32>(p, grid, block, stream);
+  if (vpt <= 1) return launch_vpt<T, 1>(p, grid, block, stream);
+  if (vpt <= 2) return launch_vpt<T, 2>(p, grid, block, stream);
+  if (vpt <= 4) return launch_vpt<T, 4>(p, grid, block, stream);
+  if (vpt <= 8) return launch_vpt<T, 8>(p, grid, block, stream);
+  if (vpt <= 16) return launch_vpt<T, 16>(p, grid, block, stream);
+  return launch_vpt<T, 32>(p, grid, block, stream);
 }
 
 }  // namespace
@@ -564,9 +308,7 @@ const char* topk_router_unsupported_reason(const TopkRouterParams& p) {
   if (p.scoring != RouterScoring::kSoftmax && p.scoring != RouterScoring::kSigmoid &&
       p.scoring != RouterScoring::kLlama4)
     return "unknown scoring";
-  if (p.logits_type != LogitsType::kF32 && p.logits_type != LogitsType::kBF16 &&
-      p.logits_type != LogitsType::kF16)
-    return "unknown logits type";
+  if (!is_float_storage(p.logits_type)) return "logits type must be f32, bf16 or f16";
   return nullptr;
 }
 
@@ -577,36 +319,10 @@ cudaError_t launch_topk_router(const TopkRouterParams& p, cudaStream_t stream) {
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks));
   const dim3 block(kWarpsPerBlock * 32);
-  if (!use_legacy()) {
-    cudaError_t err;
-    switch (p.logits_type) {
-      case LogitsType::kF32:
-        err = launch_v2_vpt<float>(p, grid, block, stream);
-        break;
-      case LogitsType::kBF16:
-        err = launch_v2_vpt<__nv_bfloat16>(p, grid, block, stream);
-        break;
-      default:
-        err = launch_v2_vpt<__half>(p, grid, block, stream);
-        break;
-    }
-    if (err != cudaSuccess) return err;
-    return cudaGetLastError();
-  }
-  const int vpt = (p.num_experts + 31) / 32;
-  if (vpt <= 1) {
-    topk_router_kernel_legacy<1><<<grid, block, 0, stream>>>(p);
-  } else if (vpt <= 2) {
-    topk_router_kernel_legacy<2><<<grid, block, 0, stream>>>(p);
-  } else if (vpt <= 4) {
-    topk_router_kernel_legacy<4><<<grid, block, 0, stream>>>(p);
-  } else if (vpt <= 8) {
-    topk_router_kernel_legacy<8><<<grid, block, 0, stream>>>(p);
-  } else if (vpt <= 16) {
-    topk_router_kernel_legacy<16><<<grid, block, 0, stream>>>(p);
-  } else {
-    topk_router_kernel_legacy<32><<<grid, block, 0, stream>>>(p);
-  }
+  cudaError_t err = cudaSuccess;
+  dispatch_float_type(p.logits_type,
+                      [&](auto tag) { err = launch_typed<decltype(tag)>(p, grid, block, stream); });
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 

@@ -11,10 +11,9 @@
 
 #include <cstdint>
 
-namespace moekit::cuda {
+#include "core/cuda/elem_type.h"
 
-// Element type of the router logits.
-enum class LogitsType : uint8_t { kF32, kBF16, kF16 };
+namespace moekit::cuda {
 
 // How the logits become scores.
 enum class RouterScoring : uint8_t {
@@ -26,12 +25,12 @@ enum class RouterScoring : uint8_t {
 
 // Parameters of one routing call. Pointers are device pointers.
 struct TopkRouterParams {
-  const void* logits = nullptr;  // (M, E) with row stride logits_row_stride elements
-  LogitsType logits_type = LogitsType::kBF16;
-  int64_t logits_row_stride = 0;  // elements between rows; >= num_experts
-  int64_t num_tokens = 0;         // M (0 is valid: nothing is launched)
-  int num_experts = 0;            // E, 1..1024
-  int top_k = 0;                  // k, 1..min(32, E)
+  const void* logits = nullptr;            // (M, E) with row stride logits_row_stride elements
+  ElemType logits_type = ElemType::kBF16;  // f32, bf16 or f16
+  int64_t logits_row_stride = 0;           // elements between rows; >= num_experts
+  int64_t num_tokens = 0;                  // M (0 is valid: nothing is launched)
+  int num_experts = 0;                     // E, 1..1024
+  int top_k = 0;                           // k, 1..min(32, E)
   RouterScoring scoring = RouterScoring::kSoftmax;
   // (E,) fp32 or nullptr. Added to the scores for SELECTION only; weights use unbiased scores.
   const float* e_score_correction_bias = nullptr;
@@ -57,9 +56,11 @@ inline size_t topk_router_workspace_bytes(const TopkRouterParams&) {
 // Enqueues the routing kernel on `stream`. Returns cudaErrorInvalidValue when
 // topk_router_unsupported_reason(p) is non-null, else the launch status.
 //
-// Numerics: fp32 math. NaN and -inf logits select last (as -inf, bias ignored); NaN gets weight 0
-// from softmax / sigmoid; ids are always distinct and in [0, E). Rows whose logits are all -inf/NaN
-// give a uniform softmax. Renormalize skips the division when the k weights sum to 0.
+// Numerics: fp32 math with the NaN / Inf rules of include/moekit/router/router.h (the CPU
+// router's): a NaN logit scores 0, stays out of the softmax normalization and selects last; a
+// -inf logit selects by its score (+ bias) like any other; +inf experts share the softmax mass;
+// -0 and +0 select alike. ids are always distinct and in [0, E). Renormalize skips the division
+// when the k weights sum to 0.
 cudaError_t launch_topk_router(const TopkRouterParams& p, cudaStream_t stream);
 
 }  // namespace moekit::cuda

@@ -1,6 +1,5 @@
-// The device half of TopKWeightAndReduceContiguous: the CPU implementation in
-// topk_weight_and_reduce.cpp hands CUDA tensors to this hook. The CUDA build implements it; builds
-// without CUDA link reduce_cuda_hook_stub.cpp, which throws.
+// Device entry point of TopKWeightAndReduceContiguous (modular/cuda/reduce.cu): the CPU
+// implementation in topk_weight_and_reduce.cpp hands CUDA tensors to it.
 #pragma once
 
 #include "moekit/core/device.h"

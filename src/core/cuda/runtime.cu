@@ -1,7 +1,7 @@
 #include <string>
 
-#include "core/cuda_check.cuh"
-#include "core/cuda_runtime.h"
+#include "core/cuda/cuda_check.cuh"
+#include "core/cuda/runtime.h"
 
 namespace moekit::cuda_rt {
 

@@ -1,5 +1,5 @@
-// Internal: the CUDA runtime calls the CPU-side code needs. Implemented in cuda_runtime.cu, which
-// is compiled only when MOEKIT_WITH_CUDA is defined; callers guard with #ifdef MOEKIT_WITH_CUDA.
+// Device entry points of core: the CUDA runtime calls the CPU-side code needs (runtime.cu). Callers
+// reach them through the seam of core/cuda_seam.h (if constexpr (kCudaBuild)).
 #pragma once
 
 #include <cstddef>

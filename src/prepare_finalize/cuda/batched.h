@@ -1,5 +1,4 @@
-// Internal: the GPU half of PrepareFinalizeBatched (batched_cuda.cu; a throwing stand-in in
-// batched_cuda_stub.cpp for builds without CUDA).
+// Device entry points of PrepareFinalizeBatched (prepare_finalize/cuda/batched.cu).
 //
 // prepare: align (count, sort by local expert, expert_map applied) then scatter the token rows
 // into a1q (E_local, T, K) in the same order as the CPU path (increasing token, then slot);

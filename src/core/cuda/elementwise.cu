@@ -1,45 +1,22 @@
 // CUDA versions of the layer's elementwise ops (see elementwise.h).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "core/cuda/elementwise.h"
 
 #include <climits>
 
-#include "core/cuda_check.cuh"
-#include "core/elementwise.h"
+#include "core/cuda/cuda_check.cuh"
+#include "core/cuda/elem_io.cuh"
 
 namespace moekit {
 namespace {
 
-template <typename T>
-__device__ float to_f(T v) {
-  return static_cast<float>(v);
-}
-template <>
-__device__ float to_f(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ float to_f(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ T from_f(float v) {
-  return static_cast<T>(v);
-}
-template <>
-__device__ __nv_bfloat16 from_f(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __half from_f(float v) {
-  return __float2half_rn(v);
-}
+using cuda::from_f32;
+using cuda::to_f32;
 
 template <typename T>
 __global__ void add_kernel(T* out, const T* other, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = from_f<T>(to_f(out[i]) + to_f(other[i]));
+    out[i] = from_f32<T>(to_f32(out[i]) + to_f32(other[i]));
   }
 }
 
@@ -63,7 +40,7 @@ template <typename T>
 __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float scale) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = from_f<T>(scale * hashed_uniform_dev(seed, static_cast<uint64_t>(i)));
+    out[i] = from_f32<T>(scale * hashed_uniform_dev(seed, static_cast<uint64_t>(i)));
   }
 }
 
@@ -71,7 +48,7 @@ template <typename T>
 __global__ void scale_rows_kernel(T* out, const T* in, const float* w, int64_t M, int64_t K) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < M * K;
        i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = from_f<T>(to_f(in[i]) * w[i / K]);
+    out[i] = from_f32<T>(to_f32(in[i]) * w[i / K]);
   }
 }
 
@@ -102,23 +79,13 @@ void add_inplace_cuda(Tensor& out, const Tensor& other, Stream stream) {
   const int64_t n = out.numel();
   if (n == 0) return;
   MOEKIT_CHECK(stream.handle != nullptr, "add_inplace: a CUDA stream is required");
-  switch (out.dtype()) {
-    case DType::kBF16:
-      add_kernel<<<grid_for(n), 256, 0, to_cuda(stream)>>>(out.data_as<__nv_bfloat16>(),
-                                                           other.data_as<const __nv_bfloat16>(), n);
-      break;
-    case DType::kF16:
-      add_kernel<<<grid_for(n), 256, 0, to_cuda(stream)>>>(out.data_as<__half>(),
-                                                           other.data_as<const __half>(), n);
-      break;
-    case DType::kF32:
-      add_kernel<<<grid_for(n), 256, 0, to_cuda(stream)>>>(out.data_as<float>(),
-                                                           other.data_as<const float>(), n);
-      break;
-    default:
-      MOEKIT_CHECK(false, "add_inplace: dtype {} is not supported (bf16, f16, f32)",
-                   dtype_name(out.dtype()));
-  }
+  MOEKIT_CHECK(cuda::is_float_storage(out.dtype()),
+               "add_inplace: dtype {} is not supported (bf16, f16, f32)", dtype_name(out.dtype()));
+  cuda::dispatch_float_type(cuda::elem_type_of(out.dtype()), [&](auto tag) {
+    using T = decltype(tag);
+    add_kernel<<<grid_for(n), 256, 0, to_cuda(stream)>>>(out.data_as<T>(), other.data_as<const T>(),
+                                                         n);
+  });
   MOEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -149,23 +116,14 @@ void scale_rows_cuda(Tensor& out, const Tensor& in, const Tensor& weights, Strea
   if (M * K == 0) return;
   MOEKIT_CHECK(stream.handle != nullptr, "scale_rows: a CUDA stream is required");
   MOEKIT_CHECK(out.dtype() == in.dtype(), "scale_rows: {} vs {}", out.describe(), in.describe());
+  MOEKIT_CHECK(cuda::is_float_storage(in.dtype()), "scale_rows: dtype {} is not supported",
+               dtype_name(in.dtype()));
   const float* w = weights.data_as<const float>();
-  switch (in.dtype()) {
-    case DType::kBF16:
-      scale_rows_kernel<<<grid_for(M * K), 256, 0, to_cuda(stream)>>>(
-          out.data_as<__nv_bfloat16>(), in.data_as<const __nv_bfloat16>(), w, M, K);
-      break;
-    case DType::kF16:
-      scale_rows_kernel<<<grid_for(M * K), 256, 0, to_cuda(stream)>>>(
-          out.data_as<__half>(), in.data_as<const __half>(), w, M, K);
-      break;
-    case DType::kF32:
-      scale_rows_kernel<<<grid_for(M * K), 256, 0, to_cuda(stream)>>>(
-          out.data_as<float>(), in.data_as<const float>(), w, M, K);
-      break;
-    default:
-      MOEKIT_CHECK(false, "scale_rows: dtype {} is not supported", dtype_name(in.dtype()));
-  }
+  cuda::dispatch_float_type(cuda::elem_type_of(in.dtype()), [&](auto tag) {
+    using T = decltype(tag);
+    scale_rows_kernel<<<grid_for(M * K), 256, 0, to_cuda(stream)>>>(out.data_as<T>(),
+                                                                    in.data_as<const T>(), w, M, K);
+  });
   MOEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -179,20 +137,13 @@ void fill_uniform_cuda(Tensor& t, uint64_t seed, float scale, Stream stream) {
     MOEKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
     s = own;
   }
-  switch (t.dtype()) {
-    case DType::kBF16:
-      fill_uniform_kernel<<<grid_for(n), 256, 0, s>>>(t.data_as<__nv_bfloat16>(), n, seed, scale);
-      break;
-    case DType::kF16:
-      fill_uniform_kernel<<<grid_for(n), 256, 0, s>>>(t.data_as<__half>(), n, seed, scale);
-      break;
-    case DType::kF32:
-      fill_uniform_kernel<<<grid_for(n), 256, 0, s>>>(t.data_as<float>(), n, seed, scale);
-      break;
-    default:
-      MOEKIT_CHECK(false, "fill_uniform: dtype {} is not supported on the GPU (bf16, f16, f32)",
-                   dtype_name(t.dtype()));
-  }
+  MOEKIT_CHECK(cuda::is_float_storage(t.dtype()),
+               "fill_uniform: dtype {} is not supported on the GPU (bf16, f16, f32)",
+               dtype_name(t.dtype()));
+  cuda::dispatch_float_type(cuda::elem_type_of(t.dtype()), [&](auto tag) {
+    using T = decltype(tag);
+    fill_uniform_kernel<<<grid_for(n), 256, 0, s>>>(t.data_as<T>(), n, seed, scale);
+  });
   MOEKIT_CUDA_CHECK(cudaGetLastError());
   if (own != nullptr) {
     MOEKIT_CUDA_CHECK(cudaStreamSynchronize(own));

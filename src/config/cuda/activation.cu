@@ -1,7 +1,7 @@
 // The device path of apply_moe_activation.
-#include "config/activation_cuda_hook.h"
-#include "core/cuda_check.cuh"
-#include "experts/cuda/sm90_experts_common.h"
+#include "config/cuda/activation.h"
+#include "core/cuda/cuda_check.cuh"
+#include "experts/cuda/moe_activation.h"
 #include "moekit/core/checks.h"
 
 namespace moekit {
@@ -14,8 +14,8 @@ void apply_moe_activation_cuda(Activation activation, const ActivationParams& pa
                input.describe(), output.describe());
   expect_contiguous(input, "activation input");
   expect_contiguous(output, "activation output");
-  run_activation(activation, params, input.data(), output.data(), input.dtype(), input.size(0),
-                 input.size(1), nullptr, nullptr, stream);
+  cuda::run_activation(activation, params, input.data(), output.data(), input.dtype(),
+                       input.size(0), input.size(1), nullptr, nullptr, stream);
 }
 
 }  // namespace moekit

@@ -1,34 +1,18 @@
-// The device half of TopKWeightAndReduceContiguous (see reduce_cuda_hook.h).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+// The device half of TopKWeightAndReduceContiguous (see modular/cuda/reduce.h).
+#include "modular/cuda/reduce.h"
 
-#include "core/cuda_check.cuh"
-#include "modular/reduce_cuda_hook.h"
+#include "core/cuda/cuda_check.cuh"
+#include "core/cuda/elem_io.cuh"
 #include "moekit/core/checks.h"
 
 namespace moekit {
 namespace {
 
-__device__ float load_elem(const void* p, int type, int64_t i) {
-  if (type == 0) return static_cast<const float*>(p)[i];
-  if (type == 1) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  return __half2float(static_cast<const __half*>(p)[i]);
-}
-
-__device__ void store_elem(void* p, int type, int64_t i, float v) {
-  if (type == 0) {
-    static_cast<float*>(p)[i] = v;
-  } else if (type == 1) {
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-  } else {
-    static_cast<__half*>(p)[i] = __float2half_rn(v);
-  }
-}
-
 // One block per token; threads stride over the hidden dimension. Slots are summed in j order.
-__global__ void reduce_contiguous_kernel(void* out, int out_type, const void* y, int y_type,
-                                         const float* weights, const int32_t* ids32,
-                                         const int64_t* ids64, int64_t topk, int64_t K) {
+template <typename TY, typename TOut>
+__global__ void reduce_contiguous_kernel(TOut* out, const TY* y, const float* weights,
+                                         const int32_t* ids32, const int64_t* ids64, int64_t topk,
+                                         int64_t K) {
   const int64_t m = blockIdx.x;
   for (int64_t c = threadIdx.x; c < K; c += blockDim.x) {
     float acc = 0.f;
@@ -37,24 +21,10 @@ __global__ void reduce_contiguous_kernel(void* out, int out_type, const void* y,
       const int64_t id = ids32 ? ids32[slot] : (ids64 ? ids64[slot] : 0);
       if (id < 0) continue;
       const float w = weights ? weights[slot] : 1.f;
-      acc = fmaf(w, load_elem(y, y_type, slot * K + c), acc);
+      acc = fmaf(w, cuda::ld1(y + slot * K + c), acc);
     }
-    store_elem(out, out_type, m * K + c, acc);
+    out[m * K + c] = cuda::from_f32<TOut>(acc);
   }
-}
-
-int type_code(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return 0;
-    case DType::kBF16:
-      return 1;
-    case DType::kF16:
-      return 2;
-    default:
-      MOEKIT_CHECK(false, "reduce: dtype {} must be f32, bf16 or f16", dtype_name(d));
-  }
-  return 0;
 }
 
 }  // namespace
@@ -77,9 +47,15 @@ void reduce_topk_on_device(const Tensor& output, const Tensor& fused_expert_outp
   const int64_t* ids64 = topk_ids.defined() && topk_ids.dtype() == DType::kInt64
                              ? topk_ids.data_as<const int64_t>()
                              : nullptr;
-  reduce_contiguous_kernel<<<static_cast<unsigned>(M), 256, 0, to_cuda(stream)>>>(
-      output.data(), type_code(output.dtype()), fused_expert_output.data(),
-      type_code(fused_expert_output.dtype()), w, ids32, ids64, topk, K);
+  cuda::dispatch_elem_types(
+      cuda::float_storage_of(fused_expert_output.dtype()), cuda::float_storage_of(output.dtype()),
+      [&](auto y_tag, auto out_tag) {
+        using TY = decltype(y_tag);
+        using TOut = decltype(out_tag);
+        reduce_contiguous_kernel<<<static_cast<unsigned>(M), 256, 0, to_cuda(stream)>>>(
+            static_cast<TOut*>(output.data()), static_cast<const TY*>(fused_expert_output.data()),
+            w, ids32, ids64, topk, K);
+      });
   MOEKIT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,4 +1,4 @@
-// Internal: the CUDA implementation of apply_moe_activation (src/config/activation_cuda_hook.cu).
+// Device entry point of apply_moe_activation (config/cuda/activation.cu).
 #pragma once
 
 #include "moekit/config/activation.h"

@@ -1,8 +1,9 @@
 // The device path of the routers: RouterConfig -> one launch of the top-k router kernel.
-#include "core/cuda_check.cuh"
+#include "router/cuda/route_on_device.h"
+
+#include "core/cuda/cuda_check.cuh"
 #include "moekit/core/checks.h"
 #include "router/cuda/topk_router.h"
-#include "router/router_cuda_hook.h"
 
 namespace moekit {
 
@@ -14,20 +15,8 @@ void route_on_device_into(const RouterConfig& config, const Tensor& router_logit
                router_logits.describe());
   cuda::TopkRouterParams p;
   p.logits = router_logits.data();
-  switch (router_logits.dtype()) {
-    case DType::kF32:
-      p.logits_type = cuda::LogitsType::kF32;
-      break;
-    case DType::kBF16:
-      p.logits_type = cuda::LogitsType::kBF16;
-      break;
-    case DType::kF16:
-      p.logits_type = cuda::LogitsType::kF16;
-      break;
-    default:
-      MOEKIT_CHECK(false, "router_logits dtype {} must be f32, bf16 or f16",
-                   dtype_name(router_logits.dtype()));
-  }
+  expect_dtype(router_logits, "router_logits", {DType::kF32, DType::kBF16, DType::kF16});
+  p.logits_type = cuda::elem_type_of(router_logits.dtype());
   p.logits_row_stride = router_logits.size(0) > 1 ? router_logits.stride(0) : config.num_experts;
   p.num_tokens = router_logits.size(0);
   p.num_experts = config.num_experts;
@@ -55,16 +44,6 @@ void route_on_device_into(const RouterConfig& config, const Tensor& router_logit
     MOEKIT_CHECK(false, "the GPU router cannot run {}: {}", config.to_string(), why);
   }
   MOEKIT_CUDA_CHECK(cuda::launch_topk_router(p, to_cuda(ctx.stream)));
-}
-
-RoutingResult route_on_device(const RouterConfig& config, const Tensor& router_logits,
-                              RunContext ctx) {
-  const int64_t M = router_logits.size(0);
-  RoutingResult r;
-  r.topk_weights = Tensor::empty({M, config.top_k}, DType::kF32, router_logits.device());
-  r.topk_ids = Tensor::empty({M, config.top_k}, DType::kInt32, router_logits.device());
-  route_on_device_into(config, router_logits, r.topk_weights, r.topk_ids, ctx);
-  return r;
 }
 
 }  // namespace moekit

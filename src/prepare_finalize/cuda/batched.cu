@@ -1,10 +1,9 @@
-// The GPU half of PrepareFinalizeBatched (see batched_cuda.h).
-#include "core/cuda_check.cuh"
+// The GPU half of PrepareFinalizeBatched (see prepare_finalize/cuda/batched.h).
+#include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/moe_permute.h"
 #include "experts/cuda/moe_unpermute.h"
-#include "experts/cuda/sm90_experts_common.h"
 #include "moekit/core/checks.h"
-#include "prepare_finalize/batched_cuda.h"
+#include "prepare_finalize/cuda/batched.h"
 
 namespace moekit::detail {
 
@@ -124,7 +123,7 @@ void batched_finalize_device(const std::shared_ptr<BatchedDeviceState>& state, T
   cuda::MoeUnpermuteParams u;
   u.layout = cuda::UnpermuteLayout::kBatched;
   u.y = fused_expert_output.data();
-  u.y_type = elem_type_of(fused_expert_output.dtype());
+  u.y_type = cuda::float_storage_of(fused_expert_output.dtype());
   u.y_row_stride = s.K;
   u.slot_to_row = s.slot_to_row.data_as<const int32_t>();
   u.topk_weights = topk_weights.data_as<const float>();
@@ -136,7 +135,7 @@ void batched_finalize_device(const std::shared_ptr<BatchedDeviceState>& state, T
   u.num_local_experts = s.E;
   u.max_tokens = static_cast<int>(s.T);
   u.out = output.data();
-  u.out_type = elem_type_of(output.dtype());
+  u.out_type = cuda::float_storage_of(output.dtype());
   u.out_row_stride = s.K;
   if (const char* why = cuda::moe_unpermute_unsupported_reason(u)) {
     MOEKIT_CHECK(false, "PrepareFinalizeBatched combine: {}", why);

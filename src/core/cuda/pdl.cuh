@@ -1,0 +1,47 @@
+// Programmatic dependent launch (PDL) for the latency-bound decode kernels (router, align): the
+// next kernel in the stream is launched while this one finishes, and waits on the device
+// (griddepcontrol.wait) before touching global memory. Works under stream capture.
+// MOEKIT_DISABLE_PDL=1 (read once, through core/env) launches without it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "moekit/core/env.h"
+
+namespace moekit::cuda {
+
+// First instruction of a PDL kernel: wait for the previous grid in the stream before any global
+// read or write, then let the next grid start its launch early.
+__device__ __forceinline__ void pdl_wait_and_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+inline bool pdl_enabled() {
+  static const bool enabled = !env::get_bool("MOEKIT_DISABLE_PDL", false);
+  return enabled;
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...) with programmatic stream serialization when PDL is
+// enabled. The kernel must start with pdl_wait_and_release().
+template <typename... Params, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace moekit::cuda

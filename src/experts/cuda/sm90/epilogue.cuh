@@ -1,0 +1,132 @@
+// Epilogues of the grouped GEMMs: one warpgroup's 64 x kBN fp32 accumulator fragment (+ bias)
+// stored straight from registers with row (expert range) and column (N) predicates, rounded once
+// to the output type; optionally with the gated activation fused (act_math.cuh).
+#pragma once
+
+#include "core/cuda/elem_io.cuh"
+#include "experts/cuda/sm90/act_math.cuh"
+#include "experts/cuda/sm90/kernel_params.cuh"
+#include "experts/cuda/sm90/scheduler.cuh"
+
+namespace moekit::cuda::sm90 {
+
+// Bias of columns (col, col + 1) of expert e, or zeros.
+template <typename T>
+__device__ __forceinline__ float2 bias_pair(const KernelParams& p, int expert, int col) {
+  float2 b = make_float2(0.0f, 0.0f);
+  if (p.bias != nullptr) {
+    const int64_t bi = static_cast<int64_t>(expert) * p.n + col;
+    if (p.bias_is_fp32) {
+      b = *reinterpret_cast<const float2*>(static_cast<const float*>(p.bias) + bi);
+    } else {
+      const T* bt = static_cast<const T*>(p.bias) + bi;
+      b.x = to_f32(bt[0]);
+      b.y = to_f32(bt[1]);
+    }
+  }
+  return b;
+}
+
+// Fused epilogue of one activation kind (see store_tile).
+template <typename T, int kBN, act::Gated kA>
+__device__ __forceinline__ void store_tile_fused(const KernelParams& p, const float (&acc)[kBN / 2],
+                                                 int expert, int row0, int row_end, int n0,
+                                                 int lane) {
+  using P = Pair<T>;
+  static_assert(kBN % 64 == 0, "the fused epilogue pairs columns within 64-column blocks");
+#pragma unroll
+  for (int jb = 0; jb < kBN / 64; ++jb) {
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 8 * jb + jj;  // gate group; up group is j + 4
+      const int gcol = n0 + j * 8 + (lane & 3) * 2;
+      if (gcol >= p.n) continue;
+      const float2 bg = bias_pair<T>(p, expert, gcol);
+      const float2 bu = bias_pair<T>(p, expert, gcol + kFusedGateUpBlock);
+      const int ocol = (n0 + 64 * jb) / 2 + jj * 8 + (lane & 3) * 2;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + h * 8;
+        if (row < row_end) {
+          const float o0 = act::gated<kA>(acc[4 * j + 2 * h] + bg.x,
+                                          acc[4 * (j + 4) + 2 * h] + bu.x, p.limit, p.alpha);
+          const float o1 = act::gated<kA>(acc[4 * j + 2 * h + 1] + bg.y,
+                                          acc[4 * (j + 4) + 2 * h + 1] + bu.y, p.limit, p.alpha);
+          auto* dst = reinterpret_cast<typename P::type*>(
+              p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(ocol) * 2);
+          *dst = P::make(o0, o1);
+        }
+      }
+    }
+  }
+}
+
+// Stores one warpgroup's 64 x kBN accumulator fragment. The m64nN wgmma fragment gives this
+// thread rows row0 and row0 + 8 and, for every 8-column group j, columns j*8 + (lane%4)*2 + {0,1}:
+// acc[4j + 2h + {0,1}] is (row0 + 8h, n0 + 8j + (lane%4)*2 + {0,1}).
+// Fused: each 64-column block jb of the tile holds gate columns [64jb, 64jb + 32) and the up
+// columns 32 further on, i.e. groups j and j + 4 of the same thread; output column
+// (n0 + 64jb) / 2 + 8(j%8) + (lane%4)*2. n is a multiple of 64, so the gate column's predicate
+// covers its up column. The kind is resolved once per tile: each kind is its own straight-line
+// unrolled copy.
+template <typename T, int kBN>
+__device__ __forceinline__ void store_tile(const KernelParams& p, const float (&acc)[kBN / 2],
+                                           int expert, int row0, int row_end, int n0, int lane) {
+  using P = Pair<T>;
+  if (p.act == FusedActivation::kNone) {
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int col = n0 + j * 8 + (lane & 3) * 2;
+      if (col >= p.n) continue;
+      const float2 b = bias_pair<T>(p, expert, col);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + h * 8;
+        if (row < row_end) {
+          auto* dst = reinterpret_cast<typename P::type*>(
+              p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2);
+          *dst = P::make(acc[4 * j + 2 * h] + b.x, acc[4 * j + 2 * h + 1] + b.y);
+        }
+      }
+    }
+    return;
+  }
+  using act::Gated;
+  switch (p.act) {
+    case FusedActivation::kSiluMul:
+      if (p.has_clamp) {
+        store_tile_fused<T, kBN, Gated::kSiluClamp>(p, acc, expert, row0, row_end, n0, lane);
+      } else {
+        store_tile_fused<T, kBN, Gated::kSilu>(p, acc, expert, row0, row_end, n0, lane);
+      }
+      break;
+    case FusedActivation::kGeluMul:
+      store_tile_fused<T, kBN, Gated::kGelu>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+    case FusedActivation::kGeluTanhMul:
+      store_tile_fused<T, kBN, Gated::kGeluTanh>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+    case FusedActivation::kSwigluOai:
+      store_tile_fused<T, kBN, Gated::kSwigluOai>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+    case FusedActivation::kSwigluStep:
+      store_tile_fused<T, kBN, Gated::kSwigluStep>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+    default:
+      store_tile_fused<T, kBN, Gated::kRelu2>(p, acc, expert, row0, row_end, n0, lane);
+      break;
+  }
+}
+
+// The epilogue of warpgroup `warpgroup` (64 rows of the item) for thread `tid` of the CTA.
+template <typename T, int kBN>
+__device__ __forceinline__ void store_warpgroup_tile(const KernelParams& p,
+                                                     const float (&acc)[kBN / 2], const WorkItem& w,
+                                                     int warpgroup, int tid) {
+  const int lane = tid & 31;
+  const int warp_in_group = (tid & 127) >> 5;
+  const int row0 = w.m0 + warpgroup * 64 + warp_in_group * 16 + (lane >> 2);
+  store_tile<T, kBN>(p, acc, w.expert, row0, w.row_end, w.n0, lane);
+}
+
+}  // namespace moekit::cuda::sm90

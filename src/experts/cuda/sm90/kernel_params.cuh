@@ -1,0 +1,35 @@
+// The parameter block every grouped-GEMM kernel of the kit takes (built on the host from the
+// caller's GroupedGemmArgs). Sizes in bytes where the element size matters.
+#pragma once
+
+#include <cstdint>
+
+#include "experts/cuda/sm90_grouped_gemm.h"
+
+namespace moekit::cuda::sm90 {
+
+struct KernelParams {
+  const uint8_t* a;  // (rows, k) row stride lda_bytes
+  int64_t lda_bytes;
+  const int32_t* gather_rows;  // (num_rows,) or null
+  const uint8_t* w;            // (E, n, k)
+  const void* bias;            // (E, n) or null
+  uint8_t* c;                  // (num_rows, n) row stride ldc_bytes
+  int64_t ldc_bytes;
+  const int32_t* expert_offsets;  // (E + 1,)
+  const int32_t* expert_counts;   // (E,) batched form, or null
+  int batched_stride;
+  int num_experts;
+  int n;
+  int k;
+  int n_tiles;
+  int k_tiles;
+  bool bias_is_fp32;
+  // Fused gated activation (kNone: plain store of n columns).
+  FusedActivation act;
+  bool has_clamp;
+  float limit;
+  float alpha;
+};
+
+}  // namespace moekit::cuda::sm90

@@ -1,0 +1,81 @@
+// Mainloop building blocks of the grouped GEMMs: the tile shape a table row and an element size
+// give, the shared-memory ring addressing (128-byte swizzled K-major rows), the A-row gather, and
+// the wgmma K block. The mainloops themselves (e.g. experts/cuda/sm90_bf16_grouped_gemm.cu) are
+// written from these pieces, the scheduler (scheduler.cuh) and the epilogues (epilogue.cuh).
+#pragma once
+
+#include "experts/cuda/sm90/ptx.cuh"
+#include "experts/cuda/sm90/scheduler.cuh"
+#include "experts/cuda/sm90/tiles.h"
+
+namespace moekit::cuda::sm90 {
+
+inline constexpr int kRowBytes = 128;    // bytes of one tile row in shared memory (one K stage)
+inline constexpr int kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 8 rows
+inline constexpr int kChunkBytes = 16;   // one cp.async / one swizzle unit
+
+// Row kTile of the table for elements of kElemBytes bytes. Every row of the shared-memory tiles is
+// 128 bytes = kBK elements of K; a loading thread copies one 16-byte chunk column of kAPasses
+// (kBPasses) rows, kRowsPerPass rows apart.
+template <int kTile, int kElemBytes>
+struct TileShape {
+  static constexpr TileConfig kConfig = kTileTable[kTile];
+  static constexpr bool kTma = kConfig.kind == MainloopKind::kWarpSpecializedTma;
+  static constexpr int kBM = kConfig.bm;
+  static constexpr int kBN = kConfig.bn;
+  static constexpr int kStages = kConfig.stages;
+  static constexpr int kMinBlocks = kConfig.min_blocks;
+  static constexpr int kConsumers = kConfig.consumers;
+  static constexpr int kBK = kRowBytes / kElemBytes;            // K elements per stage
+  static constexpr int kChunkElems = kChunkBytes / kElemBytes;  // K elements per 16-byte chunk
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kLoaderThreads = kTma ? 128 : kConsumerThreads;  // threads issuing cp.async
+  static constexpr int kThreads = kConsumerThreads + (kTma ? 128 : 0);  // + the producer
+  static constexpr int kStageABytes = kBM * kRowBytes;
+  static constexpr int kStageBBytes = kBN * kRowBytes;
+  static constexpr int kStageBytes = kStageABytes + kStageBBytes;
+  static constexpr int kDynamicSmem = kStages * kStageBytes + kSmemAlign;
+  static constexpr int kRowsPerPass = kLoaderThreads / (kRowBytes / kChunkBytes);
+  static constexpr int kAPasses = kBM / kRowsPerPass;
+  static constexpr int kBPasses = kBN / kRowsPerPass;  // single-role: W by cp.async too
+  // One CTA per SM with 3 warpgroups: move registers from the producer to the consumers.
+  static constexpr bool kRebalanceRegisters = kTma && kMinBlocks == 1 && kConsumers == 2;
+  static constexpr int kProducerRegisters = 56;
+  static constexpr int kConsumerRegisters = 224;
+  static_assert(kAPasses * kRowsPerPass == kBM);
+  static_assert(kTma || kBPasses * kRowsPerPass == kBN);
+  static_assert(!kRebalanceRegisters ||
+                128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+};
+
+// The ring's base: dynamic shared memory rounded up to the swizzle period.
+__device__ __forceinline__ uint32_t ring_base(const void* smem_dynamic) {
+  return (smem_u32(smem_dynamic) + (kSmemAlign - 1)) & ~static_cast<uint32_t>(kSmemAlign - 1);
+}
+
+// Swizzled byte offset of (row, chunk) in a tile of 128-byte rows: chunk ^= row % 8.
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes) + (static_cast<uint32_t>(chunk ^ (row & 7)) << 4);
+}
+
+// One K stage of the ring for one warpgroup: 4 wgmma of 32 bytes of K each, A rows
+// [64 * warpgroup, +64) at sa, the kBN W rows at sb, committed as one wgmma group.
+template <typename T, int kBN>
+__device__ __forceinline__ void mma_stage(float (&acc)[kBN / 2], uint32_t sa, uint32_t sb) {
+  fence_registers(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kRowBytes / kMmaKBytes; ++ks) {
+    Wgmma<T, kBN>::run(acc, sw128_desc(sa + ks * kMmaKBytes), sw128_desc(sb + ks * kMmaKBytes));
+  }
+  wgmma_commit();
+}
+
+template <int kCount>
+__device__ __forceinline__ void zero_accumulators(float (&acc)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    acc[i] = 0.0f;
+}
+
+}  // namespace moekit::cuda::sm90

@@ -1,0 +1,277 @@
+// Hopper (sm_90a) PTX wrappers of the kernel kit: shared-memory addresses, cp.async, mbarrier, TMA,
+// fences, named barriers, setmaxnreg, and wgmma for bf16, f16, fp8 (e4m3, e5m2) and int8 operands.
+//
+// Shared-memory matrix layouts (K-major, both operands):
+//   * 128-byte swizzle (the GEMM mainloops): rows of 128 bytes, 16-byte chunk c of row r stored at
+//     chunk c ^ (r % 8); 8-row groups 1024 bytes apart. sw128_desc(row 0 of the tile + k bytes).
+//   * no swizzle (the probes of ../shared/probes): core matrices of 8 rows x 16 bytes stored
+//     contiguously; leading byte offset = the next core matrix along K, stride byte offset = the
+//     next 8-row group. interleave_desc(tile, lbo, sbo).
+// Every wgmma here consumes 32 bytes of K: k16 for the 2-byte types, k32 for the 1-byte ones.
+// Accumulator fragment of m64nN (per thread, N / 2 values): warp w of the warpgroup owns rows
+// 16w .. 16w + 15; acc[4j + 2h + {0, 1}] is (row 16w + lane / 4 + 8h, column 8j + (lane % 4) * 2 +
+// {0, 1}).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace moekit::cuda::sm90 {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- cp.async -----------------------------------------------------------------------------------
+
+// 16 bytes global -> shared; pred false zero-fills the 16 bytes and reads nothing.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool pred) {
+  const int src_bytes = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// Arrives on the barrier once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// ---- fences and barriers ------------------------------------------------------------------------
+
+// Generic-proxy writes to shared memory (st.shared, cp.async) become visible to the async proxy
+// (wgmma, TMA).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- mbarrier -----------------------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Waits until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred P;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, P;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+// Arrives and adds `bytes` to the transactions the current phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
+      "r"(bytes)
+      : "memory");
+}
+
+// ---- TMA ----------------------------------------------------------------------------------------
+
+// Bulk tensor copy of the box at (c0, c1, c2) of a 3-D tensor map into shared memory; completes
+// its bytes on the barrier. Out-of-bounds elements are written as zeros.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// ---- register reallocation ----------------------------------------------------------------------
+
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// ---- wgmma --------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Pins accumulator registers in program order around asynchronous wgmma.
+template <int kCount>
+__device__ __forceinline__ void fence_registers(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int kCount>
+__device__ __forceinline__ void fence_registers(int32_t (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, K-major, 128-byte swizzle: rows of 128 bytes, 8-row groups
+// 1024 bytes apart (stride byte offset); the leading byte offset is unused for this layout.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr) {
+  uint64_t d = static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>(1) << 16;
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+// Shared-memory matrix descriptor without swizzle: core matrices of 8 rows x 16 bytes, `lbo` bytes
+// to the next one along K, `sbo` bytes to the next 8-row group (the probes: lbo 128, sbo 256).
+__device__ __forceinline__ uint64_t interleave_desc(uint32_t smem_addr, uint32_t lbo,
+                                                    uint32_t sbo) {
+  uint64_t d = static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16;
+  d |= static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32;
+  return d;
+}
+
+// The operand types of wgmma and their accumulators: Acc is float (bf16, f16, e4m3, e5m2) or int32
+// (int8); kK elements of K per instruction = 32 bytes.
+template <typename T>
+struct MmaOperand;
+template <>
+struct MmaOperand<__nv_bfloat16> {
+  using Acc = float;
+  static constexpr int kK = 16;
+};
+template <>
+struct MmaOperand<__half> {
+  using Acc = float;
+  static constexpr int kK = 16;
+};
+template <>
+struct MmaOperand<__nv_fp8_e4m3> {
+  using Acc = float;
+  static constexpr int kK = 32;
+};
+template <>
+struct MmaOperand<__nv_fp8_e5m2> {
+  using Acc = float;
+  static constexpr int kK = 32;
+};
+template <>
+struct MmaOperand<int8_t> {
+  using Acc = int32_t;
+  static constexpr int kK = 32;
+};
+inline constexpr int kMmaKBytes = 32;  // bytes of K one wgmma consumes, every operand type
+
+// Wgmma<T, N>::run(d, desc_a, desc_b): d (64 x N fragment) += A (64 x 32 bytes) * B^T (N x 32
+// bytes), both K-major in shared memory. N is 8, 64, 128 or 256.
+template <typename T, int N>
+struct Wgmma;
+
+#define MOEKIT_WGMMA_F8(i)                                                                    \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MOEKIT_WGMMA_I8(i)                                                                    \
+  "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), \
+      "+r"(d[i + 6]), "+r"(d[i + 7])
+#define MOEKIT_WGMMA_OUT4(R) R(0)
+#define MOEKIT_WGMMA_OUT32(R) R(0), R(8), R(16), R(24)
+#define MOEKIT_WGMMA_OUT64(R) MOEKIT_WGMMA_OUT32(R), R(32), R(40), R(48), R(56)
+#define MOEKIT_WGMMA_OUT128(R) \
+  MOEKIT_WGMMA_OUT64(R), R(64), R(72), R(80), R(88), R(96), R(104), R(112), R(120)
+#define MOEKIT_WGMMA_R32                                                                  \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define MOEKIT_WGMMA_R64_HI                                                               \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
+  "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define MOEKIT_WGMMA_R128_HI                                                                     \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "             \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "             \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// Registers and the two descriptor operands of each N.
+#define MOEKIT_WGMMA_ARGS8 "{%0, %1, %2, %3}, %4, %5"
+#define MOEKIT_WGMMA_ARGS64 "{" MOEKIT_WGMMA_R32 "}, %32, %33"
+#define MOEKIT_WGMMA_ARGS128 "{" MOEKIT_WGMMA_R32 ", " MOEKIT_WGMMA_R64_HI "}, %64, %65"
+#define MOEKIT_WGMMA_ARGS256 \
+  "{" MOEKIT_WGMMA_R32 ", " MOEKIT_WGMMA_R64_HI ", " MOEKIT_WGMMA_R128_HI "}, %128, %129"
+#define MOEKIT_WGMMA_OUTS8(R) MOEKIT_WGMMA_OUT4_##R
+#define MOEKIT_WGMMA_OUT4_F "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+#define MOEKIT_WGMMA_OUT4_I "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+
+// One specialization: T, N, the PTX shape.types, the operand trailer after the scale-d predicate
+// (imm-scale-a, imm-scale-b[, tnsp-a, tnsp-b]), the register/descriptor list, the outputs.
+#define MOEKIT_WGMMA_SPEC(T, N, SHAPE_TYPES, TRAILER, ARGS, OUTS)                     \
+  template <>                                                                         \
+  struct Wgmma<T, N> {                                                                \
+    using Acc = MmaOperand<T>::Acc;                                                   \
+    static __device__ __forceinline__ void run(Acc (&d)[N / 2], uint64_t desc_a,      \
+                                               uint64_t desc_b) {                     \
+      asm volatile(                                                                   \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                  \
+          "wgmma.mma_async.sync.aligned." SHAPE_TYPES " " ARGS ", p" TRAILER ";\n}\n" \
+          : OUTS                                                                      \
+          : "l"(desc_a), "l"(desc_b));                                                \
+    }                                                                                 \
+  };
+#define MOEKIT_WGMMA_ALL_N(T, K, TYPES, TRAILER, R)                                                \
+  MOEKIT_WGMMA_SPEC(T, 8, "m64n8" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS8, MOEKIT_WGMMA_OUTS8(R)) \
+  MOEKIT_WGMMA_SPEC(T, 64, "m64n64" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS64,                     \
+                    MOEKIT_WGMMA_OUT32(MOEKIT_WGMMA_##R##8))                                       \
+  MOEKIT_WGMMA_SPEC(T, 128, "m64n128" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS128,                  \
+                    MOEKIT_WGMMA_OUT64(MOEKIT_WGMMA_##R##8))                                       \
+  MOEKIT_WGMMA_SPEC(T, 256, "m64n256" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS256,                  \
+                    MOEKIT_WGMMA_OUT128(MOEKIT_WGMMA_##R##8))
+
+MOEKIT_WGMMA_ALL_N(__nv_bfloat16, "k16", "f32.bf16.bf16", ", 1, 1, 0, 0", F)
+MOEKIT_WGMMA_ALL_N(__half, "k16", "f32.f16.f16", ", 1, 1, 0, 0", F)
+MOEKIT_WGMMA_ALL_N(__nv_fp8_e4m3, "k32", "f32.e4m3.e4m3", ", 1, 1", F)
+MOEKIT_WGMMA_ALL_N(__nv_fp8_e5m2, "k32", "f32.e5m2.e5m2", ", 1, 1", F)
+MOEKIT_WGMMA_ALL_N(int8_t, "k32", "s32.s8.s8", "", I)
+
+#undef MOEKIT_WGMMA_ALL_N
+#undef MOEKIT_WGMMA_SPEC
+#undef MOEKIT_WGMMA_OUT4_I
+#undef MOEKIT_WGMMA_OUT4_F
+#undef MOEKIT_WGMMA_OUTS8
+#undef MOEKIT_WGMMA_ARGS256
+#undef MOEKIT_WGMMA_ARGS128
+#undef MOEKIT_WGMMA_ARGS64
+#undef MOEKIT_WGMMA_ARGS8
+#undef MOEKIT_WGMMA_R128_HI
+#undef MOEKIT_WGMMA_R64_HI
+#undef MOEKIT_WGMMA_R32
+#undef MOEKIT_WGMMA_OUT128
+#undef MOEKIT_WGMMA_OUT64
+#undef MOEKIT_WGMMA_OUT32
+#undef MOEKIT_WGMMA_OUT4
+#undef MOEKIT_WGMMA_I8
+#undef MOEKIT_WGMMA_F8
+
+}  // namespace moekit::cuda::sm90

@@ -1,0 +1,94 @@
+// The tile table of the Hopper grouped GEMMs: every tile configuration the kernels are compiled
+// for, as data. The mainloops are instantiated once per row (and element type); auto-selection
+// walks the rows in order and takes the first whose rows-per-expert bound holds; MoEConfig::
+// tile_config forces a row by name. Plain data, no CUDA headers.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace moekit::cuda::sm90 {
+
+// The mainloop a tile runs.
+enum class MainloopKind : uint8_t {
+  // Every thread loads A and W with cp.async into the ring; one block barrier per K step; the
+  // warpgroups compute 64 rows each. Faster at few rows per expert (decode).
+  kSingleRole,
+  // A producer warpgroup fills the ring (W by TMA, gathered A rows by cp.async) and signals
+  // mbarriers; the consumer warpgroups compute and run the epilogue while it loads ahead.
+  kWarpSpecializedTma,
+};
+
+struct TileConfig {
+  const char* name;  // table name: MoEConfig::tile_config, `moekit bench-kernels --tile`
+  int bm;            // rows of a work item: 64 per consumer warpgroup
+  int bn;            // columns of a work item (the wgmma N)
+  int stages;        // depth of the shared-memory ring; a stage holds 128 bytes of K
+  int consumers;     // warpgroups computing (bm = 64 * consumers)
+  int min_blocks;    // CTAs per SM the kernel is compiled for (__launch_bounds__)
+  MainloopKind kind;
+  int64_t max_rows_per_expert;  // auto-selection: chosen while rows per expert <= this
+  const char* why;              // auto-selection's reason for this row
+};
+
+// Measured on an H200 (bench/grouped_gemm_notes.md): 64x64 streams weights faster up to ~32 rows
+// per expert; at 64 rows per expert 128x256 is already ~9% faster.
+inline constexpr TileConfig kTileTable[] = {
+    {"64x64", 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
+     "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
+    {"128x256", 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+     "4x the reuse of each W and A tile"},
+};
+inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
+
+// NOTE: the rows the kernels assume of every table row.
+constexpr bool valid_tile(const TileConfig& t) {
+  return t.bm == 64 * t.consumers && t.stages >= 2 && t.bn % 64 == 0 && t.bn <= 256 &&
+         (t.kind == MainloopKind::kWarpSpecializedTma || t.stages >= 3);
+}
+constexpr bool valid_table() {
+  for (const TileConfig& t : kTileTable) {
+    if (!valid_tile(t)) return false;
+  }
+  return kTileTable[kNumTiles - 1].max_rows_per_expert == INT64_MAX;
+}
+static_assert(valid_table(),
+              "every row: bm = 64 * consumers, bn a multiple of 64 up to 256, "
+              "stages >= 3 for single-role rows; the last row takes any size");
+
+// The row named `name`, or -1.
+constexpr int find_tile(std::string_view name) {
+  for (int i = 0; i < kNumTiles; ++i) {
+    if (name == kTileTable[i].name) return i;
+  }
+  return -1;
+}
+
+// "64x64, 128x256": the names a forced tile may take.
+inline std::string tile_names() {
+  std::string s;
+  for (const TileConfig& t : kTileTable)
+    s += (s.empty() ? "" : ", ") + std::string(t.name);
+  return s;
+}
+
+// The row auto-selection picks for a problem of `rows_per_expert` (the rows bound over the
+// experts, rounded up), with the reason in *why when non-null.
+inline int select_tile(int64_t rows_per_expert, std::string* why = nullptr) {
+  int i = 0;
+  while (rows_per_expert > kTileTable[i].max_rows_per_expert)
+    ++i;
+  if (why != nullptr) {
+    const TileConfig& t = kTileTable[i];
+    *why = "rows per expert <= " + std::to_string(rows_per_expert) + ": " + t.name + " (" +
+           (t.max_rows_per_expert == INT64_MAX
+                ? std::string("above every smaller tile's bound")
+                : "up to " + std::to_string(t.max_rows_per_expert) + " rows per expert") +
+           "; " + t.why + ")";
+  }
+  return i;
+}
+
+}  // namespace moekit::cuda::sm90

@@ -1,0 +1,57 @@
+// Device entry points of the Hopper experts (experts/cuda/sm90_experts.cu): the launch sequences
+// behind Sm90GroupedExperts, Sm90BatchedExperts and Sm90SharedExperts
+// (include/moekit/experts/sm90_experts.h), and the launch state those objects keep. Only moekit
+// types and the kit's plain data (sm90/tiles.h, sm90/launch_cache.h): host code reaches the entry
+// points through the seam of core/cuda_seam.h.
+#pragma once
+
+#include "experts/cuda/sm90/launch_cache.h"
+#include "experts/cuda/sm90/tiles.h"
+#include "moekit/experts/sm90_experts.h"
+
+namespace moekit::sm90 {
+
+// What an sm90 experts object prepares once instead of at every launch.
+struct LaunchState {
+  int tile = -1;  // row of cuda::sm90::kTileTable forced by MoEConfig::tile_config; -1: auto
+  // Launch state of the bound GEMM1 / GEMM2 weights (bind_weights); empty until then, and unused
+  // by a launch given other weights (that launch prepares itself).
+  cuda::sm90::WeightLaunchCache w1, w2;
+};
+
+// The table row MoEConfig::tile_config names ("auto": -1); throws moekit::Error listing the valid
+// names for an unknown one.
+int tile_from_config(const MoEConfig& moe, const char* who);
+
+// Workspaces of the Standard-format launch sequence (align tables live in workspace2).
+WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, int64_t M, int64_t N, int64_t K,
+                                         int64_t topk, int64_t local_num_experts,
+                                         Activation activation);
+
+// SM count, kernel attributes and W's tensor maps for w1 (E, N, K) and w2 (E, K, N'), on their
+// device. Outside graph capture.
+void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2);
+
+// align -> GEMM1 (+ fused activation) -> (activation) -> GEMM2 -> weighted unpermute.
+void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
+                   const ExpertsApplyArgs& args, RunContext ctx);
+// GEMM1 (+ fused activation) -> (activation) -> GEMM2 on the batched schedule.
+void batched_apply(const ExpertsModular& experts, const LaunchState& state,
+                   const ExpertsApplyArgs& args, RunContext ctx);
+
+// The shared dense MLP of Sm90SharedExperts: its weights, the buffers allocated once and the
+// weights' launch state.
+struct SharedMlp {
+  Tensor w13, w2;           // (N, H), (H, I)
+  Tensor hidden, act, out;  // (max_tokens, N), (max_tokens, I), (max_tokens, H)
+  Tensor offsets;           // (2,) int32 on the device: {0, M} of the single "expert"
+  Activation activation = Activation::kSilu;
+  ActivationParams params;
+  cuda::sm90::WeightLaunchCache w13_cache, w2_cache;
+};
+// Prepares mlp's weights' launch state (once, at construction).
+void prepare_shared(SharedMlp& mlp);
+// GEMM1 -> activation -> GEMM2 over every token of x (M, H); returns mlp.out's first M rows.
+Tensor shared_forward(const SharedMlp& mlp, const Tensor& x, RunContext ctx);
+
+}  // namespace moekit::sm90

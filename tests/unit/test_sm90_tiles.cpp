@@ -1,0 +1,59 @@
+// The Hopper grouped GEMM's tile table (src/experts/cuda/sm90/tiles.h) and MoEConfig::tile_config:
+// plain data, checked without a GPU.
+#include <gtest/gtest.h>
+
+#include "core/cuda_seam.h"
+#include "experts/cuda/sm90/tiles.h"
+#include "moekit/experts/sm90_experts.h"
+#include "testing.h"
+
+namespace moekit {
+namespace {
+
+namespace sm90 = cuda::sm90;
+
+TEST(Sm90Tiles, TableRowsAreFoundByName) {
+  for (int i = 0; i < sm90::kNumTiles; ++i) {
+    EXPECT_EQ(sm90::find_tile(sm90::kTileTable[i].name), i);
+  }
+  EXPECT_EQ(sm90::find_tile("64x64"), 0);
+  EXPECT_EQ(sm90::find_tile("128x256"), 1);
+  EXPECT_EQ(sm90::find_tile("256x128"), -1);
+  EXPECT_EQ(sm90::find_tile("auto"), -1);
+  EXPECT_EQ(sm90::tile_names(), "64x64, 128x256");
+}
+
+// Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): below 64 rows per
+// expert the decode tile, from 64 on the prefill tile.
+TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
+  std::string why;
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(0, &why)].name, std::string("64x64"));
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(63, &why)].name, std::string("64x64"));
+  EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 63", "64x64", "weight streaming"}));
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(64, &why)].name, std::string("128x256"));
+  EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 64", "128x256", "reuse"}));
+  EXPECT_EQ(sm90::select_tile(int64_t{1} << 40), sm90::kNumTiles - 1);
+}
+
+TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
+  if constexpr (!kCudaBuild)
+    GTEST_SKIP() << "moekit was built without CUDA (the experts throw first)";
+  MoEConfig moe;
+  moe.num_experts = 8;
+  moe.experts_per_token = 2;
+  moe.hidden_dim = 64;
+  moe.intermediate_size = 64;
+  moe.num_local_experts = 8;
+  moe.num_logical_experts = 8;
+  moe.tile_config = "96x96";
+  const std::string msg =
+      testing::error_of([&] { Sm90GroupedExperts e(moe, QuantConfig::unquantized()); });
+  EXPECT_TRUE(testing::contains_all(msg, {"tile_config '96x96'", "auto, 64x64, 128x256"}));
+  moe.tile_config = "128x256";
+  EXPECT_NO_THROW(Sm90GroupedExperts(moe, QuantConfig::unquantized()));
+  moe.tile_config = "auto";
+  EXPECT_NO_THROW(Sm90BatchedExperts(moe, QuantConfig::unquantized(), 16, 1));
+}
+
+}  // namespace
+}  // namespace moekit
