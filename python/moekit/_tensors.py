@@ -1,0 +1,120 @@
+"""torch tensors to and from DLPack for the C API, without copying (torch.utils.dlpack)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.utils.dlpack
+
+from ._lib import STREAM_LEGACY
+
+_to_dlpack = torch.utils.dlpack.to_dlpack
+_from_dlpack = torch.utils.dlpack.from_dlpack
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# NOTE: PyCapsule_New keeps this pointer: the name must live as long as the capsules.
+_DLTENSOR = b"dltensor"
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+class Borrowed:
+    """A tensor's DLPack view for one call: `pointer` (a DLTensor*) is valid while this lives.
+
+    The capsule is never consumed, so torch releases its export when this object goes away."""
+
+    __slots__ = ("capsule", "pointer")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        if tensor.requires_grad:
+            tensor = tensor.detach()
+        self.capsule = _to_dlpack(tensor)
+        # The DLManagedTensor starts with its DLTensor: one address serves as both.
+        self.pointer = _capsule_pointer(self.capsule, _DLTENSOR)
+
+
+def borrow(tensor: Optional[torch.Tensor]) -> Tuple[Optional[Borrowed], Optional[int]]:
+    """(keep-alive, DLTensor*) for a tensor, (None, None) for None."""
+    if tensor is None:
+        return None, None
+    b = Borrowed(tensor)
+    return b, b.pointer
+
+
+def managed(tensor: Optional[torch.Tensor]) -> Optional[int]:
+    """A DLManagedTensor* the C API takes over (it calls the deleter), or None."""
+    if tensor is None:
+        return None
+    capsule = _to_dlpack(tensor.detach())
+    pointer = _capsule_pointer(capsule, _DLTENSOR)
+    # Renamed as DLPack consumers do, so the capsule's destructor leaves the tensor to the library.
+    ctypes.pythonapi.PyCapsule_SetName(ctypes.py_object(capsule), ctypes.c_char_p(b"used_dltensor"))
+    return pointer
+
+
+ctypes.pythonapi.PyCapsule_SetName.restype = ctypes.c_int
+ctypes.pythonapi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def adopt(pointer: Union[int, ctypes.c_void_p, None]) -> Optional[torch.Tensor]:
+    """A DLManagedTensor* returned by the library as a torch tensor (torch calls its deleter)."""
+    value = pointer.value if isinstance(pointer, ctypes.c_void_p) else pointer
+    if not value:
+        return None
+    return _from_dlpack(_capsule_new(value, _DLTENSOR, None))
+
+
+def stream_of(device: torch.device) -> Optional[int]:
+    """torch's current stream on `device` as the C API's stream argument (None on the CPU)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _raw_stream is not None:
+        handle = _raw_stream(index)
+    else:
+        handle = torch.cuda.current_stream(index).cuda_stream
+    # torch's default stream is the legacy default stream: handle 0, which moekit would read as
+    # "the layer's own stream".
+    return handle if handle else STREAM_LEGACY
+
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+_DL_TO_TORCH = {
+    (2, 16): torch.float16,  # kDLFloat
+    (2, 32): torch.float32,
+    (2, 64): torch.float64,
+    (4, 16): torch.bfloat16,  # kDLBfloat
+    (0, 8): torch.int8,  # kDLInt
+    (0, 32): torch.int32,
+    (0, 64): torch.int64,
+    (1, 8): torch.uint8,  # kDLUInt
+}
+
+
+def dtype_name(dtype: Union[str, torch.dtype]) -> str:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"moekit: dtype {dtype} is not supported (bfloat16, float16, float32)")
+        return _DTYPE_NAMES[dtype]
+    return str(dtype)
+
+
+def torch_dtype(code: int, bits: int) -> torch.dtype:
+    return _DL_TO_TORCH[(code, bits)]
+
+
+def device_name(device: Union[str, torch.device, None]) -> str:
+    if device is None:
+        return "auto"
+    if isinstance(device, torch.device):
+        if device.type == "cuda":
+            return f"cuda:{device.index}" if device.index is not None else "cuda"
+        return device.type
+    return str(device)
