@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 import torch.utils.dlpack
 
-from ._lib import STREAM_LEGACY
+from ._lib import STREAM_LEGACY, DLTensor
 
 _to_dlpack = torch.utils.dlpack.to_dlpack
 _from_dlpack = torch.utils.dlpack.from_dlpack
@@ -25,27 +25,48 @@ _DLTENSOR = b"dltensor"
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-class Borrowed:
-    """A tensor's DLPack view for one call: `pointer` (a DLTensor*) is valid while this lives.
+def dltensor(tensor: torch.Tensor) -> Tuple[object, int]:
+    """(capsule, DLTensor*) of a tensor for one call: the pointer is valid while the capsule lives.
 
-    The capsule is never consumed, so torch releases its export when this object goes away."""
-
-    __slots__ = ("capsule", "pointer")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        if tensor.requires_grad:
-            tensor = tensor.detach()
-        self.capsule = _to_dlpack(tensor)
-        # The DLManagedTensor starts with its DLTensor: one address serves as both.
-        self.pointer = _capsule_pointer(self.capsule, _DLTENSOR)
+    The capsule is never consumed, so torch releases its export when the capsule goes away. The
+    DLManagedTensor starts with its DLTensor: one address serves as both."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    capsule = _to_dlpack(tensor)
+    return capsule, _capsule_pointer(capsule, _DLTENSOR)
 
 
-def borrow(tensor: Optional[torch.Tensor]) -> Tuple[Optional[Borrowed], Optional[int]]:
-    """(keep-alive, DLTensor*) for a tensor, (None, None) for None."""
-    if tensor is None:
-        return None, None
-    b = Borrowed(tensor)
-    return b, b.pointer
+# DLTensor descriptors by (data pointer, shape, strides, dtype, device): a descriptor only
+# describes memory, so one made from torch's DLPack export serves every later call on the same
+# memory with the same layout (the caller's tensor keeps the memory alive during each call). It
+# saves the export on the hot path (weights, static buffers, reused allocations).
+_DESCRIPTORS: Dict[tuple, Tuple[DLTensor, object, object, int]] = {}
+_MAX_DESCRIPTORS = 4096
+
+
+def dltensor_pointer(tensor: torch.Tensor) -> int:
+    """A DLTensor* describing `tensor`, valid while the tensor's memory is (borrowed use)."""
+    key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
+    hit = _DESCRIPTORS.get(key)
+    if hit is not None:
+        return hit[3]
+    capsule, pointer = dltensor(tensor)
+    src = DLTensor.from_address(pointer)
+    d = DLTensor()
+    ctypes.memmove(ctypes.addressof(d), pointer, ctypes.sizeof(DLTensor))
+    shape = (ctypes.c_int64 * src.ndim)(*src.shape[: src.ndim])
+    strides = (ctypes.c_int64 * src.ndim)(*src.strides[: src.ndim]) if src.strides else None
+    d.shape = shape
+    d.strides = strides
+    del capsule
+    if len(_DESCRIPTORS) >= _MAX_DESCRIPTORS:
+        _DESCRIPTORS.clear()
+    _DESCRIPTORS[key] = (d, shape, strides, ctypes.addressof(d))
+    return ctypes.addressof(d)
+
+
+def pointer_or_none(tensor: Optional[torch.Tensor]) -> Optional[int]:
+    return None if tensor is None else dltensor_pointer(tensor)
 
 
 def managed(tensor: Optional[torch.Tensor]) -> Optional[int]:

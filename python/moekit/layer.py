@@ -11,7 +11,8 @@ import torch
 
 from . import _lib
 from ._lib import lib
-from ._tensors import Borrowed, adopt, device_name, dtype_name, managed, stream_of, torch_dtype
+from ._tensors import adopt, device_name, dltensor, dltensor_pointer, dtype_name, managed
+from ._tensors import stream_of, torch_dtype
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -219,11 +220,13 @@ class MoELayer(torch.nn.Module):
         self, out: torch.Tensor, hidden_states: torch.Tensor, router_logits: torch.Tensor
     ) -> torch.Tensor:
         """Writes into `out` (M, H): allocates nothing (CUDA-graph capturable)."""
-        x = Borrowed(hidden_states)
-        logits = Borrowed(router_logits)
-        o = Borrowed(out)
-        lib.moekit_layer_forward(
-            self.handle, x.pointer, logits.pointer, o.pointer, stream_of(hidden_states.device)
+        device = hidden_states.device
+        _forward(
+            self._handle,
+            dltensor_pointer(hidden_states),
+            dltensor_pointer(router_logits),
+            dltensor_pointer(out),
+            stream_of(device) if device.type == "cuda" else None,
         )
         return out
 
@@ -237,9 +240,9 @@ class MoELayer(torch.nn.Module):
         """With routing done: topk_ids (M, k) int32/int64, topk_weights (M, k) float32."""
         if out is None:
             out = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
-        x, ids, w, o = Borrowed(hidden_states), Borrowed(topk_ids), Borrowed(topk_weights), Borrowed(out)
+        views = [dltensor(t) for t in (hidden_states, topk_ids, topk_weights, out)]
         lib.moekit_layer_forward_routed(
-            self.handle, x.pointer, ids.pointer, w.pointer, o.pointer, stream_of(hidden_states.device)
+            self.handle, *(v[1] for v in views), stream_of(hidden_states.device)
         )
         return out
 
@@ -250,17 +253,15 @@ class MoELayer(torch.nn.Module):
         M = hidden_states.shape[0]
         weights = torch.empty(M, self.top_k, dtype=torch.float32, device=router_logits.device)
         ids = torch.empty(M, self.top_k, dtype=torch.int32, device=router_logits.device)
-        x, logits, w, i = Borrowed(hidden_states), Borrowed(router_logits), Borrowed(weights), Borrowed(ids)
-        lib.moekit_layer_route(
-            self.handle, x.pointer, logits.pointer, w.pointer, i.pointer, stream_of(router_logits.device)
-        )
+        views = [dltensor(t) for t in (hidden_states, router_logits, weights, ids)]
+        lib.moekit_layer_route(self.handle, *(v[1] for v in views), stream_of(router_logits.device))
         return weights, ids
 
     def router_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """x (M, H) on the CPU -> logits (M, E) float32 through the checkpoint's gate weight."""
-        x = Borrowed(hidden_states)
+        x, x_ptr = dltensor(hidden_states)
         out = ctypes.c_void_p()
-        lib.moekit_layer_router_logits(self.handle, x.pointer, ctypes.byref(out))
+        lib.moekit_layer_router_logits(self.handle, x_ptr, ctypes.byref(out))
         return adopt(out)
 
     def expert_reference(self, expert: int) -> Dict[str, Optional[torch.Tensor]]:
@@ -276,13 +277,11 @@ class MoELayer(torch.nn.Module):
     ) -> Tuple[float, float]:
         """The C++ layer's own time per forward, from C++: (host µs until queued, wall µs)."""
         out = torch.empty_like(hidden_states)
-        x, logits, o = Borrowed(hidden_states), Borrowed(router_logits), Borrowed(out)
+        views = [dltensor(t) for t in (hidden_states, router_logits, out)]
         host, wall = ctypes.c_double(), ctypes.c_double()
         lib.moekit_layer_benchmark(
             self.handle,
-            x.pointer,
-            logits.pointer,
-            o.pointer,
+            *(v[1] for v in views),
             stream_of(hidden_states.device),
             iterations,
             ctypes.byref(host),
@@ -291,12 +290,16 @@ class MoELayer(torch.nn.Module):
         return host.value, wall.value
 
 
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return compiler.is_compiling()
-    dynamo = getattr(torch, "_dynamo", None)
-    return bool(dynamo is not None and hasattr(dynamo, "is_compiling") and dynamo.is_compiling())
+def _never() -> bool:
+    return False
+
+
+# Whether torch.compile (dynamo) is tracing: the eager path calls the library directly, a traced
+# one goes through the custom op (ops.py).
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or getattr(
+    getattr(torch, "_dynamo", None), "is_compiling", _never
+)
+_forward = lib.moekit_layer_forward
 
 
 def layer_by_id(layer_id: int) -> MoELayer:

@@ -11,7 +11,7 @@ import torch
 
 from . import _lib
 from ._lib import lib
-from ._tensors import borrow, stream_of
+from ._tensors import dltensor_pointer, pointer_or_none, stream_of
 from .layer import _compiling, layer_by_id
 
 _QUANTIZATION_ARGS = (
@@ -104,7 +104,7 @@ def prepare_fused_experts_weights(
     x = torch.empty(0, H, dtype=w1.dtype, device=w1.device)
     topk_weights = torch.empty(0, top_k, dtype=torch.float32, device=w1.device)
     topk_ids = torch.empty(0, top_k, dtype=torch.int32, device=w1.device)
-    args, keep = _args(
+    args = _args(
         None, x, w1, w2, topk_weights, topk_ids, activation, False, global_num_experts,
         expert_map, w1_bias, w2_bias, False, backend,
     )  # fmt: skip
@@ -112,7 +112,6 @@ def prepare_fused_experts_weights(
     lib.moekit_fused_experts_prepare_weights(
         ctypes.byref(args), stream_of(w1.device), ctypes.byref(layout)
     )
-    del keep
     return _lib.take_string(layout)
 
 
@@ -131,37 +130,26 @@ def _args(
     w2_bias: Optional[torch.Tensor],
     weights_prepared: bool,
     backend: str,
-) -> tuple:
-    """The C struct and the DLPack views it points into (keep them alive during the call)."""
-    a = _lib.FusedExpertsArgs()
-    a.struct_size = ctypes.sizeof(a)
-    keep = []
-    for field, tensor in (
-        ("hidden_states", hidden_states),
-        ("w13", w13),
-        ("w2", w2),
-        ("topk_weights", topk_weights),
-        ("topk_ids", topk_ids),
-        ("output", out),
-        ("expert_map", expert_map),
-        ("w13_bias", w13_bias),
-        ("w2_bias", w2_bias),
-    ):
-        view, pointer = borrow(tensor)
-        keep.append(view)
-        setattr(a, field, pointer)
-    a.activation = activation.encode()
-    a.apply_router_weight_on_input = 1 if apply_router_weight_on_input else 0
-    a.global_num_experts = global_num_experts
-    a.weights_prepared = 1 if weights_prepared else 0
-    a.backend = backend.encode()
-    return a, keep
+) -> _lib.FusedExpertsArgs:
+    """The C struct (its DLTensor descriptors are valid while the tensors' memory is)."""
+    a = _lib.FusedExpertsArgs(
+        _ARGS_SIZE, dltensor_pointer(hidden_states), dltensor_pointer(w13), dltensor_pointer(w2),
+        dltensor_pointer(topk_weights), dltensor_pointer(topk_ids), pointer_or_none(out),
+        activation.encode(), 1 if apply_router_weight_on_input else 0, global_num_experts,
+        pointer_or_none(expert_map), pointer_or_none(w13_bias), pointer_or_none(w2_bias),
+        1 if weights_prepared else 0, backend.encode(),
+    )  # fmt: skip
+    return a
+
+
+_ARGS_SIZE = ctypes.sizeof(_lib.FusedExpertsArgs)
+_fused = lib.moekit_fused_experts
 
 
 def _call(out: torch.Tensor, *args: Any) -> None:
-    a, keep = _args(out, *args)
-    lib.moekit_fused_experts(ctypes.byref(a), stream_of(out.device))
-    del keep
+    a = _args(out, *args)
+    device = out.device
+    _fused(ctypes.byref(a), stream_of(device) if device.type == "cuda" else None)
 
 
 # ---- torch custom ops ------------------------------------------------------------------------------
@@ -174,10 +162,46 @@ FUSED_EXPERTS_SCHEMA = (
 LAYER_FORWARD_SCHEMA = "(Tensor hidden_states, Tensor router_logits, int layer_id) -> Tensor"
 
 
-def _fused_experts_impl(hidden_states: torch.Tensor, *args: Any) -> torch.Tensor:
+def _fused_experts_impl(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+    apply_router_weight_on_input: bool,
+    global_num_experts: int,
+    expert_map: Optional[torch.Tensor],
+    w13_bias: Optional[torch.Tensor],
+    w2_bias: Optional[torch.Tensor],
+    weights_prepared: bool,
+    backend: str,
+) -> torch.Tensor:
     out = torch.empty_like(hidden_states)
-    _call(out, hidden_states, *args)
+    _call(
+        out, hidden_states, w13, w2, topk_weights, topk_ids, activation,
+        apply_router_weight_on_input, global_num_experts, expert_map, w13_bias, w2_bias,
+        weights_prepared, backend,
+    )  # fmt: skip
     return out
+
+
+def _fused_experts_fake(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+    apply_router_weight_on_input: bool,
+    global_num_experts: int,
+    expert_map: Optional[torch.Tensor],
+    w13_bias: Optional[torch.Tensor],
+    w2_bias: Optional[torch.Tensor],
+    weights_prepared: bool,
+    backend: str,
+) -> torch.Tensor:
+    return torch.empty_like(hidden_states)
 
 
 def _layer_forward_impl(
@@ -187,7 +211,9 @@ def _layer_forward_impl(
     return layer_by_id(layer_id).forward_into(out, hidden_states, router_logits)
 
 
-def _like_first(hidden_states: torch.Tensor, *args: Any) -> torch.Tensor:
+def _layer_forward_fake(
+    hidden_states: torch.Tensor, router_logits: torch.Tensor, layer_id: int
+) -> torch.Tensor:
     return torch.empty_like(hidden_states)
 
 
@@ -200,11 +226,11 @@ if REGISTRATION == "custom_op":
     _fused_experts_op = torch.library.custom_op(
         "moekit::fused_experts", _fused_experts_impl, mutates_args=(), schema=FUSED_EXPERTS_SCHEMA
     )
-    _fused_experts_op.register_fake(_like_first)
+    _fused_experts_op.register_fake(_fused_experts_fake)
     _layer_forward_op = torch.library.custom_op(
         "moekit::layer_forward", _layer_forward_impl, mutates_args=(), schema=LAYER_FORWARD_SCHEMA
     )
-    _layer_forward_op.register_fake(_like_first)
+    _layer_forward_op.register_fake(_layer_forward_fake)
 else:
     _LIBRARY = torch.library.Library("moekit", "DEF")  # NOTE: kept alive: it owns the ops
     _LIBRARY.define("fused_experts" + FUSED_EXPERTS_SCHEMA)
@@ -213,7 +239,7 @@ else:
         _LIBRARY.impl("fused_experts", _fused_experts_impl, _key)
         _LIBRARY.impl("layer_forward", _layer_forward_impl, _key)
     for _key in ("Meta", "AutogradMeta"):  # torch 1.13 has no autograd fallback for meta
-        _LIBRARY.impl("fused_experts", _like_first, _key)
-        _LIBRARY.impl("layer_forward", _like_first, _key)
+        _LIBRARY.impl("fused_experts", _fused_experts_fake, _key)
+        _LIBRARY.impl("layer_forward", _layer_forward_fake, _key)
 
 __all__ = ["fused_experts", "prepare_fused_experts_weights", "REGISTRATION"]

@@ -210,3 +210,9 @@ def test_checkpoint_errors(tmp_path: pathlib.Path) -> None:
     expect_error("no \\*.safetensors files", moekit.MoELayer.from_checkpoint, tmp_path, 0, device="cpu")
     if not moekit.built_with_cuda():
         expect_error("built without CUDA", moekit.MoELayer, "tiny", device="cuda")
+
+
+def test_overhead_table_cpu() -> None:
+    from overhead import overhead_table
+
+    print("\n" + overhead_table([("tiny", 1)], "cpu", iterations=50))
