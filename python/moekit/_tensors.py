@@ -10,8 +10,16 @@ import torch.utils.dlpack
 
 from ._lib import STREAM_LEGACY, DLTensor
 
-_to_dlpack = torch.utils.dlpack.to_dlpack
+_legacy_to_dlpack = getattr(torch.utils.dlpack, "to_dlpack", None)
 _from_dlpack = torch.utils.dlpack.from_dlpack
+
+
+def _to_dlpack(tensor: torch.Tensor) -> object:
+    """A "dltensor" capsule of the tensor, without any stream synchronization."""
+    if _legacy_to_dlpack is not None:
+        return _legacy_to_dlpack(tensor)
+    return tensor.__dlpack__(stream=-1) if tensor.is_cuda else tensor.__dlpack__()
+
 
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
