@@ -217,29 +217,46 @@ def _layer_forward_fake(
     return torch.empty_like(hidden_states)
 
 
-# Which registration this torch offers: "custom_op" (torch >= 2.4: torch.library.custom_op with
-# register_fake) or "library" (older, e.g. Debian's 1.13: torch.library.Library with CPU, CUDA
-# and Meta kernels).
-REGISTRATION = "custom_op" if hasattr(torch.library, "custom_op") else "library"
-
-if REGISTRATION == "custom_op":
-    _fused_experts_op = torch.library.custom_op(
-        "moekit::fused_experts", _fused_experts_impl, mutates_args=(), schema=FUSED_EXPERTS_SCHEMA
-    )
-    _fused_experts_op.register_fake(_fused_experts_fake)
-    _layer_forward_op = torch.library.custom_op(
+def _register_custom_ops() -> bool:
+    """torch >= 2.4: torch.library.custom_op with register_fake. False where this torch has none
+    (or an early one without `schema`)."""
+    custom_op = getattr(torch.library, "custom_op", None)
+    if custom_op is None:
+        return False
+    try:
+        fused = custom_op(
+            "moekit::fused_experts", _fused_experts_impl, mutates_args=(), schema=FUSED_EXPERTS_SCHEMA
+        )
+    except TypeError:
+        return False
+    fused.register_fake(_fused_experts_fake)
+    layer = custom_op(
         "moekit::layer_forward", _layer_forward_impl, mutates_args=(), schema=LAYER_FORWARD_SCHEMA
     )
-    _layer_forward_op.register_fake(_layer_forward_fake)
-else:
-    _LIBRARY = torch.library.Library("moekit", "DEF")  # NOTE: kept alive: it owns the ops
-    _LIBRARY.define("fused_experts" + FUSED_EXPERTS_SCHEMA)
-    _LIBRARY.define("layer_forward" + LAYER_FORWARD_SCHEMA)
-    for _key in ("CPU", "CUDA"):
-        _LIBRARY.impl("fused_experts", _fused_experts_impl, _key)
-        _LIBRARY.impl("layer_forward", _layer_forward_impl, _key)
-    for _key in ("Meta", "AutogradMeta"):  # torch 1.13 has no autograd fallback for meta
-        _LIBRARY.impl("fused_experts", _fused_experts_fake, _key)
-        _LIBRARY.impl("layer_forward", _layer_forward_fake, _key)
+    layer.register_fake(_layer_forward_fake)
+    _OPS.extend([fused, layer])
+    return True
+
+
+def _register_library_ops() -> None:
+    """Older torch (e.g. Debian's 1.13): torch.library.Library with CPU, CUDA and Meta kernels."""
+    library = torch.library.Library("moekit", "DEF")
+    library.define("fused_experts" + FUSED_EXPERTS_SCHEMA)
+    library.define("layer_forward" + LAYER_FORWARD_SCHEMA)
+    for key in ("CPU", "CUDA"):
+        library.impl("fused_experts", _fused_experts_impl, key)
+        library.impl("layer_forward", _layer_forward_impl, key)
+    for key in ("Meta", "AutogradMeta"):  # torch 1.13 has no autograd fallback for meta
+        library.impl("fused_experts", _fused_experts_fake, key)
+        library.impl("layer_forward", _layer_forward_fake, key)
+    _OPS.append(library)
+
+
+_OPS: list = []  # NOTE: kept alive: these objects own the registrations
+# Which registration this torch got: "custom_op" (torch.compile traces the ops through their fake
+# implementations) or "library".
+REGISTRATION = "custom_op" if _register_custom_ops() else "library"
+if REGISTRATION == "library":
+    _register_library_ops()
 
 __all__ = ["fused_experts", "prepare_fused_experts_weights", "REGISTRATION"]
