@@ -25,6 +25,9 @@
  * with the output preallocated by the caller nothing is allocated, so forwards can be captured in
  * a CUDA graph. Ignored on the CPU.
  *
+ * Threads. A moekit_layer serves one call at a time (its routing buffers and workspaces are its
+ * own); different layers may be called from different threads at once.
+ *
  * Strings. Results typed `char**` are NUL-terminated, allocated by the library and released with
  * moekit_string_free. moekit_last_error's string belongs to the library (valid until the next
  * failing call on the same thread).

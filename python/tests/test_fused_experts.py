@@ -149,3 +149,15 @@ def test_torch_compile_cpu() -> None:
     module = FusedModule(w1, w2, layer)
     compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x, logits, lx), module(x, logits, lx))
+
+
+@needs_compile
+def test_opcheck() -> None:
+    # torch's own checks of a custom op: schema, fake (meta) implementation, AOT dispatch.
+    x, w1, w2, tw, ti, _, _ = problem(6)
+    args = (x, w1, w2, tw, ti, "silu", False, -1, None, None, None, False, "auto")
+    torch.library.opcheck(torch.ops.moekit.fused_experts.default, args)
+    layer = moekit.MoELayer("tiny", device="cpu", dtype=torch.float32)
+    torch.library.opcheck(
+        torch.ops.moekit.layer_forward.default, (torch.rand(3, 64), torch.randn(3, 8), layer.layer_id)
+    )
