@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs moekit's build dependencies from Debian packages (skips apt when all are present).
+# Installs moekit's build and test dependencies from Debian packages (skips apt when all are
+# present).
 set -euo pipefail
 # clang + libclang-rt-14-dev: the libFuzzer / ASan / UBSan runtimes of the fuzz tests (tests/fuzz).
 packages=(cmake g++ make nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libdlpack-dev
-          libgtest-dev libgmock-dev clang libclang-rt-14-dev)
+          libgtest-dev libgmock-dev clang libclang-rt-14-dev
+          python3 python3-numpy python3-torch python3-pytest)  # python/: the package and its tests
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
