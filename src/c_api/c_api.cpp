@@ -11,7 +11,8 @@
 #include <optional>
 
 #include "c_api_internal.h"
-#include "core/cuda_runtime.h"
+#include "core/cuda/runtime.h"
+#include "core/cuda_seam.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/dlpack.h"
 #include "moekit/core/error.h"
@@ -122,9 +123,11 @@ DeviceInfo device_from_name(const std::string& name) {
       index = std::stoi(digits);
     }
     MOEKIT_CHECK(index < count, "device '{}': only {} CUDA device(s) are present", name, count);
-#ifdef MOEKIT_WITH_CUDA
-    return cuda_rt::device_info(index);
-#endif
+    if constexpr (kCudaBuild) {
+      return cuda_rt::device_info(index);
+    } else {
+      throw_no_cuda("a CUDA device");
+    }
   }
   return device_info_by_name(name);
 }

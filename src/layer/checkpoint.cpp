@@ -46,6 +46,9 @@ json read_config_json(const std::filesystem::path& dir) {
   MOEKIT_CHECK(std::filesystem::is_directory(dir),
                "{} is not a checkpoint directory (it needs a config.json and *.safetensors)",
                dir.string());
+  MOEKIT_CHECK(std::filesystem::exists(file),
+               "cannot open {}: not found (a checkpoint directory needs a config.json)",
+               file.string());
   json j = io::read_json_file(file);
   MOEKIT_CHECK(j.is_object(), "{}: expected a JSON object, got {}", file.string(),
                io::describe_json(j));

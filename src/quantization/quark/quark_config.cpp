@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -220,8 +221,25 @@ constexpr std::regex::flag_type kRegexFlags =
 constexpr std::regex::flag_type kRegexFlags = std::regex::ECMAScript;
 #endif
 
+// NOTE: libstdc++'s regex compiler reads a number (a back-reference, a {n,m} bound) into a long
+// without an overflow check: a run of 19+ digits is undefined behaviour (found by
+// fuzz_quark_config). Numbers in exclude patterns are bounded before it sees them.
+void check_regex_numbers(const std::string& entry) {
+  size_t run = 0;
+  for (const char c : entry) {
+    run = std::isdigit(static_cast<unsigned char>(c)) ? run + 1 : 0;
+    if (run > 9) {
+      throw Error(fmt::format(
+          "quantization_config.exclude: '{}' has a number of more than 9 digits; numbers in "
+          "exclude regular expressions (layer indices, {{n,m}} bounds) are limited to 9 digits",
+          entry.size() > 80 ? entry.substr(0, 80) + "..." : entry));
+    }
+  }
+}
+
 bool exclude_entry_matches(const std::string& entry, std::string_view name) {
   if (entry.rfind("re:", 0) == 0) {
+    check_regex_numbers(entry);
     try {
       const std::regex re(entry.substr(3), kRegexFlags);
       std::match_results<std::string_view::const_iterator> m;
