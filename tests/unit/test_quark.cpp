@@ -244,9 +244,9 @@ TEST(QuarkMatch, LayerPatternsTypesExcludesAndShards) {
   EXPECT_ERROR_HAS(bad_re.is_excluded("x"), "not a valid regular expression");
   // A back-reference or bound of 19+ digits would overflow inside the regex compiler.
   const QuarkConfig long_number =
-      config(kFp8T, kFp8T, R"(, "exclude": ["re:a\4444444444444444444444"])");
+      config(kFp8T, kFp8T, R"(, "exclude": ["re:a\\4444444444444444444444"])");
   EXPECT_ERROR_HAS(long_number.is_excluded("x"), "more than 9 digits");
-  const QuarkConfig layer_index = config(kFp8T, kFp8T, R"(, "exclude": ["re:x\.123456789"])");
+  const QuarkConfig layer_index = config(kFp8T, kFp8T, R"(, "exclude": ["re:x\\.123456789"])");
   EXPECT_TRUE(layer_index.is_excluded("x.123456789"));
 }
 
