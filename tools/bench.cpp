@@ -15,6 +15,7 @@
 #include "cli_common.h"
 #include "core/elementwise.h"
 #include "moekit/core/error.h"
+#include "moekit/layer/checkpoint.h"
 
 #ifdef MOEKIT_WITH_CUDA
 #include <cublasLt.h>
@@ -171,7 +172,7 @@ struct Case {
 
 int bench_command(const DeploymentOptions& deployment, const std::vector<std::string>& models,
                   const std::vector<int64_t>& tokens, const std::string& routing_dist, int reps,
-                  const std::string& json_path) {
+                  const std::string& json_path, const std::string& quant_scheme) {
 #ifndef MOEKIT_WITH_CUDA
   std::cerr << "moekit bench times the GPU path: moekit was built without CUDA\n";
   return 2;
@@ -204,21 +205,33 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
     options.workspace = &workspace;
     const int64_t H = model.hidden_size;
     // Bytes and FLOPs of what this rank holds (I / tp, the local experts), not the whole model.
-    const LayerShard shard = LayerShard::of(model, options);
+    LayerShard shard = LayerShard::of(model, options);
+    // Before the layers exist: the unquantized size bounds the quantized one.
     const double total_weight_bytes =
         shard.bytes_per_element * shard.expert_elements() * shard.num_local_experts;
     // Enough weight sets that each replay reads weights not left in L2 by the previous one, within
     // 60 GB of weights.
     const int max_sets = std::max(1, std::min(8, static_cast<int>(60e9 / total_weight_bytes)));
     std::vector<std::unique_ptr<MoELayer>> layers;
-    for (int s = 0; s < max_sets; ++s) {
-      layers.push_back(std::make_unique<MoELayer>(
-          model, MoELayer::random_weights(model, options, 1000 + s), options));
+    try {
+      for (int s = 0; s < max_sets; ++s) {
+        layers.push_back(std::make_unique<MoELayer>(
+            random_quantized_layer(model, quant_scheme, options, 1000 + s)));
+      }
+    } catch (const UnsupportedError& e) {  // no kernel for this scheme here: say so, go on
+      std::cout << "\n"
+                << model.summary() << "\n  skipped (" << quant_scheme << "): " << e.what() << "\n";
+      continue;
+    }
+    // Quantized experts: the bytes the layer holds (packed codes + scales) per expert.
+    if (layers[0]->is_quantized()) {
+      shard.quantized_expert_bytes =
+          static_cast<double>(layers[0]->expert_weight_bytes()) / shard.num_local_experts;
     }
     std::cout << "\n"
-              << model.summary() << "\n  experts: " << layers[0]->kernel().fused_experts().name()
-              << ", " << max_sets << " weight set(s) of "
-              << fmt::format("{:.2f}", total_weight_bytes / 1e9) << " GB\n";
+              << model.summary() << "\n  weights: " << layers[0]->scheme()
+              << "\n  experts: " << layers[0]->kernel().fused_experts().name() << ", " << max_sets
+              << " weight set(s) of " << fmt::format("{:.2f}", total_weight_bytes / 1e9) << " GB\n";
     std::cout << fmt::format("  {:>6} {:>10} {:>8} {:>9} {:>7} {:>7}  {}\n", "M", "us", "TB/s",
                              "TFLOP/s", "%bw", "%flops", "stages (us)");
     for (int64_t M : tokens) {
@@ -302,6 +315,7 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
     j["device"] = dev.to_string();
     j["routing"] = routing_dist;
     j["dtype"] = deployment.dtype;
+    j["quant"] = quant_scheme;
     j["peaks"] = {{"copy_tbps", copy_tbps}, {"bf16_gemm_tflops", gemm_tflops}};
     for (const Case& c : cases) {
       j["cases"].push_back({{"model", c.model},

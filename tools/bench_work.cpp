@@ -25,6 +25,11 @@ double LayerShard::expert_elements() const {
   return static_cast<double>(n * hidden + hidden * intermediate);
 }
 
+double LayerShard::expert_bytes() const {
+  return quantized_expert_bytes > 0 ? quantized_expert_bytes
+                                    : bytes_per_element * expert_elements();
+}
+
 double LayerShard::shared_elements() const {
   const int64_t n = gated ? 2 * shared_intermediate : shared_intermediate;
   return static_cast<double>(n * hidden + hidden * shared_intermediate);
@@ -44,8 +49,8 @@ LayerWork layer_work(const LayerShard& shard, std::span<const int64_t> topk_ids,
       ++w.experts_touched;
     }
   }
-  w.weight_bytes = shard.bytes_per_element *
-                   (shard.expert_elements() * w.experts_touched + shard.shared_elements());
+  w.weight_bytes =
+      shard.expert_bytes() * w.experts_touched + shard.bytes_per_element * shard.shared_elements();
   // One multiply-add (2 FLOPs) per weight element per row that passes through it.
   w.flops = 2.0 * (shard.expert_elements() * static_cast<double>(w.routed_rows) +
                    shard.shared_elements() * static_cast<double>(num_tokens));

@@ -23,13 +23,18 @@ struct LayerShard {
   int first_local_expert = 0;       // global id of local expert 0 (ep_rank * E_local)
   int num_local_experts = 0;        // E_local: E / ep_size
   int64_t shared_intermediate = 0;  // total shared-expert width (0: none), as the layer holds it
-  double bytes_per_element = 2;     // of the expert weights
+  double bytes_per_element = 2;     // of the unquantized weights (the shared experts always)
+  // Bytes of one routed expert when it is quantized: packed codes + scales + biases as the layer
+  // holds them (MoELayer::expert_weight_bytes() / E_local); 0: elements * bytes_per_element.
+  double quantized_expert_bytes = 0;
 
   // From the layer's own MoEConfig (MoELayer::make_moe_config), so bench and layer agree.
   static LayerShard of(const ModelPreset& model, const MoELayerOptions& options);
 
   // Weight elements of one routed expert: w13 (N, H) + w2 (H, I), N = 2I when gated.
   double expert_elements() const;
+  // Bytes one routed expert's weights occupy (quantized or not).
+  double expert_bytes() const;
   // Weight elements of the shared experts (0 when none).
   double shared_elements() const;
 };

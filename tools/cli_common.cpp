@@ -69,6 +69,7 @@ MoELayerOptions DeploymentOptions::layer_options() const {
   MOEKIT_CHECK(parse_all2all_backend(all2all, &a2a), "unknown all2all backend '{}'", all2all);
   o.parallel = ParallelConfig::make(tp_size, dp_size, dp_rank, 0, enable_ep, a2a);
   o.backend = backend;
+  o.tile_config = tile_config;
   o.max_num_tokens = max_num_tokens;
   return o;
 }

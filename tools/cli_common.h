@@ -18,6 +18,7 @@ struct DeploymentOptions {
   std::string dtype = "bf16";
   std::string device = "auto";  // cpu, auto (the GPU if present), h200, h100, ...
   std::string backend = "auto";
+  std::string tile_config = "auto";  // `bench --tile`
   int tp_size = 1;
   int dp_size = 1;
   int dp_rank = 0;
@@ -80,9 +81,10 @@ int explain_quant_command(const DeploymentOptions& deployment, const std::string
                           const std::string& checkpoint_dir);
 int make_fixture_command(const std::string& scheme, const std::string& out,
                          const std::string& model, uint64_t seed, int shards);
+// quant_scheme: "bf16" (unquantized) or a make-fixture scheme (random_quantized_layer).
 int bench_command(const DeploymentOptions& deployment, const std::vector<std::string>& models,
                   const std::vector<int64_t>& tokens, const std::string& routing_dist, int reps,
-                  const std::string& json_path);
+                  const std::string& json_path, const std::string& quant_scheme);
 // `moekit bench-kernels`: the router + align ("router-align") and grouped GEMM1 ("gemm1") kernels
 // timed alone.
 struct BenchKernelsOptions {

@@ -102,6 +102,17 @@ int main(int argc, char** argv) {
   bench->add_option("--reps", bench_reps, "timed graph replays per case (median)")
       ->check(CLI::PositiveNumber);
   bench->add_option("--json", bench_json, "also write the results as JSON to this file");
+  std::string bench_quant = "bf16";
+  bench
+      ->add_option(
+          "--quant", bench_quant,
+          "weights: bf16 (unquantized) or a quantized scheme (fp8_block128, "
+          "fp8_per_tensor, fp8_per_channel, int8_w8a8, w4a8_fp8, nvfp4, mxfp4_w4a16, ...): "
+          "random weights of that scheme; TB/s counts its packed bytes + scales")
+      ->capture_default_str();
+  std::string bench_tile = "auto";
+  bench->add_option("--tile", bench_tile, "force the experts' GEMM tile (auto, or a table name)")
+      ->capture_default_str();
 
   BenchKernelsOptions bench_kernels_options;
   CLI::App* bench_kernels = app.add_subcommand(
@@ -141,8 +152,9 @@ int main(int argc, char** argv) {
       }
     }
     if (*bench) {
+      bench_deployment.tile_config = bench_tile;
       return bench_command(bench_deployment, bench_models, bench_tokens, bench_routing, bench_reps,
-                           bench_json);
+                           bench_json, bench_quant);
     }
   } catch (const moekit::Error& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -11,6 +11,7 @@
 
 #include "moekit/core/error.h"
 #include "moekit/experts/cpu_reference.h"
+#include "moekit/io/fixtures.h"
 #include "moekit/io/json.h"
 #include "moekit/io/safetensors.h"
 #include "moekit/quant/moe_input_quant.h"
@@ -292,6 +293,23 @@ void load_shared(const Reader& r, int n, const ModelPreset& model, Tensor& w13, 
   std::memcpy(static_cast<char*>(w13.data()) + g.nbytes(), u.data(), u.nbytes());
 }
 
+// The layer of a processed Quark method: its codes, its QuantConfig's scales and biases (on the
+// layer's device) and its plan (the method planned once; the layer does not select again).
+MoELayer quark_layer(const ModelPreset& model, const quark::QuarkMoEMethod& method,
+                     const quark::ExpertParams& params, MoELayerWeights w,
+                     const MoELayerOptions& options) {
+  const Device device = options.device.device();
+  auto placed = [&](const Tensor& t) { return !t.defined() || device.is_cpu() ? t : t.to(device); };
+  w.w13 = placed(params.get("w13_weight"));
+  w.w2 = placed(params.get("w2_weight"));
+  QuantConfig quant = method.moe_quant_config();
+  for (QuantDesc* d : {&quant.a1, &quant.a2, &quant.w1, &quant.w2}) {
+    for (Tensor* t : {&d->scale, &d->alpha_or_gscale, &d->zp, &d->bias})
+      *t = placed(*t);
+  }
+  return MoELayer(model, std::move(quant), std::move(w), options, method.plan());
+}
+
 }  // namespace
 
 std::optional<quark::QuarkConfig> read_quark_config(const std::filesystem::path& dir) {
@@ -384,15 +402,30 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
     for (const std::string& p : params.names())
       check_finite(params.get(p), fmt::format("{} (parameter {})", experts_desc, p));
   }
-  w.w13 = placed(params.get("w13_weight"), params.get("w13_weight").dtype());
-  w.w2 = placed(params.get("w2_weight"), params.get("w2_weight").dtype());
-  // Scales and biases travel in the method's QuantConfig; the layer builds from the method's plan.
-  QuantConfig quant = method->moe_quant_config();
-  for (QuantDesc* d : {&quant.a1, &quant.a2, &quant.w1, &quant.w2}) {
-    for (Tensor* t : {&d->scale, &d->alpha_or_gscale, &d->zp, &d->bias})
-      *t = placed(*t, t->defined() ? t->dtype() : DType::kF32);
+  return quark_layer(model, *method, params, std::move(w), options);
+}
+
+MoELayer random_quantized_layer(const ModelPreset& model, const std::string& scheme,
+                                const MoELayerOptions& options, uint64_t seed) {
+  if (scheme == "bf16" || scheme == "unquantized") {
+    return MoELayer(model, MoELayer::random_weights(model, options, seed), options);
   }
-  return MoELayer(model, std::move(quant), std::move(w), options, method->plan());
+  const quark::QuarkConfig qc = quark::QuarkConfig::parse(io::fixture_quantization_config(scheme));
+  const MoEConfig moe = MoELayer::make_moe_config(model, options);
+  const auto method = quark::get_moe_method(
+      qc, moe, quark::get_moe_method_target(qc, "model.layers.0.mlp.experts"));
+  method->plan().check();
+  const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
+  const int64_t I = moe.intermediate_size_per_partition();
+  quark::ExpertParams params;
+  method->create_weights(params, E, H, I, options.dtype);
+  params.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
+  quark::fill_random_parameters(
+      params, *method, H, I, seed * 1000003ull + static_cast<uint64_t>(options.parallel.ep_rank));
+  method->process_weights_after_loading(params);
+  // The router bias and the shared experts as the unquantized random layer has them.
+  MoELayerWeights w = MoELayer::random_weights(model, options, seed, /*routed_experts=*/false);
+  return quark_layer(model, *method, params, std::move(w), options);
 }
 
 }  // namespace moekit

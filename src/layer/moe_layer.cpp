@@ -123,7 +123,7 @@ RouterConfig MoELayer::make_router_config(const ModelPreset& model, const Tensor
 }
 
 MoELayerWeights MoELayer::random_weights(const ModelPreset& model, const MoELayerOptions& options,
-                                         uint64_t seed) {
+                                         uint64_t seed, bool routed_experts) {
   const MoEConfig moe = make_moe_config(model, options);
   const int64_t E = moe.num_local_experts;
   const int64_t H = model.hidden_size;
@@ -135,9 +135,11 @@ MoELayerWeights MoELayer::random_weights(const ModelPreset& model, const MoELaye
   // Scaled so that GEMM outputs stay O(1) for O(1) inputs.
   const float s1 = 1.0f / std::sqrt(static_cast<float>(H));
   const float s2 = 1.0f / std::sqrt(static_cast<float>(I));
-  w.w13 = random_on(device, {E, N, H}, options.dtype, rank_seed + 1, 2.0f * s1);
-  w.w2 = random_on(device, {E, H, I}, options.dtype, rank_seed + 2, 2.0f * s2);
-  if (model.has_bias) {
+  if (routed_experts) {
+    w.w13 = random_on(device, {E, N, H}, options.dtype, rank_seed + 1, 2.0f * s1);
+    w.w2 = random_on(device, {E, H, I}, options.dtype, rank_seed + 2, 2.0f * s2);
+  }
+  if (model.has_bias && routed_experts) {
     w.w13_bias = random_on(device, {E, N}, options.dtype, rank_seed + 3, 0.1f);
     w.w2_bias = random_on(device, {E, H}, options.dtype, rank_seed + 4, 0.1f);
   }

@@ -86,6 +86,18 @@ TEST(BenchWork, NonGatedAndF32Sizes) {
   EXPECT_EQ(layer_work(s, std::vector<int64_t>{3, 3}, 1).weight_bytes, 4.0 * 2 * 48 * 64);
 }
 
+TEST(BenchWork, QuantizedExpertsCountTheirPackedBytes) {
+  const ModelPreset& p = find_preset("tiny");
+  LayerShard s = LayerShard::of(p, options_for(1, 1, 0, false));
+  // fp8 with 128x128 block scales: one byte per element plus the f32 scales.
+  s.quantized_expert_bytes = s.expert_elements() + 4.0 * 3;
+  const LayerWork w = layer_work(s, std::vector<int64_t>{1, 2, 2, -1}, 2);
+  EXPECT_EQ(w.experts_touched, 2);
+  EXPECT_EQ(w.weight_bytes, 2 * (s.expert_elements() + 12.0));
+  // FLOPs do not depend on the format.
+  EXPECT_EQ(w.flops, 2.0 * s.expert_elements() * 3);
+}
+
 TEST(BenchWork, ConfigIsBenchedOnceAndPresetsByName) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("moekit_bench_work_" + std::to_string(::getpid()));

@@ -173,6 +173,38 @@ TEST(Checkpoint, QuantizedLayerForwardIntoWithExpertMap) {
   fs::remove_all(dir);
 }
 
+// Random quantized layers of a model shape (what `moekit bench --quant` builds): every scheme's
+// layer runs through the same MoELayer and matches its float64 recomputation, with outputs of a
+// sane magnitude (the random codes and scales are scaled like real weights).
+TEST(Checkpoint, RandomQuantizedLayersOfEveryScheme) {
+  const ModelPreset& model = find_preset("small");
+  const int64_t M = 13, H = model.hidden_size;
+  const Tensor x = testing::random_tensor({M, H}, DType::kBF16, 31);
+  const Tensor logits = testing::random_tensor({M, model.num_experts}, DType::kF32, 32, -3, 3);
+  std::vector<int64_t> rows(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m)
+    rows[m] = m;
+  for (const std::string& scheme : io::fixture_schemes()) {
+    SCOPED_TRACE(scheme);
+    MoELayer layer = random_quantized_layer(model, scheme, {}, 7);
+    EXPECT_EQ(layer.is_quantized(), scheme != "bf16");
+    const Tensor out = layer.forward(x, logits);
+    ASSERT_FALSE(testing::has_nan(out));
+    double sq = 0;
+    for (float v : out.to_float_vector())
+      sq += static_cast<double>(v) * v;
+    const double rms = std::sqrt(sq / static_cast<double>(out.numel()));
+    EXPECT_GT(rms, 0.01);
+    EXPECT_LT(rms, 100.0);
+    const RoutingResult routing = layer.router().select_experts(x, logits);
+    const std::vector<double> ref = reference_forward(layer, x, routing, rows);
+    EXPECT_LT(testing::relative_l2_error(out, ref), testing::tolerance("bf16").rel_l2);
+  }
+  EXPECT_TRUE(
+      testing::contains_all(error_of([&] { (void)random_quantized_layer(model, "fp7", {}, 1); }),
+                            {"unknown fixture scheme 'fp7'", "fp8_block128"}));
+}
+
 // Rewrites model.safetensors through `edit(name, dtype, shape, bytes) -> keep?`.
 template <typename Edit>
 void rewrite(const fs::path& dir, Edit edit) {

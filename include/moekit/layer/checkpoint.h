@@ -56,6 +56,13 @@ struct CheckpointInfo {
 MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
                         const MoELayerOptions& options = {}, CheckpointInfo* info = nullptr);
 
+// A layer of `model`'s real shape with random weights quantized as `scheme` (a make-fixture scheme
+// name: fp8_block128, fp8_per_tensor, nvfp4, mxfp4_w4a16, ...; "bf16" = unquantized), built
+// through the same Quark method as a checkpoint of that scheme (quark::fill_random_parameters):
+// for benchmarks (`moekit bench --quant`) and tests, without a checkpoint on disk.
+MoELayer random_quantized_layer(const ModelPreset& model, const std::string& scheme,
+                                const MoELayerOptions& options, uint64_t seed);
+
 // The Quark config of a checkpoint (nullopt when config.json has no quantization_config).
 // Throws moekit::Error for unreadable / malformed config.json or a non-Quark quant_method.
 std::optional<quark::QuarkConfig> read_quark_config(const std::filesystem::path& dir);

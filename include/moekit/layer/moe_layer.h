@@ -88,9 +88,10 @@ class MoELayer {
   ~MoELayer();
 
   // Seeded random unquantized weights for this rank (scaled so activations stay O(1)); on
-  // options.device.
+  // options.device. `routed_experts` false leaves w13/w2 and their biases out (a quantized layer
+  // brings its own).
   static MoELayerWeights random_weights(const ModelPreset& model, const MoELayerOptions& options,
-                                        uint64_t seed);
+                                        uint64_t seed, bool routed_experts = true);
 
   // hidden_states (M, H) in the layer dtype, router_logits (M, E) f32/bf16/f16 -> (M, H).
   // Adds the shared experts' output when the layer has shared experts (under EP within one

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "moekit/core/error.h"
 #include "moekit/core/logging.h"
@@ -1007,6 +1008,97 @@ std::pair<Tensor, Tensor> QuarkOcpMxMoEMethod::dequantized_weights(
   };
   const int64_t H = moe_.hidden_dim, I = moe_.intermediate_size_per_partition();
   return {one("w13_weight", "w13_weight_scale", H), one("w2_weight", "w2_weight_scale", I)};
+}
+
+// ---- random parameters ----------------------------------------------------------------------
+
+namespace {
+
+// The largest magnitude of a code of the weight format.
+float code_max(QuantDType d) {
+  switch (d) {
+    case QuantDType::kFp8E4M3:
+      return 448.0f;
+    case QuantDType::kFp8E5M2:
+      return 57344.0f;
+    case QuantDType::kInt8:
+      return 127.0f;
+    case QuantDType::kInt4:
+      return 7.0f;
+    case QuantDType::kFp4E2M1:
+      return 6.0f;
+    case QuantDType::kFp6E3M2:
+      return 28.0f;
+    case QuantDType::kFp6E2M3:
+      return 7.5f;
+    case QuantDType::kNone:
+      break;
+  }
+  return 1.0f;
+}
+
+bool ends_with_name(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+void fill_random_parameters(ExpertParams& layer, const QuarkMoEMethod& method, int64_t hidden,
+                            int64_t intermediate, uint64_t seed) {
+  const QuantDType wd =
+      method.weight_quant_key() ? method.weight_quant_key()->dtype : QuantDType::kNone;
+  const QuantDType ad =
+      method.activation_quant_key() ? method.activation_quant_key()->dtype : QuantDType::kNone;
+  const bool nvfp4 = method.name() == quark_moe_method_name(QuarkMoEScheme::kNvfp4);
+  const float wmax = code_max(wd);
+  const float amax_code = ad == QuantDType::kInt8 ? 127.0f : 448.0f;
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 11);
+  std::uniform_real_distribution<float> jitter(0.75f, 1.25f);
+  for (const std::string& name : layer.names()) {
+    Tensor t = layer.get(name).clone();
+    const bool w13 = name.rfind("w13_", 0) == 0;
+    // Dequantized weights of about 2/sqrt(K); GEMM inputs of about 1 (x) and 4 (intermediate).
+    const float target = 2.0f / std::sqrt(static_cast<float>(w13 ? hidden : intermediate));
+    const float input_amax = w13 ? 1.0f : 4.0f;
+    const int64_t n = t.numel();
+    auto* bytes = static_cast<uint8_t*>(t.data());
+    if (ends_with_name(name, "_weight")) {
+      for (int64_t i = 0; i < static_cast<int64_t>(t.nbytes()); ++i) {
+        uint8_t b = static_cast<uint8_t>(rng());
+        if (t.dtype() == DType::kFp8E4M3 && (b & 0x7F) == 0x7F) b ^= 0x01;  // NaN codes
+        bytes[i] = b;
+      }
+    } else if (ends_with_name(name, "_weight_scale")) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float j = jitter(rng);
+        if (t.dtype() == DType::kF32) {
+          t.data_as<float>()[i] = target / wmax * j;
+        } else if (nvfp4) {  // ue4m3 block scales around 1; the global scale carries the size
+          bytes[i] = quant::encode_ue4m3(j);
+        } else {  // e8m0 (OCP MX)
+          bytes[i] = quant::encode_e8m0_floor(target / wmax * j);
+        }
+      }
+    } else if (ends_with_name(name, "_weight_scale_2")) {
+      // NVFP4: the global dequantization scale; W4A8: the folded fp8 per-tensor scale.
+      for (int64_t i = 0; i < n; ++i)
+        t.data_as<float>()[i] = nvfp4 ? target / wmax : 1.0f;
+    } else if (ends_with_name(name, "_input_scale")) {
+      for (int64_t i = 0; i < n; ++i)
+        t.data_as<float>()[i] = input_amax / amax_code * jitter(rng);
+    } else if (ends_with_name(name, "_input_scale_2")) {  // NVFP4: amax / (448 * 6)
+      for (int64_t i = 0; i < n; ++i)
+        t.data_as<float>()[i] = input_amax / (448.0f * 6.0f);
+    } else if (ends_with_name(name, "_bias")) {
+      std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+      for (int64_t i = 0; i < n; ++i)
+        store_float(t.data(), t.dtype(), i, u(rng));
+    } else {
+      throw Error(fmt::format("fill_random_parameters: no rule for parameter {} of {}", name,
+                              method.name()));
+    }
+    layer.load(name, t);
+  }
 }
 
 }  // namespace moekit::quark

@@ -311,6 +311,14 @@ class QuarkOcpMxMoEMethod final : public QuarkMoEMethod {
   bool static_input_scales_;
 };
 
+// Fills the parameters create_weights registered with random valid values, so that a layer of a
+// real model's shape can be built without a checkpoint (benchmarks): codes uniform over the
+// format's finite codes, scales such that the dequantized weights are about 2/sqrt(K) in
+// magnitude (K = hidden for w13, intermediate for w2), static input scales for inputs of about 1
+// (GEMM1) and 4 (GEMM2), biases in [-0.1, 0.1]. Deterministic in `seed`.
+void fill_random_parameters(ExpertParams& layer, const QuarkMoEMethod& method, int64_t hidden,
+                            int64_t intermediate, uint64_t seed);
+
 // The seed's get_moe_method: the method of `target` for `moe`. Throws UnsupportedError
 // "Unsupported FusedMoe scheme" when the target has no weight key.
 std::unique_ptr<QuarkMoEMethod> get_moe_method(const QuarkConfig& config, const MoEConfig& moe,
