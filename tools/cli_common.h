@@ -81,6 +81,10 @@ int explain_quant_command(const DeploymentOptions& deployment, const std::string
                           const std::string& checkpoint_dir);
 int make_fixture_command(const std::string& scheme, const std::string& out,
                          const std::string& model, uint64_t seed, int shards);
+// tools/soak.cpp: forward_into for `minutes` with random sizes and routing, a sampled row checked
+// every `check_every` steps, device memory watched. 0 when every check passed.
+int soak_command(const DeploymentOptions& deployment, double minutes, int check_every,
+                 uint64_t seed);
 // quant_scheme: "bf16" (unquantized) or a make-fixture scheme (random_quantized_layer).
 int bench_command(const DeploymentOptions& deployment, const std::vector<std::string>& models,
                   const std::vector<int64_t>& tokens, const std::string& routing_dist, int reps,

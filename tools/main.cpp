@@ -114,6 +114,21 @@ int main(int argc, char** argv) {
   bench->add_option("--tile", bench_tile, "force the experts' GEMM tile (auto, or a table name)")
       ->capture_default_str();
 
+  DeploymentOptions soak_deployment;
+  soak_deployment.max_num_tokens = 16384;
+  double soak_minutes = 10;
+  int soak_check_every = 5;
+  uint64_t soak_seed = 1;
+  CLI::App* soak = app.add_subcommand(
+      "soak",
+      "Run forward_into on the GPU for minutes with random batch sizes in [0, --max-tokens] and "
+      "random / degenerate routing, checking sampled rows against float64 and device memory");
+  soak_deployment.add_to(*soak);
+  soak->add_option("--minutes", soak_minutes, "how long to run")->check(CLI::PositiveNumber);
+  soak->add_option("--check-every", soak_check_every, "steps between checks")
+      ->check(CLI::PositiveNumber);
+  soak->add_option("--seed", soak_seed, "random seed");
+
   BenchKernelsOptions bench_kernels_options;
   CLI::App* bench_kernels = app.add_subcommand(
       "bench-kernels",
@@ -151,6 +166,7 @@ int main(int argc, char** argv) {
         moekit::throw_no_cuda("moekit bench-kernels");
       }
     }
+    if (*soak) return soak_command(soak_deployment, soak_minutes, soak_check_every, soak_seed);
     if (*bench) {
       bench_deployment.tile_config = bench_tile;
       return bench_command(bench_deployment, bench_models, bench_tokens, bench_routing, bench_reps,

@@ -40,6 +40,15 @@ int cuda_device_count() {
   }
 }
 
+size_t cuda_memory_in_use(int index) {
+  if constexpr (kCudaBuild) {
+    const auto [free, total] = cuda_rt::memory_info(index);
+    return total - free;
+  } else {
+    throw_no_cuda("cuda_memory_in_use");
+  }
+}
+
 std::string cuda_unavailable_reason() {
   if constexpr (kCudaBuild) {
     std::string reason;

@@ -193,10 +193,8 @@ Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activatio
   MOEKIT_CHECK(activation_output_dim(activation, n) == i && w2.size(0) == h,
                "Sm90SharedExperts: shared_w13 {} and shared_w2 {} do not form an MLP with {}",
                w13.describe(), w2.describe(), activation_name(activation));
+  max_num_tokens_ = max_num_tokens;
   mlp_ = std::make_unique<sm90::SharedMlp>();
-  mlp_->hidden = Tensor::empty({max_num_tokens, n}, w13.dtype(), w13.device());
-  mlp_->act = Tensor::empty({max_num_tokens, i}, w13.dtype(), w13.device());
-  mlp_->out = Tensor::empty({max_num_tokens, h}, w13.dtype(), w13.device());
   mlp_->offsets = Tensor::empty({2}, DType::kInt32, w13.device());
   mlp_->w13 = std::move(w13);
   mlp_->w2 = std::move(w2);
@@ -207,8 +205,35 @@ Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activatio
 
 Sm90SharedExperts::~Sm90SharedExperts() = default;
 
+namespace {
+constexpr std::string_view kSharedHidden = "shared.hidden";  // (M, N) GEMM1 output
+constexpr std::string_view kSharedAct = "shared.act";        // (M, I) activation output
+constexpr std::string_view kSharedOut = "shared.out";        // (M, H) the shared experts' output
+}  // namespace
+
+std::vector<WorkspaceRequest> Sm90SharedExperts::workspace_requests(int64_t max_num_tokens) const {
+  const int64_t m = std::max(max_num_tokens, max_num_tokens_);
+  const int64_t n = mlp_->w13.size(0), h = mlp_->w13.size(1), i = mlp_->w2.size(1);
+  const size_t es = element_size(mlp_->w13.dtype());
+  return {{std::string(kSharedHidden), static_cast<size_t>(m * n) * es},
+          {std::string(kSharedAct), static_cast<size_t>(m * i) * es},
+          {std::string(kSharedOut), static_cast<size_t>(m * h) * es}};
+}
+
 Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
   if constexpr (kCudaBuild) {
+    MOEKIT_CHECK(ctx.workspace != nullptr,
+                 "Sm90SharedExperts needs the workspace manager in RunContext (its slots {}, {}, "
+                 "{})",
+                 kSharedHidden, kSharedAct, kSharedOut);
+    expect_dim(x, "shared_experts_input", 2);
+    const int64_t M = x.size(0);
+    MOEKIT_CHECK(M <= max_num_tokens_, "shared experts: M={} > max_num_tokens={}", M,
+                 max_num_tokens_);
+    const DType dt = mlp_->w13.dtype();
+    mlp_->hidden = ctx.workspace->get(kSharedHidden, {M, mlp_->w13.size(0)}, dt);
+    mlp_->act = ctx.workspace->get(kSharedAct, {M, mlp_->w2.size(1)}, dt);
+    mlp_->out = ctx.workspace->get(kSharedOut, {M, mlp_->w13.size(1)}, dt);
     return sm90::shared_forward(*mlp_, x, ctx);
   } else {
     throw_no_cuda("Sm90SharedExperts");
@@ -223,6 +248,14 @@ namespace {
 // through one expert's worth of scratch.
 void interleave_in_place(Tensor& t, bool pairwise, Stream stream) {
   const Tensor rows3 = t.dim() == 2 ? t.view({t.size(0), t.size(1), 1}) : t;
+  const size_t row_bytes = static_cast<size_t>(rows3.size(2)) * element_size(t.dtype());
+  if (t.device().is_cuda() && row_bytes % 16 != 0) {
+    // A bias (rows of one element): the GPU reorder moves 16-byte rows, so reorder a host copy.
+    Tensor host = t.to(Device::cpu());
+    interleave_in_place(host, pairwise, Stream{});
+    t.copy_from(host);
+    return;
+  }
   Tensor scratch = Tensor::empty({1, rows3.size(1), rows3.size(2)}, t.dtype(), t.device());
   for (int64_t e = 0; e < rows3.size(0); ++e) {
     Tensor expert = rows3.slice(0, e, e + 1);

@@ -258,10 +258,11 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
   kernel_weights_.w13_bias = std::move(weights_.w13_bias);
   kernel_weights_.w2_bias = std::move(weights_.w2_bias);
   weights_.w13 = weights_.w2 = weights_.w13_bias = weights_.w2_bias = Tensor{};
+  if (device.is_cuda()) stream_ = std::make_unique<CudaStream>(device.index);
   if (plan_.weight_layout) {
     log::debug_once(fmt::format("{}: weights rewritten into {}", plan_.backend->name,
                                 plan_.weight_layout->name));
-    plan_.weight_layout->to_kernel(kernel_weights_, moe_, Stream{});
+    plan_.weight_layout->to_kernel(kernel_weights_, moe_, default_stream());
   }
   if (model_.has_bias) {
     quant_.w1.bias = kernel_weights_.w13_bias;
@@ -295,11 +296,14 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
   workspace_requests_ =
       kernel_->workspace_requests(options_.max_num_tokens, N, H, model_.top_k, moe_.num_experts, E,
                                   moe_.activation, options_.dtype);
+  if (shared_beside_kernel_) {
+    for (WorkspaceRequest& r : shared_beside_kernel_->workspace_requests(options_.max_num_tokens))
+      workspace_requests_.push_back(std::move(r));
+  }
   const bool locked = ws.growth_locked();
   ws.set_growth_locked(false);
   ws.reserve(workspace_requests_);
   ws.set_growth_locked(locked || device.is_cuda());
-  if (device.is_cuda()) stream_ = std::make_unique<CudaStream>(device.index);
   routing_ids_ = Tensor::empty({options_.max_num_tokens, model_.top_k}, DType::kInt32, device);
   routing_weights_ = Tensor::empty({options_.max_num_tokens, model_.top_k}, DType::kF32, device);
 }

@@ -52,6 +52,9 @@ int cuda_device_count();
 // Why no GPU is usable ("moekit was built without CUDA", "cudaGetDeviceCount: no CUDA-capable
 // device is detected"), or "" when one is.
 std::string cuda_unavailable_reason();
+// Bytes of device memory in use on CUDA device `index` (total - free, after synchronizing the
+// device): what `moekit soak` and the memory tests watch. Throws without CUDA.
+size_t cuda_memory_in_use(int index);
 // A named device for planning (`h200`, `h100`, `cpu`), marked not present unless it is this
 // machine's.
 DeviceInfo device_info_by_name(const std::string& name);

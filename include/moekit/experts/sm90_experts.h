@@ -83,15 +83,19 @@ class Sm90BatchedExperts final : public ExpertsModular {
 
 class Sm90SharedExperts final : public SharedExperts {
  public:
-  // w13 (2*I_s or I_s, H), w2 (H, I_s), bf16/f16 on a CUDA device. Buffers for max_num_tokens are
-  // allocated here, once; forward allocates nothing.
+  // w13 (2*I_s or I_s, H), w2 (H, I_s), bf16/f16 on a CUDA device. Its buffers for up to
+  // max_num_tokens tokens are workspace slots (shared.hidden / shared.act / shared.out, reserved
+  // by the layer through workspace_requests); forward allocates nothing.
   Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation, ActivationParams params,
                     int64_t max_num_tokens);
   ~Sm90SharedExperts() override;
+  std::vector<WorkspaceRequest> workspace_requests(int64_t max_num_tokens) const override;
+  // Needs ctx.workspace (the slots above) and ctx.stream.
   Tensor forward(const Tensor& x, RunContext ctx) override;
 
  private:
-  std::unique_ptr<sm90::SharedMlp> mlp_;  // weights and buffers (experts/cuda/sm90_experts.h)
+  std::unique_ptr<sm90::SharedMlp> mlp_;  // weights and launch state (experts/cuda/sm90_experts.h)
+  int64_t max_num_tokens_;
 };
 
 }  // namespace moekit

@@ -16,6 +16,10 @@ namespace moekit {
 class SharedExperts {
  public:
   virtual ~SharedExperts() = default;
+  // Workspace slots a forward of up to max_num_tokens tokens uses (reserved once by the layer).
+  virtual std::vector<WorkspaceRequest> workspace_requests(int64_t /*max_num_tokens*/) const {
+    return {};
+  }
   // x (M, H) -> (M, H)
   virtual Tensor forward(const Tensor& x, RunContext ctx) = 0;
 };
@@ -55,7 +59,7 @@ class FusedMoEKernel final {
   bool has_shared_experts() const { return shared_experts_ != nullptr; }
 
   // The workspace slots a forward of M tokens needs (reserve once at the worst case): the experts'
-  // two (workspace_slots::kExperts13, kExperts2) and the prepare/finalize's own.
+  // two (workspace_slots::kExperts13, kExperts2), the prepare/finalize's and the shared experts'.
   std::vector<WorkspaceRequest> workspace_requests(int64_t M, int64_t N, int64_t K, int64_t topk,
                                                    int64_t global_num_experts,
                                                    int64_t local_num_experts, Activation activation,

@@ -30,6 +30,19 @@ DeviceInfo device_info(int index) {
   return info;
 }
 
+std::pair<size_t, size_t> memory_info(int index) {
+  int previous = 0;
+  MOEKIT_CUDA_CHECK(cudaGetDevice(&previous));
+  MOEKIT_CUDA_CHECK(cudaSetDevice(index));
+  size_t free = 0, total = 0;
+  const cudaError_t sync = cudaDeviceSynchronize();
+  const cudaError_t info = cudaMemGetInfo(&free, &total);
+  cudaSetDevice(previous);
+  MOEKIT_CUDA_CHECK(sync);
+  MOEKIT_CUDA_CHECK(info);
+  return {free, total};
+}
+
 void* allocate(size_t bytes, int device_index) {
   int previous = 0;
   MOEKIT_CUDA_CHECK(cudaGetDevice(&previous));

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include "moekit/core/device.h"
 
@@ -12,6 +13,8 @@ namespace moekit::cuda_rt {
 // Number of devices; on failure 0 and the reason.
 int device_count(std::string* reason);
 DeviceInfo device_info(int index);
+// (free, total) bytes of device memory, after synchronizing the device.
+std::pair<size_t, size_t> memory_info(int index);
 void* allocate(size_t bytes, int device_index);
 void release(void* ptr) noexcept;
 // Synchronous copy between any two devices (host pointers for the CPU).

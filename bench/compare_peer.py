@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Side-by-side table of `moekit bench --json` and the Triton peer's JSON from the same device call:
+peer us / moekit us per (model, M) — above 1 means moekit is faster. moekit's time excludes its
+shared-expert stages when the peer does not run them (deepseek-v3).
+
+    python3 bench/compare_peer.py bench.json peer.json [--dtype bf16] > ratio.md
+"""
+import json
+import statistics
+import sys
+
+
+def main() -> int:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    dtype = "bf16"
+    if "--dtype" in sys.argv:
+        dtype = sys.argv[sys.argv.index("--dtype") + 1]
+    if len(args) != 2:
+        print(__doc__)
+        return 2
+    bench = json.load(open(args[0]))
+    peer = json.load(open(args[1]))
+    rows = {(r["model"], r["M"]): r for r in peer["rows"]
+            if r.get("status") == "ok" and r.get("dtype") == dtype}
+    print(f"| model | M | moekit us | moekit routed us | TB/s | TFLOP/s | peer us | peer/moekit |")
+    print("|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for c in bench["cases"]:
+        p = rows.get((c["model"], c["M"]))
+        shared = sum(c.get("stages_us", {}).get(s, 0.0) for s in ("shared_experts", "shared_add"))
+        routed = c["us"] - shared
+        if p is None:
+            print(f"| {c['model']} | {c['M']} | {c['us']:.1f} | {routed:.1f} | {c['tbps']:.2f} | "
+                  f"{c['tflops']:.1f} | - | - |")
+            continue
+        ratio = p["us"] / routed
+        ratios.append(ratio)
+        print(f"| {c['model']} | {c['M']} | {c['us']:.1f} | {routed:.1f} | {c['tbps']:.2f} | "
+              f"{c['tflops']:.1f} | {p['us']:.1f} | {ratio:.2f} |")
+    if ratios:
+        print(f"\npeer/moekit over {len(ratios)} cases: min {min(ratios):.2f}, "
+              f"median {statistics.median(ratios):.2f}, max {max(ratios):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
