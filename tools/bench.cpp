@@ -230,6 +230,7 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
     }
     std::cout << "\n"
               << model.summary() << "\n  weights: " << layers[0]->scheme()
+              << (layers[0]->moe_config().batch_invariant ? ", batch-invariant mode" : "")
               << "\n  experts: " << layers[0]->kernel().fused_experts().name() << ", " << max_sets
               << " weight set(s) of " << fmt::format("{:.2f}", total_weight_bytes / 1e9) << " GB\n";
     std::cout << fmt::format("  {:>6} {:>10} {:>8} {:>9} {:>7} {:>7}  {}\n", "M", "us", "TB/s",
@@ -316,6 +317,7 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
     j["routing"] = routing_dist;
     j["dtype"] = deployment.dtype;
     j["quant"] = quant_scheme;
+    j["batch_invariant"] = deployment.batch_invariant;
     j["peaks"] = {{"copy_tbps", copy_tbps}, {"bf16_gemm_tflops", gemm_tflops}};
     for (const Case& c : cases) {
       j["cases"].push_back({{"model", c.model},

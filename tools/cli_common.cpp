@@ -50,6 +50,9 @@ void DeploymentOptions::add_to(CLI::App& app) {
                  "EP token exchange: naive, allgather_reducescatter, nccl_all2all, "
                  "batched_low_latency, megakernel")
       ->capture_default_str();
+  app.add_flag("--batch-invariant", batch_invariant,
+               "a token's output independent of the other tokens in its batch (also "
+               "MOEKIT_BATCH_INVARIANT=1)");
   app.add_option("--max-tokens", max_num_tokens, "max tokens per forward (sizes workspaces)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -70,6 +73,7 @@ MoELayerOptions DeploymentOptions::layer_options() const {
   o.parallel = ParallelConfig::make(tp_size, dp_size, dp_rank, 0, enable_ep, a2a);
   o.backend = backend;
   o.tile_config = tile_config;
+  o.batch_invariant = batch_invariant;
   o.max_num_tokens = max_num_tokens;
   return o;
 }

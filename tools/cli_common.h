@@ -19,6 +19,7 @@ struct DeploymentOptions {
   std::string device = "auto";  // cpu, auto (the GPU if present), h200, h100, ...
   std::string backend = "auto";
   std::string tile_config = "auto";  // `bench --tile`
+  bool batch_invariant = false;      // --batch-invariant (MoELayerOptions::batch_invariant)
   int tp_size = 1;
   int dp_size = 1;
   int dp_rank = 0;
