@@ -54,6 +54,16 @@ void check_run_fits(const ModelPreset& model, const MoELayerOptions& options, in
   const double io =
       static_cast<double>(std::max<int64_t>(tokens, 1)) * (3 * H * es + 4.0 * moe.num_experts);
   const bool on_cpu = options.device.type == DeviceType::kCPU;
+  if (!on_cpu && options.device.present) {
+    const double free = static_cast<double>(cuda_memory_free(options.device.index));
+    MOEKIT_CHECK(experts + shared + workspace <= 0.95 * free,
+                 "this run needs about {:.1f} GB of device memory ({:.1f} GB of {} expert weights "
+                 "in {}, {:.1f} GB of workspaces) but {} has {:.1f} GB free: use --ep with --tp to "
+                 "hold one rank's experts, or a smaller --max-tokens",
+                 (experts + shared + workspace) / 1e9, (experts + shared) / 1e9, model.name,
+                 dtype_name(options.dtype), workspace / 1e9, options.device.to_string(),
+                 free / 1e9);
+  }
   const double host_need = io + (on_cpu ? experts + shared + workspace : 0.0);
   const auto available = host_bytes_available();
   if (!available) return;

@@ -49,6 +49,14 @@ size_t cuda_memory_in_use(int index) {
   }
 }
 
+size_t cuda_memory_free(int index) {
+  if constexpr (kCudaBuild) {
+    return cuda_rt::memory_info(index).first;
+  } else {
+    throw_no_cuda("cuda_memory_free");
+  }
+}
+
 std::string cuda_unavailable_reason() {
   if constexpr (kCudaBuild) {
     std::string reason;

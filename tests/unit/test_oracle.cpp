@@ -1185,8 +1185,7 @@ const PrepareFinalizeReport::Candidate* find_candidate(const PrepareFinalizeRepo
   return nullptr;
 }
 
-// NOTE: maybe_make_prepare_finalize is gone; the same choices are made by the prepare/finalize
-// factories (select_prepare_finalize), keyed by dispatch_key(parallel).
+// The prepare/finalize factories (select_prepare_finalize), keyed by dispatch_key(parallel).
 TEST_F(OracleTest, PrepareFinalizeChoice) {
   const MoEConfig moe = cpu_moe();
   FakeKind standard(cpu_caps("FakeStandardExperts"));
@@ -1278,8 +1277,8 @@ TEST_F(OracleTest, MakeQuantConfigThrowsForUnquantized) {
   EXPECT_THROW((void)oracle.make_quant_config(), Error);
 }
 
-// NOTE: convert_to_kernel_format is replaced by the chosen backend's layout_for(moe); the CPU
-// backends keep the standard layout (nullopt), and so does the plan built on them.
+// The CPU backends keep the standard layout (layout_for is nullopt), and so does the plan built
+// on them.
 TEST_F(OracleTest, CpuBackendsKeepTheStandardLayout) {
   const MoEConfig moe = cpu_moe();
   UnquantizedMoEKernelOracle oracle(moe);

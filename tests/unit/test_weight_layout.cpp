@@ -90,10 +90,9 @@ MoEConfig small_moe(Activation act) {
   return m;
 }
 
-// NOTE: the oracle's convert_to_kernel_format / convert_w13_bias_to_kernel_format are replaced by
-// the chosen backend's weight layout (ExpertsBackend::layout_for). Intentional change: to_kernel
-// rewrites w13 and its bias in place (the same storage) where the conversion returned reordered
-// copies; to_standard is its exact inverse on host copies of single experts.
+// The chosen backend's weight layout (ExpertsBackend::layout_for): to_kernel rewrites w13 and its
+// bias in place (the same storage); to_standard is its exact inverse on host copies of single
+// experts.
 TEST(WeightLayout, OnlyFusedSm90BackendsHaveALayout) {
   const MoEConfig gated = small_moe(Activation::kSilu);
   ASSERT_TRUE(sm90_fuses_activation(gated));

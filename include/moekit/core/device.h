@@ -55,6 +55,8 @@ std::string cuda_unavailable_reason();
 // Bytes of device memory in use on CUDA device `index` (total - free, after synchronizing the
 // device): what `moekit soak` and the memory tests watch. Throws without CUDA.
 size_t cuda_memory_in_use(int index);
+// Free bytes of device memory on CUDA device `index`. Throws without CUDA.
+size_t cuda_memory_free(int index);
 // A named device for planning (`h200`, `h100`, `cpu`), marked not present unless it is this
 // machine's.
 DeviceInfo device_info_by_name(const std::string& name);

@@ -1,7 +1,8 @@
 // Environment variables read by moekit. Every variable is listed in the README.
 //   MOEKIT_LOG_LEVEL   trace|debug|info|warn|error|off (default warn)
 //   MOEKIT_MOE_BACKEND force an experts backend by its user-facing name (e.g. "cpu_reference")
-//   MOEKIT_SUPPORT_LEGACY / MOEKIT_DISABLE_PDL  diagnostics of the router/align CUDA kernels
+//   MOEKIT_DISABLE_PDL  diagnostics: the router/align kernels without programmatic dependent launch
+//   MOEKIT_BATCH_INVARIANT  1: every layer batch-invariant (MoELayerOptions::batch_invariant)
 // (CPU threads follow OpenMP's OMP_NUM_THREADS.)
 //
 // NOTE: a variable that is set to a value the reader does not recognise is an error, never a

@@ -32,8 +32,8 @@ struct SharedMlp;
 }  // namespace sm90
 
 // Whether the Hopper experts fuse the gated activation into GEMM1 for this layer. Then w13 and its
-// bias must be in the blocks-of-32 gate/up order (UnquantizedMoEKernelOracle::
-// convert_to_kernel_format produces it); otherwise they keep the standard layout.
+// bias must be in the blocks-of-32 gate/up order (the weight layout the sm90 backends register,
+// sm90_experts.cpp, which the layer applies in place); otherwise they keep the standard layout.
 bool sm90_fuses_activation(const MoEConfig& moe);
 
 class Sm90GroupedExperts final : public ExpertsModular {
