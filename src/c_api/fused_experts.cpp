@@ -68,14 +68,6 @@ Signature signature_of(const Call& c) {
   return s;
 }
 
-void expect_tensor(const Tensor& t, std::string_view name, std::initializer_list<int64_t> shape,
-                   std::initializer_list<DType> dtypes, Device device) {
-  expect_shape(t, name, shape);
-  expect_dtype(t, name, dtypes);
-  expect_device(t, name, device);
-  expect_contiguous(t, name);
-}
-
 // `with_output`: a forward (output required) rather than prepare_weights.
 Call parse_call(const moekit_fused_experts_args* in, bool with_output) {
   MOEKIT_CHECK(in != nullptr, "args is NULL");

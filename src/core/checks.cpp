@@ -57,4 +57,12 @@ void expect_contiguous(const Tensor& t, std::string_view name) {
   MOEKIT_CHECK(t.is_contiguous(), "tensor '{}' ({}) must be contiguous", name, t.describe());
 }
 
+void expect_tensor(const Tensor& t, std::string_view name, std::initializer_list<int64_t> shape,
+                   std::initializer_list<DType> dtypes, Device device) {
+  expect_shape(t, name, shape);
+  expect_dtype(t, name, dtypes);
+  expect_device(t, name, device);
+  expect_contiguous(t, name);
+}
+
 }  // namespace moekit

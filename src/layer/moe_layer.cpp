@@ -42,14 +42,6 @@ QuantDesc desc_on_host(const QuantDesc& d) {
   return h;
 }
 
-void check_weight(const Tensor& t, std::string_view name, std::initializer_list<int64_t> shape,
-                  std::initializer_list<DType> dtypes, Device device) {
-  expect_shape(t, name, shape);
-  expect_dtype(t, name, dtypes);
-  expect_device(t, name, device);
-  expect_contiguous(t, name);
-}
-
 size_t bytes_of(const Tensor& t) {
   return t.defined() ? t.nbytes() : 0;
 }
@@ -172,12 +164,12 @@ void MoELayer::check_weights() const {
   const int64_t N = moe_.is_act_and_mul() ? 2 * I : I;
   const MoELayerWeights& w = weights_;
   if (!quant_.is_quantized()) {
-    check_weight(w.w13, "w13", {E, N, H}, {options_.dtype}, device);
-    check_weight(w.w2, "w2", {E, H, I}, {options_.dtype}, device);
+    expect_tensor(w.w13, "w13", {E, N, H}, {options_.dtype}, device);
+    expect_tensor(w.w2, "w2", {E, H, I}, {options_.dtype}, device);
   } else {
     // Codes: the packed width depends on the format; the experts check it against the scheme.
-    check_weight(w.w13, "w13", {E, N, kAnyDim}, {w.w13.dtype()}, device);
-    check_weight(w.w2, "w2", {E, H, kAnyDim}, {w.w2.dtype()}, device);
+    expect_tensor(w.w13, "w13", {E, N, kAnyDim}, {w.w13.dtype()}, device);
+    expect_tensor(w.w2, "w2", {E, H, kAnyDim}, {w.w2.dtype()}, device);
     for (const auto& [t, name] : {std::pair{&w.w13, "w13"}, std::pair{&w.w2, "w2"}}) {
       MOEKIT_CHECK(element_size(t->dtype()) == 1,
                    "{} {} must hold one-byte codes for the quantized scheme {}", name,
@@ -191,12 +183,12 @@ void MoELayer::check_weights() const {
   if (model_.has_bias) {
     // Quantized schemes keep f32 biases (the Quark parameters); unquantized ones the dtype's.
     const DType alt = quant_.is_quantized() ? DType::kF32 : options_.dtype;
-    check_weight(w.w13_bias, "w13_bias", {E, N}, {options_.dtype, alt}, device);
-    check_weight(w.w2_bias, "w2_bias", {E, H}, {options_.dtype, alt}, device);
+    expect_tensor(w.w13_bias, "w13_bias", {E, N}, {options_.dtype, alt}, device);
+    expect_tensor(w.w2_bias, "w2_bias", {E, H}, {options_.dtype, alt}, device);
   }
   if (w.router_weight.defined()) {
-    check_weight(w.router_weight, "router_weight", {moe_.num_experts, H}, {DType::kF32},
-                 Device::cpu());
+    expect_tensor(w.router_weight, "router_weight", {moe_.num_experts, H}, {DType::kF32},
+                  Device::cpu());
   }
 }
 

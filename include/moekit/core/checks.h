@@ -19,5 +19,8 @@ void expect_dim(const Tensor& t, std::string_view name, int dim);
 void expect_shape(const Tensor& t, std::string_view name, std::initializer_list<int64_t> expected);
 void expect_device(const Tensor& t, std::string_view name, Device device);
 void expect_contiguous(const Tensor& t, std::string_view name);
+// All four: the shape (kAnyDim matches any size), one of the dtypes, the device, contiguous.
+void expect_tensor(const Tensor& t, std::string_view name, std::initializer_list<int64_t> shape,
+                   std::initializer_list<DType> dtypes, Device device);
 
 }  // namespace moekit
