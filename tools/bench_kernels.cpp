@@ -221,6 +221,7 @@ void bench_gemm1(const std::vector<int64_t>& tokens, int reps, const std::string
                  cudaStream_t stream) {
   std::vector<int> tiles;
   for (int t = 0; t < mc::sm90::kNumTiles; ++t) {
+    if (mc::sm90::kTileTable[t].family != mc::sm90::TileFamily::k16Bit) continue;  // bf16 GEMMs
     if (tile_name == "all" || tile_name == mc::sm90::kTileTable[t].name) tiles.push_back(t);
   }
   MOEKIT_CHECK(!tiles.empty(), "--tile {} is not 'all' or a tile of the table ({})", tile_name,

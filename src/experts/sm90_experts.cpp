@@ -13,6 +13,7 @@
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/oracle/backend.h"
+#include "moekit/quant/formats.h"
 
 namespace moekit {
 namespace {
@@ -86,12 +87,12 @@ const ExpertsClass& Sm90BatchedExperts::klass() {
   return k;
 }
 
-int sm90::tile_from_config(const MoEConfig& moe, const char* who) {
+int sm90::tile_from_config(const MoEConfig& moe, const char* who, cuda::sm90::TileFamily family) {
   if (moe.tile_config == "auto") return -1;
-  const int tile = cuda::sm90::find_tile(moe.tile_config);
+  const int tile = cuda::sm90::find_tile(moe.tile_config, family);
   MOEKIT_CHECK(tile >= 0,
                "{}: tile_config '{}' is not a tile of the Hopper grouped GEMM; valid: auto, {}",
-               who, moe.tile_config, cuda::sm90::tile_names());
+               who, moe.tile_config, cuda::sm90::tile_names(family));
   return tile;
 }
 
@@ -107,55 +108,61 @@ Sm90BatchedExperts::Sm90BatchedExperts(const MoEConfig& moe, const QuantConfig& 
 
 Sm90BatchedExperts::~Sm90BatchedExperts() = default;
 
-Sm90GroupedExperts::Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& quant)
-    : ExpertsModular(klass(), moe, quant, std::nullopt, std::nullopt),
+Sm90StandardExpertsBase::Sm90StandardExpertsBase(const ExpertsClass& klass, const MoEConfig& moe,
+                                                 const QuantConfig& quant)
+    : ExpertsModular(klass, moe, quant, std::nullopt, std::nullopt),
       state_(std::make_unique<sm90::LaunchState>()) {
-  if constexpr (!kCudaBuild) throw_no_cuda("Sm90GroupedExperts");
+  if constexpr (!kCudaBuild) throw_no_cuda(klass.name());
+}
+
+Sm90StandardExpertsBase::~Sm90StandardExpertsBase() = default;
+
+Sm90GroupedExperts::Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& quant)
+    : Sm90StandardExpertsBase(klass(), moe, quant) {
   MOEKIT_CHECK(!quant.is_quantized(), "Sm90GroupedExperts runs unquantized layers only, got {}",
                quant.describe());
   state_->tile = sm90::tile_from_config(moe, "Sm90GroupedExperts");
 }
 
-Sm90GroupedExperts::~Sm90GroupedExperts() = default;
-
-void Sm90GroupedExperts::bind_weights(const Tensor& w1, const Tensor& w2) {
+void Sm90StandardExpertsBase::bind_weights(const Tensor& w1, const Tensor& w2) {
   if constexpr (kCudaBuild) {
-    sm90::bind_weights(*state_, w1, w2);
+    sm90::bind_weights(*state_, w1, w2, moe_config().in_dtype);
   } else {
-    throw_no_cuda("Sm90GroupedExperts");
+    throw_no_cuda(name());
   }
 }
 
 void Sm90BatchedExperts::bind_weights(const Tensor& w1, const Tensor& w2) {
   if constexpr (kCudaBuild) {
-    sm90::bind_weights(*state_, w1, w2);
+    sm90::bind_weights(*state_, w1, w2, moe_config().in_dtype);
   } else {
     throw_no_cuda("Sm90BatchedExperts");
   }
 }
 
-WorkspaceShapes Sm90GroupedExperts::workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
-                                                     int64_t, int64_t local_num_experts,
-                                                     const ExpertTokensMetadata*,
-                                                     Activation activation) const {
+WorkspaceShapes Sm90StandardExpertsBase::workspace_shapes(int64_t M, int64_t N, int64_t K,
+                                                          int64_t topk, int64_t,
+                                                          int64_t local_num_experts,
+                                                          const ExpertTokensMetadata*,
+                                                          Activation activation) const {
   if constexpr (kCudaBuild) {
-    return sm90::grouped_workspace_shapes(moe_config(), M, N, K, topk, local_num_experts,
-                                          activation);
+    return sm90::grouped_workspace_shapes(moe_config(), quant_config(), M, N, K, topk,
+                                          local_num_experts, activation);
   } else {
-    throw_no_cuda("Sm90GroupedExperts");
+    throw_no_cuda(name());
   }
 }
 
-std::shared_ptr<const TopKWeightAndReduce> Sm90GroupedExperts::finalize_weight_and_reduce_impl()
-    const {
+std::shared_ptr<const TopKWeightAndReduce>
+Sm90StandardExpertsBase::finalize_weight_and_reduce_impl() const {
   return std::make_shared<TopKWeightAndReduceNoOp>();
 }
 
-void Sm90GroupedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+void Sm90StandardExpertsBase::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   if constexpr (kCudaBuild) {
     sm90::grouped_apply(*this, *state_, args, ctx);
   } else {
-    throw_no_cuda("Sm90GroupedExperts");
+    throw_no_cuda(name());
   }
 }
 
@@ -179,6 +186,153 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   } else {
     throw_no_cuda("Sm90BatchedExperts");
   }
+}
+
+// ---- Sm90Fp8Experts -------------------------------------------------------------------------
+
+namespace {
+
+namespace qk = quant_keys;
+
+// The fp8 pairs the GPU serves (sm90_experts.h): (weights, activations) keys.
+std::vector<QuantScheme> sm90_fp8_schemes() {
+  return {
+      {qk::kFp8Static128BlockSym, qk::kFp8Dynamic128Sym},
+      {qk::kFp8Static128BlockE8M0Sym, qk::kFp8Dynamic128Sym},
+      {qk::kFp8StaticTensorSym, qk::kFp8StaticTensorSym},
+      {qk::kFp8StaticTensorSym, qk::kFp8DynamicTensorSym},
+      {qk::kFp8StaticTensorSym, qk::kFp8DynamicTokenSym},
+      {qk::kFp8StaticChannelSym, qk::kFp8DynamicTokenSym},
+      {qk::kFp8StaticChannelSym, qk::kFp8StaticTensorSym},
+      {qk::kFp8StaticChannelSym, qk::kFp8DynamicTensorSym},
+  };
+}
+
+// The shapes the fp8 GEMMs take beside the Hopper ones: rows of 16 bytes (K multiples of 16), and
+// 128x128 weight blocks only.
+std::string sm90_fp8_shape_check(const MoEConfig& moe) {
+  if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
+  const int64_t I = moe.intermediate_size_per_partition();
+  if (moe.hidden_dim % 16 != 0 || I % 16 != 0) {
+    return fmt::format("(fp8 rows need hidden {} and intermediate {} multiples of 16)",
+                       moe.hidden_dim, I);
+  }
+  return {};
+}
+
+// The row order of w13 in the kernel's layout: kernel row r holds standard row source[r].
+std::vector<int32_t> kernel_row_sources(int64_t n, const MoEConfig& moe) {
+  std::vector<int32_t> source(static_cast<size_t>(n));
+  std::iota(source.begin(), source.end(), 0);
+  if (!sm90_fuses_activation(moe)) return source;
+  std::vector<int64_t> identity(source.begin(), source.end());
+  const Tensor index = Tensor::from_ints(identity, {1, n, 1}, DType::kInt32);
+  Tensor out = Tensor::empty({1, n, 1}, DType::kInt32);
+  interleave_gate_up_blocks(out, index, moe.activation == Activation::kSwigluOai, Stream{});
+  std::memcpy(source.data(), out.data(), source.size() * sizeof(int32_t));
+  return source;
+}
+
+// A weight scale tensor on the host as f32 (e8m0 block scales decoded).
+Tensor host_f32_scale(const Tensor& scale) {
+  Tensor host = scale.device().is_cpu() ? scale.clone() : scale.to(Device::cpu());
+  if (host.dtype() == DType::kF32) return host;
+  MOEKIT_CHECK(host.dtype() == DType::kUE8M0, "fp8 weight scale {} is not f32 or e8m0",
+               host.describe());
+  Tensor f = Tensor::empty(host.shape(), DType::kF32);
+  const auto* codes = host.data_as<const uint8_t>();
+  float* out = f.data_as<float>();
+  for (int64_t i = 0; i < host.numel(); ++i)
+    out[i] = quant::decode_e8m0(codes[i]);
+  return f;
+}
+
+// The kernel-layout scales of one weight (w1: n = N1 rows in the kernel's order `source`; w2:
+// identity) on `device`: (E,), (E, n) or (E, ceil(n / 32), ceil(k / 128)) (cuda::WScale).
+Tensor kernel_weight_scale(const QuantDesc& w, int64_t E, int64_t n, int64_t k,
+                           const std::vector<int32_t>& source, Device device) {
+  const Tensor src = host_f32_scale(w.scale);
+  const float* s = src.data_as<const float>();
+  Tensor out;
+  if (w.shape.is_per_tensor()) {
+    out = src.view({E});
+  } else if (w.shape.is_per_channel()) {
+    out = Tensor::empty({E, n}, DType::kF32);
+    float* o = out.data_as<float>();
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t r = 0; r < n; ++r)
+        o[e * n + r] = s[e * n + source[static_cast<size_t>(r)]];
+    }
+  } else {
+    const int64_t bn = w.shape.row, bk = w.shape.col;
+    MOEKIT_CHECK(bn == 128 && bk == 128, "fp8 weight blocks {}x{} (the GEMM takes 128x128)", bn,
+                 bk);
+    const int64_t nb = (n + 127) / 128, kb = (k + 127) / 128, q = (n + 31) / 32;
+    out = Tensor::empty({E, q, kb}, DType::kF32);
+    float* o = out.data_as<float>();
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t i = 0; i < q; ++i) {
+        // 32 kernel rows come from 32 consecutive standard rows (one 128-row block).
+        const int64_t block = source[static_cast<size_t>(32 * i)] / 128;
+        for (int64_t j = 0; j < kb; ++j)
+          o[(e * q + i) * kb + j] = s[(e * nb + block) * kb + j];
+      }
+    }
+  }
+  return device.is_cpu() ? out : out.to(device);
+}
+
+// quant with its static activation scales (a1, a2) copied to `device`, where prepare and the
+// requantization read them.
+QuantConfig with_device_activation_scales(QuantConfig quant, const MoEConfig& moe) {
+  const Device device = moe.device.device();
+  for (QuantDesc* a : {&quant.a1, &quant.a2}) {
+    if (a->scale.defined() && a->scale.device() != device && device.is_cuda()) {
+      a->scale = a->scale.to(device);
+    }
+  }
+  return quant;
+}
+
+}  // namespace
+
+const ExpertsClass& Sm90Fp8Experts::klass() {
+  static const ExpertsClass k(
+      [] {
+        ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
+        c.name = "Sm90Fp8Experts";
+        c.quant_schemes = sm90_fp8_schemes();
+        return c;
+      }(),
+      [](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
+         std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
+        MOEKIT_CHECK(!max_tokens && !dispatchers,
+                     "Sm90Fp8Experts: max_num_tokens and num_dispatchers should only be set for "
+                     "the BatchedExperts activation format");
+        return std::make_unique<Sm90Fp8Experts>(moe, quant);
+      },
+      sm90_fp8_shape_check);
+  return k;
+}
+
+Sm90Fp8Experts::Sm90Fp8Experts(const MoEConfig& moe, const QuantConfig& quant)
+    : Sm90StandardExpertsBase(klass(), moe, with_device_activation_scales(quant, moe)) {
+  MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp8E4M3 && quant.a1.dtype == QuantDType::kFp8E4M3,
+               "Sm90Fp8Experts runs fp8 W8A8 layers only, got {}", quant.describe());
+  const int tile = sm90::tile_from_config(moe, "Sm90Fp8Experts", cuda::sm90::TileFamily::kFp8);
+  state_->tile = tile;
+  const QuantDesc& w1 = quant.w1;
+  state_->fp8 = w1.shape.is_per_tensor()    ? sm90::LaunchState::Fp8Weights::kTensor
+                : w1.shape.is_per_channel() ? sm90::LaunchState::Fp8Weights::kChannel
+                                            : sm90::LaunchState::Fp8Weights::kBlock;
+  const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
+  const int64_t I = moe.intermediate_size_per_partition();
+  const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
+  const Device device = moe.device.device();
+  std::vector<int32_t> identity(static_cast<size_t>(H));
+  std::iota(identity.begin(), identity.end(), 0);
+  state_->w1_scale = kernel_weight_scale(w1, E, N, H, kernel_row_sources(N, moe), device);
+  state_->w2_scale = kernel_weight_scale(quant.w2, E, H, I, identity, device);
 }
 
 Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
@@ -327,6 +481,18 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_batched, [] {
   ExpertsBackend b =
       sm90_backend("sm90_batched", Sm90BatchedExperts::klass(), kPriorityNativeGpu + 10);
   b.description = "Hopper wgmma GEMMs on the batched (E, T, H) format";
+  return b;
+}());
+
+// ---- backend registration (the fp8 oracle) ----------------------------------------------------
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_fp8, [] {
+  ExpertsBackend b = sm90_backend("sm90_fp8", Sm90Fp8Experts::klass(), kPriorityNativeGpu);
+  b.oracle = QuantOracleKind::kFp8;
+  b.aliases = {"cuda"};
+  b.description =
+      "Hopper e4m3 wgmma grouped GEMMs: 128x128 block / per-tensor / per-channel weights, block "
+      "scales promoted per 128 of K";
   return b;
 }());
 

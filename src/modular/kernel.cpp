@@ -102,7 +102,8 @@ FusedMoEKernel::FusedMoEKernel(std::unique_ptr<PrepareFinalize> prepare_finalize
 std::vector<WorkspaceRequest> FusedMoEKernel::workspace_requests(
     int64_t M, int64_t N, int64_t K, int64_t topk, int64_t global_num_experts,
     int64_t local_num_experts, Activation activation, DType act_dtype) const {
-  std::vector<WorkspaceRequest> out = prepare_finalize_->workspace_requests(M, K, topk, act_dtype);
+  std::vector<WorkspaceRequest> out =
+      prepare_finalize_->workspace_requests(M, K, topk, act_dtype, experts_->quant_config());
   if (shared_experts_) {
     for (WorkspaceRequest& r : shared_experts_->workspace_requests(M))
       out.push_back(std::move(r));

@@ -38,6 +38,11 @@ PrepareResult PrepareFinalizeNoEP::prepare(const PrepareArgs& args, RunContext c
   return result;
 }
 
+std::vector<WorkspaceRequest> PrepareFinalizeNoEP::workspace_requests(
+    int64_t max_num_tokens, int64_t hidden, int64_t, DType, const QuantConfig& quant) const {
+  return detail::input_quant_requests(max_num_tokens, hidden, quant);
+}
+
 void PrepareFinalizeNoEP::finalize(const FinalizeArgs& args, RunContext ctx) {
   expect_defined(args.output, "output");
   resolve_weight_and_reduce(args.weight_and_reduce)

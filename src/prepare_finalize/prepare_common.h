@@ -6,14 +6,22 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cuda_seam.h"
 #include "core/elementwise.h"
 #include "modular/cpu_rows.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "moekit/core/workspace.h"
 #include "moekit/modular/prepare_finalize.h"
 #include "moekit/quant/moe_input_quant.h"
+#include "quant/cuda/moe_input_quant.h"
 
 namespace moekit::detail {
+
+// Workspace slots of the input quantization on a GPU.
+inline constexpr std::string_view kA1qSlot = "prepare.a1q";
+inline constexpr std::string_view kA1qScaleSlot = "prepare.a1q_scale";
+inline constexpr std::string_view kAmaxSlot = "prepare.amax";
 
 struct PrepareDims {
   int64_t M = 0, K = 0, topk = 0;
@@ -80,12 +88,44 @@ inline Tensor apply_router_weight_to_input(const Tensor& a1, const Tensor& topk_
 }
 
 // Quantizes the activations unless the experts quantize them or a1 is not quantized.
+// Workspace slots of the GPU input quantization (prepare.a1q, prepare.a1q_scale, prepare.amax)
+// for up to max_num_tokens rows of `hidden` when `quant` quantizes a1 in a way the GPU serves;
+// none otherwise. NOTE: a CPU layer reserves them too (it does not use them; the P/F does not know
+// the device).
+inline std::vector<WorkspaceRequest> input_quant_requests(int64_t max_num_tokens, int64_t hidden,
+                                                          const QuantConfig& quant) {
+  if (quant.a1.dtype == QuantDType::kNone || !device_quant_unsupported(quant.a1).empty()) return {};
+  const DeviceQuantShapes s = device_quant_shapes(max_num_tokens, hidden, quant.a1);
+  return {{std::string(kA1qSlot), static_cast<size_t>(numel_of(s.data))},
+          {std::string(kA1qScaleSlot), static_cast<size_t>(numel_of(s.scale)) * 4},
+          {std::string(kAmaxSlot), 4}};
+}
+
+// a1, or its codes and scales when the experts expect the prepare to quantize (not deferred).
+// On the CPU the result is new tensors; on a GPU it is written into the workspace slots above
+// (reserved by the layer), so a forward allocates nothing.
 inline QuantizedInput maybe_quantize_input(const Tensor& a1, const QuantConfig* quant_config,
                                            bool defer_input_quant, RunContext ctx) {
   if (defer_input_quant || quant_config == nullptr || quant_config->a1.dtype == QuantDType::kNone) {
     return {a1, Tensor{}};
   }
-  return quantize_moe_input(a1, quant_config->a1, ctx);
+  if (!a1.device().is_cuda()) return quantize_moe_input(a1, quant_config->a1, ctx);
+  if constexpr (kCudaBuild) {
+    MOEKIT_CHECK(ctx.workspace != nullptr,
+                 "quantizing a1 on the GPU needs the workspace manager in RunContext (slots {}, "
+                 "{})",
+                 kA1qSlot, kA1qScaleSlot);
+    const DeviceQuantShapes s = device_quant_shapes(a1.size(0), a1.size(1), quant_config->a1);
+    QuantizedInput q;
+    q.data = ctx.workspace->get(kA1qSlot, s.data, s.data_dtype);
+    const bool static_scale = quant_config->a1.scale.defined();
+    if (!static_scale) q.scale = ctx.workspace->get(kA1qScaleSlot, s.scale, DType::kF32);
+    const Tensor amax = ctx.workspace->get(kAmaxSlot, {4}, DType::kUInt8);
+    quantize_on_device(a1, quant_config->a1, q.data, q.scale, amax.data(), nullptr, ctx.stream);
+    return q;
+  } else {
+    throw_no_cuda("quantizing a1 on the GPU");
+  }
 }
 
 }  // namespace moekit::detail

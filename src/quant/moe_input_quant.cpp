@@ -7,6 +7,7 @@
 #include "modular/cpu_rows.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "quant/cuda/moe_input_quant.h"
 
 namespace moekit {
 namespace {
@@ -243,6 +244,35 @@ void quant_dequant_rows(std::span<float> values, int64_t rows, int64_t cols, con
                "quant_dequant_rows: {} values, expected {} x {}", values.size(), rows, cols);
   const quant::QuantizedTensor q = quantize_values(values, rows, cols, desc, nvfp4_global_scale);
   quant::dequantize(q, values);
+}
+
+// ---- the GPU path's shapes (quant/cuda/moe_input_quant.h) -------------------------------------
+
+std::string device_quant_unsupported(const QuantDesc& desc) {
+  const bool fp8 = desc.dtype == QuantDType::kFp8E4M3;
+  if (!fp8 && desc.dtype != QuantDType::kInt8) {
+    return "activation dtype " + std::string(quant_dtype_name(desc.dtype)) +
+           " (the GPU quantizes to fp8 e4m3 or int8)";
+  }
+  if (desc.shape.is_per_tensor()) return "";
+  if (desc.scale.defined()) return "static scales other than per-tensor";
+  if (desc.shape.is_per_token()) return "";
+  if (fp8 && desc.shape.row == 1 && desc.shape.col > 0 && desc.shape.col != 32) return "";
+  return "activation groups " + desc.shape.to_string();
+}
+
+DeviceQuantShapes device_quant_shapes(int64_t rows, int64_t cols, const QuantDesc& desc) {
+  DeviceQuantShapes s;
+  s.data = {rows, cols};
+  s.data_dtype = desc.dtype == QuantDType::kInt8 ? DType::kInt8 : DType::kFp8E4M3;
+  if (desc.shape.is_per_tensor()) {
+    s.scale = {1};
+  } else if (desc.shape.is_per_token()) {
+    s.scale = {rows, 1};
+  } else {
+    s.scale = {rows, (cols + desc.shape.col - 1) / desc.shape.col};
+  }
+  return s;
 }
 
 }  // namespace moekit

@@ -7,27 +7,15 @@
 
 #include "invariance.h"
 #include "moekit/layer/moe_layer.h"
+#include "require_gpu.h"
 
 namespace moekit {
 namespace {
 
-bool gpu_ready(std::string* why) {
-  if (cuda_device_count() == 0) {
-    *why = "no GPU: " + cuda_unavailable_reason();
-    return false;
-  }
-  if (default_device_info().compute_capability != 90) {
-    *why = "needs sm_90 (Hopper), found " + default_device_info().to_string();
-    return false;
-  }
-  return true;
-}
-
 class GpuInvariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuInvariance, DeterministicOverTwentyRunsAndBatchInvariant) {
-  std::string why;
-  if (!gpu_ready(&why)) GTEST_SKIP() << why;
+  REQUIRE_SM90_GPU();
   const ModelPreset& model = find_preset(GetParam());
   for (const bool mode : {true, false}) {
     SCOPED_TRACE(mode ? "batch-invariant mode" : "default mode");

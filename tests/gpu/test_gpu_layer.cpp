@@ -7,11 +7,13 @@
 #include <random>
 #include <set>
 
+#include "graph_replay.h"
 #include "moekit/core/tolerance.h"
 #include "moekit/experts/sm90_experts.h"
 #include "moekit/layer/moe_layer.h"
 #include "moekit/oracle/make_moe_kernel.h"
 #include "moekit/prepare_finalize/batched.h"
+#include "require_gpu.h"
 #include "testing.h"
 
 #ifdef MOEKIT_WITH_CUDA
@@ -20,25 +22,6 @@
 
 namespace moekit {
 namespace {
-
-bool gpu_ready(std::string* why) {
-  if (cuda_device_count() == 0) {
-    *why = "no GPU: " + cuda_unavailable_reason();
-    return false;
-  }
-  const DeviceInfo d = default_device_info();
-  if (d.compute_capability != 90) {
-    *why = "needs sm_90 (Hopper), found " + d.to_string();
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                            \
-  do {                                           \
-    std::string why_;                            \
-    if (!gpu_ready(&why_)) GTEST_SKIP() << why_; \
-  } while (false)
 
 MoELayerWeights to_device(const MoELayerWeights& w, Device d) {
   auto mv = [d](const Tensor& t) { return t.defined() ? t.to(d) : Tensor{}; };
@@ -110,7 +93,7 @@ void PrintTo(const PresetCase& c, std::ostream* os) {
 class GpuVsCpu : public ::testing::TestWithParam<PresetCase> {};
 
 TEST_P(GpuVsCpu, MatchesReference) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   const PresetCase c = GetParam();
   Pair p = make_pair(find_preset(c.preset), c.dtype, std::max<int64_t>(c.M, 1));
   EXPECT_EQ(p.gpu->kernel().fused_experts().name(), "Sm90GroupedExperts");
@@ -141,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuVsCpu, ::testing::ValuesIn(preset_cases()),
                          });
 
 TEST(GpuLayer, EveryActivation) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   for (Activation a : all_activations()) {
     ModelPreset m = find_preset("tiny");
     m.activation = a;
@@ -153,7 +136,7 @@ TEST(GpuLayer, EveryActivation) {
 }
 
 TEST(GpuLayer, ExpertMapRanksSumToTheWholeLayer) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small");
   for (int rank = 0; rank < 2; ++rank) {
     const ParallelConfig par = ParallelConfig::make(2, 1, 0, rank, /*enable_ep=*/true);
@@ -207,7 +190,7 @@ double compare_batched(Pair& p, int64_t M, int64_t T, uint64_t seed) {
 }
 
 TEST(GpuLayer, BatchedFormatMatchesReference) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   for (const char* preset : {"tiny", "small", "small-gpt-oss"}) {
     Pair p = make_pair(find_preset(preset), DType::kBF16, 96);
     for (int64_t M : {1, 37, 96}) {
@@ -218,7 +201,7 @@ TEST(GpuLayer, BatchedFormatMatchesReference) {
 }
 
 TEST(GpuLayer, Llama4RouterWeightOnInput) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   ModelPreset m = find_preset("tiny");
   m.name = "tiny-llama4";
   m.top_k = 1;
@@ -237,7 +220,7 @@ TEST(GpuLayer, Llama4RouterWeightOnInput) {
 }
 
 TEST(GpuLayer, AwkwardTokenCounts) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("tiny");
   Pair p = make_pair(m, DType::kBF16, 65537);
   for (int64_t M : {0, 1, 33, 8192, 65537}) {
@@ -256,7 +239,7 @@ TEST(GpuLayer, AwkwardTokenCounts) {
 }
 
 TEST(GpuLayer, OneExpertTakesEveryTokenAndOthersNone) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("tiny");
   Pair p = make_pair(m, DType::kBF16, 64);
   const int64_t M = 64;
@@ -280,7 +263,7 @@ TEST(GpuLayer, OneExpertTakesEveryTokenAndOthersNone) {
 }
 
 TEST(GpuLayer, GarbageIdsAreSkipped) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("tiny");
   Pair p = make_pair(m, DType::kBF16, 64);
   const int64_t M = 33;
@@ -361,7 +344,7 @@ Tensor router_bias(const ModelPreset& m) {
 }
 
 TEST(GpuLayer, RouterMatchesCpu) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   for (const char* preset : {"qwen3-30b-a3b", "deepseek-v3", "small-deepseek", "gpt-oss-120b"}) {
     const ModelPreset m = find_preset(preset);
     const Tensor logits = testing::random_tensor({200, m.num_experts}, DType::kF32, 21, -4, 4);
@@ -372,7 +355,7 @@ TEST(GpuLayer, RouterMatchesCpu) {
 
 // NaN and +-inf logits follow one convention on both paths (include/moekit/router/router.h).
 TEST(GpuLayer, RouterNanAndInfMatchCpu) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   for (const char* preset : {"qwen3-30b-a3b", "deepseek-v3", "small-deepseek", "gpt-oss-120b"}) {
@@ -403,36 +386,13 @@ TEST(GpuLayer, RouterNanAndInfMatchCpu) {
 
 #ifdef MOEKIT_WITH_CUDA
 TEST(GpuLayer, CudaGraphReplayIsBitwiseIdentical) {
-  REQUIRE_GPU();
+  REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph
   MoELayerOptions opt;
   opt.device = default_device_info();
   opt.max_num_tokens = 128;
   MoELayer layer(m, MoELayer::random_weights(m, opt, 3), opt);
-  const Device gd = opt.device.device();
-  const int64_t M = 77;
-  const Tensor x = testing::random_tensor({M, m.hidden_size}, DType::kBF16, 1).to(gd);
-  const Tensor logits = testing::random_tensor({M, m.num_experts}, DType::kF32, 2).to(gd);
-  Tensor direct = Tensor::empty({M, m.hidden_size}, DType::kBF16, gd);
-  Tensor replayed = Tensor::empty({M, m.hidden_size}, DType::kBF16, gd);
-  RunContext ctx{layer.default_stream(), nullptr};
-  layer.forward_into(direct, x, logits, ctx);
-  synchronize(ctx.stream);
-  replayed.fill_bytes(0xFF);
-  auto s = static_cast<cudaStream_t>(ctx.stream.handle);
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  layer.forward_into(replayed, x, logits, ctx);
-  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  for (int i = 0; i < 3; ++i)
-    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  const auto a = direct.to(Device::cpu()), b = replayed.to(Device::cpu());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  testing::expect_graph_replay_bitwise(layer, 77);
 }
 #endif
 

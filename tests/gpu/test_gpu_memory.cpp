@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "moekit/layer/moe_layer.h"
+#include "require_gpu.h"
 #include "testing.h"
 
 #ifdef MOEKIT_WITH_CUDA
@@ -29,10 +30,7 @@ size_t device_bytes_in_use() {
 #endif
 
 TEST(GpuLayerMemory, WeightsAreHeldOnce) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda_unavailable_reason();
-  if (default_device_info().compute_capability != 90) {
-    GTEST_SKIP() << "needs sm_90 (Hopper), found " << default_device_info().to_string();
-  }
+  REQUIRE_SM90_GPU();
 #ifdef MOEKIT_WITH_CUDA
   // deepseek-v3 (22.5 GB of experts) and gpt-oss-120b (biases, swigluoai pairwise layout): both
   // take the fused-activation layout, which used to be a second copy of w13.

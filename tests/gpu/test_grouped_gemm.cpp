@@ -306,10 +306,14 @@ const char* act_name(FusedActivation a) {
 void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& label) {
   const Case& cs = p.cs;
   const double rel_tol = cs.dtype == ElemType::kBF16 ? 1e-2 : 2e-3;
-  const double elem_rel = cs.dtype == ElemType::kBF16 ? 4.5e-3 : 6e-4;  // > half an ulp
+  const bool fused = cs.act != FusedActivation::kNone;
+  // > half an ulp. Fused: the kernel rounds gate and up to the dtype before the activation (as
+  // the unfused path stores them), and so does the reference; an fp32 sum that lands on the other
+  // side of a rounding boundary moves the output by up to an ulp of its input.
+  const double elem_rel =
+      cs.dtype == ElemType::kBF16 ? (fused ? 1.2e-2 : 4.5e-3) : (fused ? 1.5e-3 : 6e-4);
   double err2 = 0, ref2 = 0;
   int64_t bad = 0, unwritten = 0, clobbered = 0, checked = 0;
-  const bool fused = cs.act != FusedActivation::kNone;
   std::vector<double> pre(cs.n), ref(p.n_out);
   for (int64_t r = 0; r < p.num_rows; ++r) {
     const int e = p.row_expert[r];
@@ -330,7 +334,7 @@ void check(const Problem& p, const std::vector<uint16_t>& c, const std::string& 
       if (cs.bias == BiasKind::kFp32) s += p.bias32[static_cast<size_t>(e) * cs.n + j];
       if (cs.bias == BiasKind::kDtype)
         s += to_f(p.bias16[static_cast<size_t>(e) * cs.n + j], cs.dtype);
-      pre[j] = s;
+      pre[j] = fused ? to_f(from_f(static_cast<float>(s), cs.dtype), cs.dtype) : s;
     }
     const int half = cs.n / 2;
     for (int j = 0; j < p.n_out; ++j) {
@@ -396,6 +400,7 @@ void run_case(const Case& cs, const std::string& name, int max_ctas = 0) {
   Problem p;
   build(p, cs);
   for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+    if (sm90::kTileTable[tile].family != sm90::TileFamily::k16Bit) continue;
     const std::string label = name + " tile " + sm90::kTileTable[tile].name;
     check(p, run_and_fetch(p, tile, 0, max_ctas), label);
   }
@@ -548,6 +553,7 @@ TEST(GroupedGemm, PreparedLaunchStateMatchesUnprepared) {
   EXPECT_EQ(cache.w, p.args.w);
   EXPECT_GT(cache.sms, 0);
   for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+    if (sm90::kTileTable[tile].family != sm90::TileFamily::k16Bit) continue;
     const std::string label = std::string("prepared tile ") + sm90::kTileTable[tile].name;
     const auto plain = run_and_fetch(p, tile);
     const auto cached = run_and_fetch(p, tile, 0, 0, &cache);

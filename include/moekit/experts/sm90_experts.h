@@ -36,11 +36,11 @@ struct SharedMlp;
 // sm90_experts.cpp, which the layer applies in place); otherwise they keep the standard layout.
 bool sm90_fuses_activation(const MoEConfig& moe);
 
-class Sm90GroupedExperts final : public ExpertsModular {
+// The Standard-format launch sequence the Hopper grouped experts share (steps 1-5 above) and its
+// launch state; each derived class adds its capability record and its construction (which scheme
+// it takes, the tile family, weight scales laid out for the kernel).
+class Sm90StandardExpertsBase : public ExpertsModular {
  public:
-  static const ExpertsClass& klass();
-  Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& quant);
-
   WorkspaceShapes workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
                                    int64_t global_num_experts, int64_t local_num_experts,
                                    const ExpertTokensMetadata* expert_tokens_meta,
@@ -50,10 +50,34 @@ class Sm90GroupedExperts final : public ExpertsModular {
   // Prepares the GEMMs' launch state of w1 / w2 once (SM count, kernel attributes, TMA
   // descriptors); applies given other weight tensors prepare theirs at launch.
   void bind_weights(const Tensor& w1, const Tensor& w2) override;
-  ~Sm90GroupedExperts() override;
+  ~Sm90StandardExpertsBase() override;
 
- private:
+ protected:
+  Sm90StandardExpertsBase(const ExpertsClass& klass, const MoEConfig& moe,
+                          const QuantConfig& quant);
   std::unique_ptr<sm90::LaunchState> state_;  // experts/cuda/sm90_experts.h
+};
+
+class Sm90GroupedExperts final : public Sm90StandardExpertsBase {
+ public:
+  static const ExpertsClass& klass();
+  Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& quant);
+};
+
+// fp8 W8A8 on Hopper, Standard format: Sm90GroupedExperts' launch sequence on e4m3 operands.
+// prepare quantizes a1 on the GPU (workspace slots of the prepare/finalize); GEMM1 gathers the
+// token rows of a1q, applies the block / row / tensor scales (block scales per 128 of K, promoted
+// out of the tensor cores) and the gated activation; the activation is requantized per the a2
+// scheme (fp8, same granularity as a1) and GEMM2 writes bf16/f16 rows that the weighted unpermute
+// reduces. Schemes: (128x128 block weights, f32 or e8m0 scales; dynamic 1x128 activation groups),
+// (per-tensor weights; static or dynamic per-tensor, or dynamic per-token activations),
+// (per-channel weights; dynamic per-token or static / dynamic per-tensor activations).
+// At construction the weight scales are laid out for the kernel on the device (the block / channel
+// scales follow the gate/up reorder of w13) and static activation scales are copied there.
+class Sm90Fp8Experts final : public Sm90StandardExpertsBase {
+ public:
+  static const ExpertsClass& klass();
+  Sm90Fp8Experts(const MoEConfig& moe, const QuantConfig& quant);
 };
 
 // BatchedExperts format: hidden_states (E_local, T, K) with per-expert token counts on the device

@@ -68,10 +68,12 @@ class PrepareFinalize {
   // Whether finalize's output is already reduced across ranks.
   virtual bool output_is_reduced() const = 0;
   // Workspace slots (named "<part>.<what>") a forward of up to max_num_tokens tokens of `hidden`
-  // elements of `dtype` needs beside the experts'; reserved once by the layer. Default: none.
+  // elements of `dtype`, quantized in prepare as `quant` (the experts' QuantConfig) says, needs
+  // beside the experts'; reserved once by the layer. Default: none.
   virtual std::vector<WorkspaceRequest> workspace_requests(int64_t /*max_num_tokens*/,
                                                            int64_t /*hidden*/, int64_t /*topk*/,
-                                                           DType /*dtype*/) const {
+                                                           DType /*dtype*/,
+                                                           const QuantConfig& /*quant*/) const {
     return {};
   }
 };

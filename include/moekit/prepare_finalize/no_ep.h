@@ -28,6 +28,10 @@ class PrepareFinalizeNoEP final : public PrepareFinalizeModular {
   bool supports_async() const override { return true; }
   AsyncHandle<PrepareResult> prepare_async(const PrepareArgs& args, RunContext ctx) override;
   AsyncHandle<void> finalize_async(const FinalizeArgs& args, RunContext ctx) override;
+  // On a GPU, a1's codes and scales (when quantized in prepare).
+  std::vector<WorkspaceRequest> workspace_requests(int64_t max_num_tokens, int64_t hidden,
+                                                   int64_t topk, DType dtype,
+                                                   const QuantConfig& quant) const override;
 
  private:
   // GPU only: the router-weighted input (apply_router_weight_on_input), allocated on first use.

@@ -11,6 +11,7 @@
 #include "experts/cuda/moe_unpermute.h"
 #include "experts/cuda/sm90_grouped_gemm.h"
 #include "moekit/core/checks.h"
+#include "quant/cuda/moe_input_quant.h"
 
 namespace moekit {
 namespace {
@@ -22,13 +23,16 @@ size_t align_up(size_t v) {
 
 // Byte layout of workspace2: the activation output, the GEMM2 output (expert-sorted rows), then
 // the int32 routing tables of the align step.
+// With an fp8 a2 (a2 quantized): its codes, its scales and the amax word of a dynamic
+// per-tensor scale follow.
 struct Ws2Layout {
   size_t act = 0, gemm2 = 0, counts = 0, offsets = 0, permuted = 0, slot_to_row = 0, total = 0,
-         token_rows = 0, align_ws = 0, align_ws_bytes = 0, bytes = 0;
+         token_rows = 0, align_ws = 0, align_ws_bytes = 0, a2q = 0, a2_scale = 0, amax = 0,
+         bytes = 0;
 };
 
 Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, Activation act,
-                     size_t es) {
+                     size_t es, const QuantDesc& a2) {
   const int64_t rows = M * topk;
   const int64_t d = activation_output_dim(act, N);
   const int64_t capacity =
@@ -51,6 +55,12 @@ Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, A
   l.align_ws_bytes =
       cuda::moe_align_workspace_bytes(M, static_cast<int>(topk), static_cast<int>(E));
   l.align_ws = take(l.align_ws_bytes);
+  if (a2.dtype != QuantDType::kNone) {
+    const DeviceQuantShapes q = device_quant_shapes(rows, d, a2);
+    l.a2q = take(static_cast<size_t>(numel_of(q.data)));
+    l.a2_scale = take(static_cast<size_t>(numel_of(q.scale)) * 4);
+    l.amax = take(4);
+  }
   l.bytes = at;
   return l;
 }
@@ -110,6 +120,40 @@ void set_fused_activation(cuda::GroupedGemmArgs& g, Activation act,
   g.alpha = params.alpha;
 }
 
+// The fp8 operands of a GEMM: e4m3 A and W, out in `out`, A's scales (a_scale, laid out per the
+// activation descriptor `a`) and W's (the kernel-layout scales of LaunchState).
+void set_fp8_operands(cuda::GroupedGemmArgs& g, const sm90::LaunchState& state,
+                      const Tensor& w_scale, const QuantDesc& a, const Tensor& a_scale, DType out) {
+  g.dtype = cuda::ElemType::kE4M3;
+  g.out_dtype = gemm_dtype_of(out);
+  MOEKIT_CHECK(a_scale.defined(),
+               "fp8 experts: the activation scales (a1q_scale / a2 scale) are "
+               "missing; the prepare must quantize a1");
+  g.a_scale = a_scale.data_as<const float>();
+  if (a.shape.is_per_tensor()) {
+    g.a_scale_kind = cuda::AScale::kTensor;
+  } else if (a.shape.is_per_token()) {
+    g.a_scale_kind = cuda::AScale::kRow;
+  } else {
+    MOEKIT_CHECK(a.shape.col == 128, "fp8 experts: activation groups of {} (the GEMM takes 128)",
+                 a.shape.col);
+    g.a_scale_kind = cuda::AScale::kRowBlock128;
+    g.a_scale_ld = a_scale.size(a_scale.dim() - 1);
+  }
+  g.w_scale = w_scale.data_as<const float>();
+  switch (state.fp8) {
+    case sm90::LaunchState::Fp8Weights::kTensor:
+      g.w_scale_kind = cuda::WScale::kExpert;
+      break;
+    case sm90::LaunchState::Fp8Weights::kChannel:
+      g.w_scale_kind = cuda::WScale::kChannel;
+      break;
+    default:
+      g.w_scale_kind = cuda::WScale::kBlock32x128;
+      break;
+  }
+}
+
 // Launches one grouped GEMM with the experts' tile (-1: by rows per expert) and W's prepared
 // launch state (used when it describes args.w); throws with can_implement's reason.
 void run_gemm(const cuda::GroupedGemmArgs& args, int tile,
@@ -122,25 +166,31 @@ void run_gemm(const cuda::GroupedGemmArgs& args, int tile,
   MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream), params));
 }
 
-// W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights.
-cuda::GroupedGemmArgs weight_shape(const Tensor& w) {
+// W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights; fp8 codes with
+// output `out`.
+cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out) {
   cuda::GroupedGemmArgs g;
   g.w = w.data();
   g.num_experts = static_cast<int>(w.dim() == 3 ? w.size(0) : 1);
   g.n = static_cast<int>(w.size(w.dim() - 2));
   g.k = static_cast<int>(w.size(w.dim() - 1));
-  g.dtype = gemm_dtype_of(w.dtype());
+  if (w.dtype() == DType::kFp8E4M3) {
+    g.dtype = cuda::ElemType::kE4M3;
+    g.out_dtype = gemm_dtype_of(out);
+  } else {
+    g.dtype = gemm_dtype_of(w.dtype());
+  }
   return g;
 }
 
 // W's launch state; empty (every launch prepares itself) for a tensor the GEMM cannot take.
-cuda::sm90::WeightLaunchCache prepare(const Tensor& w) {
+cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out) {
   cuda::sm90::WeightLaunchCache cache;
   if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) ||
-      (w.dtype() != DType::kBF16 && w.dtype() != DType::kF16)) {
+      (w.dtype() != DType::kBF16 && w.dtype() != DType::kF16 && w.dtype() != DType::kFp8E4M3)) {
     return cache;
   }
-  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w), &cache));
+  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w, out), &cache));
   return cache;
 }
 
@@ -148,11 +198,11 @@ cuda::sm90::WeightLaunchCache prepare(const Tensor& w) {
 
 namespace sm90 {
 
-WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, int64_t M, int64_t N, int64_t K,
-                                         int64_t topk, int64_t local_num_experts,
-                                         Activation activation) {
+WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig& quant, int64_t M,
+                                         int64_t N, int64_t K, int64_t topk,
+                                         int64_t local_num_experts, Activation activation) {
   const size_t es = element_size(moe.in_dtype);
-  const Ws2Layout l = ws2_layout(M, N, K, topk, local_num_experts, activation, es);
+  const Ws2Layout l = ws2_layout(M, N, K, topk, local_num_experts, activation, es, quant.a2);
   return {{M * topk, N}, {static_cast<int64_t>((l.bytes + es - 1) / es)}, {M, K}};
 }
 
@@ -172,11 +222,16 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   const int64_t d = activation_output_dim(args.activation, N);
   MOEKIT_CHECK(args.w2.size(2) == d, "w2 has I={} but the activation of w1 (N={}) gives {}",
                args.w2.size(2), N, d);
-  const DType dtype = x.dtype();
-  expect_dtype(args.w1, "w1", {dtype});
-  expect_dtype(args.w2, "w2", {dtype});
+  const QuantConfig& quant = experts.quant_config();
+  const bool fp8 = state.fp8 != LaunchState::Fp8Weights::kNone;
+  // The activations' dtype (GEMM outputs, the activation, the output): x's, or for fp8 codes the
+  // output's.
+  const DType dtype = fp8 ? args.output.dtype() : x.dtype();
+  expect_dtype(x, "hidden_states", {fp8 ? DType::kFp8E4M3 : dtype});
+  expect_dtype(args.w1, "w1", {fp8 ? DType::kFp8E4M3 : dtype});
+  expect_dtype(args.w2, "w2", {fp8 ? DType::kFp8E4M3 : dtype});
   const size_t es = element_size(dtype);
-  const Ws2Layout l = ws2_layout(M, N, K, topk, E, args.activation, es);
+  const Ws2Layout l = ws2_layout(M, N, K, topk, E, args.activation, es, quant.a2);
   MOEKIT_CHECK(args.workspace2.nbytes() >= l.bytes, "workspace2 holds {} bytes, needs {}",
                args.workspace2.nbytes(), l.bytes);
   const Tensor& ws2 = args.workspace2;
@@ -232,6 +287,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
+  if (fp8) set_fp8_operands(g1, state, state.w1_scale, quant.a1, args.a1q_scale, dtype);
   void* act = at<void>(ws2, l.act);
   if (sm90_fuses_activation(experts.moe_config())) {
     // 2+3. GEMM1 with the gated activation in its epilogue: (rows, N/2) straight into ws2.
@@ -250,11 +306,23 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     ctx.stage_done("activation");
   }
 
-  // 4. GEMM2: (rows, K) into workspace2's second region.
+  // 4. GEMM2: (rows, K) into workspace2's second region; fp8 first requantizes the activation
+  // of the rows that exist (total) per the a2 scheme.
   cuda::GroupedGemmArgs g2 = g1;
   g2.fused_act = cuda::FusedActivation::kNone;
   g2.a = act;
   g2.lda = d;
+  if (fp8) {
+    const DeviceQuantShapes qs = device_quant_shapes(capacity, d, quant.a2);
+    Tensor a2q = Tensor::from_blob(at<void>(ws2, l.a2q), qs.data, qs.data_dtype, x.device());
+    Tensor a2_scale =
+        Tensor::from_blob(at<void>(ws2, l.a2_scale), qs.scale, DType::kF32, x.device());
+    const Tensor act_rows = Tensor::from_blob(act, {capacity, d}, dtype, x.device());
+    quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.amax), total, ctx.stream);
+    ctx.stage_done("quantize a2");
+    set_fp8_operands(g2, state, state.w2_scale, quant.a2, a2_scale, dtype);
+    g2.a = a2q.data();
+  }
   g2.gather_rows = nullptr;
   g2.w = args.w2.data();
   g2.bias = b2.defined() ? b2.data() : nullptr;
@@ -362,14 +430,14 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
   ctx.stage_done("gemm2");
 }
 
-void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2) {
-  state.w1 = prepare(w1);
-  state.w2 = prepare(w2);
+void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype) {
+  state.w1 = prepare(w1, act_dtype);
+  state.w2 = prepare(w2, act_dtype);
 }
 
 void prepare_shared(SharedMlp& mlp) {
-  mlp.w13_cache = prepare(mlp.w13);
-  mlp.w2_cache = prepare(mlp.w2);
+  mlp.w13_cache = prepare(mlp.w13, mlp.w13.dtype());
+  mlp.w2_cache = prepare(mlp.w2, mlp.w2.dtype());
 }
 
 Tensor shared_forward(const SharedMlp& mlp, const Tensor& x, RunContext ctx) {

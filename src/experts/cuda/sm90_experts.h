@@ -17,20 +17,27 @@ struct LaunchState {
   // Launch state of the bound GEMM1 / GEMM2 weights (bind_weights); empty until then, and unused
   // by a launch given other weights (that launch prepares itself).
   cuda::sm90::WeightLaunchCache w1, w2;
+  // fp8 experts: how W is scaled and its scales in the kernel's layout (f32 on the device; see
+  // cuda::WScale: (E,), (E, N) in w13's kernel row order, or (E, ceil(N / 32), ceil(K / 128))).
+  enum class Fp8Weights : uint8_t { kNone, kTensor, kChannel, kBlock };
+  Fp8Weights fp8 = Fp8Weights::kNone;
+  Tensor w1_scale, w2_scale;
 };
 
 // The table row MoEConfig::tile_config names ("auto": -1); throws moekit::Error listing the valid
 // names for an unknown one.
-int tile_from_config(const MoEConfig& moe, const char* who);
+int tile_from_config(const MoEConfig& moe, const char* who,
+                     cuda::sm90::TileFamily family = cuda::sm90::TileFamily::k16Bit);
 
-// Workspaces of the Standard-format launch sequence (align tables live in workspace2).
-WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, int64_t M, int64_t N, int64_t K,
-                                         int64_t topk, int64_t local_num_experts,
-                                         Activation activation);
+// Workspaces of the Standard-format launch sequence (align tables live in workspace2; with an a2
+// quantization, its codes and scales too).
+WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig& quant, int64_t M,
+                                         int64_t N, int64_t K, int64_t topk,
+                                         int64_t local_num_experts, Activation activation);
 
 // SM count, kernel attributes and W's tensor maps for w1 (E, N, K) and w2 (E, K, N'), on their
-// device. Outside graph capture.
-void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2);
+// device (fp8 codes: for GEMMs writing act_dtype). Outside graph capture.
+void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype);
 
 // align -> GEMM1 (+ fused activation) -> (activation) -> GEMM2 -> weighted unpermute.
 void grouped_apply(const ExpertsModular& experts, const LaunchState& state,

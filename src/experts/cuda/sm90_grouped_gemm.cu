@@ -1,6 +1,6 @@
 // The host side every dtype of the grouped GEMM shares (sm90_grouped_gemm.h): argument checks,
-// tile selection, the gate/up weight reorder of the fused epilogue. The kernels and their launch
-// are in sm90_bf16_grouped_gemm.cu.
+// tile selection, dispatch to the operand family (sm90_bf16_grouped_gemm.cu,
+// sm90_fp8_grouped_gemm.cu), the gate/up weight reorder of the fused epilogue.
 #include "experts/cuda/sm90_grouped_gemm.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/elementwise.h"
+#include "experts/cuda/sm90/host.h"
 
 namespace moekit::cuda {
 namespace {
@@ -77,14 +78,62 @@ std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGe
     return "expert_offsets (or expert_counts with batched_stride) is required";
   }
   if (params.max_ctas < 0) return "max_ctas=" + to_string(params.max_ctas) + " is negative";
-  if (params.tile < -1 || params.tile >= sm90::kNumTiles) {
-    return "tile=" + to_string(params.tile) + " is not a row of the tile table (" +
-           sm90::tile_names() + ") or -1";
+  const sm90::TileFamily family = tile_family_of(args);
+  if (params.tile < -1 || params.tile >= sm90::kNumTiles ||
+      (params.tile >= 0 && sm90::kTileTable[params.tile].family != family)) {
+    return "tile=" + to_string(params.tile) + " is not a row of the tile table for " +
+           elem_type_name(args.dtype) + " (" + sm90::tile_names(family) + ") or -1";
   }
   return "";
 }
 
 }  // namespace detail
+
+sm90::TileFamily tile_family_of(const GroupedGemmArgs& args) {
+  return elem_bytes(args.dtype) == 1 ? sm90::TileFamily::kFp8 : sm90::TileFamily::k16Bit;
+}
+
+std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& params) {
+  std::string why = tile_family_of(args) == sm90::TileFamily::kFp8
+                        ? detail::can_implement_fp8(args)
+                        : detail::can_implement_16bit(args);
+  if (!why.empty()) return why;
+  return detail::check_grouped_gemm_args(args, params);
+}
+
+cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
+                                         sm90::WeightLaunchCache* cache) {
+  *cache = sm90::WeightLaunchCache{};
+  const bool fp8 = tile_family_of(args) == sm90::TileFamily::kFp8;
+  if (fp8 ? args.dtype != ElemType::kE4M3 ||
+                (args.out_dtype != ElemType::kBF16 && args.out_dtype != ElemType::kF16)
+          : args.dtype != ElemType::kBF16 && args.dtype != ElemType::kF16) {
+    return cudaErrorInvalidValue;
+  }
+  sm90::WeightLaunchCache c;
+  if (cudaError_t e = sm90::current_device_sms(&c.sms); e != cudaSuccess) return e;
+  if (cudaError_t e = fp8 ? detail::prepare_fp8(args, &c) : detail::prepare_16bit(args, &c);
+      e != cudaSuccess) {
+    return e;
+  }
+  c.w = args.w;
+  c.n = args.n;
+  c.k = args.k;
+  c.num_experts = args.num_experts;
+  c.dtype = args.dtype;
+  c.out_dtype = fp8 ? args.out_dtype : args.dtype;
+  *cache = c;
+  return cudaSuccess;
+}
+
+cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
+                             const GroupedGemmParams& params, void* /*workspace*/) {
+  if (!can_implement(args, params).empty()) return cudaErrorInvalidValue;
+  const int row = params.tile >= 0 ? params.tile : select_grouped_gemm_tile(args);
+  return tile_family_of(args) == sm90::TileFamily::kFp8
+             ? detail::run_fp8(args, row, params, stream)
+             : detail::run_16bit(args, row, params, stream);
+}
 
 size_t get_workspace_size(const GroupedGemmArgs&, const GroupedGemmParams&) {
   return 0;
@@ -92,7 +141,8 @@ size_t get_workspace_size(const GroupedGemmArgs&, const GroupedGemmParams&) {
 
 int select_grouped_gemm_tile(const GroupedGemmArgs& args, std::string* why) {
   const int64_t experts = std::max(1, args.num_experts);
-  return sm90::select_tile((args.num_rows_upper_bound + experts - 1) / experts, why);
+  return sm90::select_tile((args.num_rows_upper_bound + experts - 1) / experts, why,
+                           tile_family_of(args));
 }
 
 void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_t n, int64_t k,

@@ -1,7 +1,12 @@
-// Grouped expert GEMM for Hopper tensor cores (sm_90a wgmma), bf16 / fp16 inputs, fp32 accumulate.
+// Grouped expert GEMM for Hopper tensor cores (sm_90a wgmma), fp32 accumulate: bf16 / fp16
+// operands, or fp8 e4m3 operands with their scales (bf16 / fp16 out).
 //
 // For every expert e and every scheduled row r of that expert:
 //   C[r, :] = A[src_row(r), :] @ W[e]^T (+ bias[e, :])
+// fp8: C[r, c] = sum over K blocks kb of 128 of sa(r, kb) sw(e, c, kb) (A_kb[src_row(r)] .
+// W_kb[e, c]) (+ bias), each K block's product taken from the tensor cores into a temporary and
+// added to the fp32 accumulator with its scales (no precision lost to the tensor cores' own
+// accumulation; per-tensor / per-row / per-channel scales are applied once, in the epilogue).
 // with src_row(r) = gather_rows[r] when gather_rows is given, else r. Rows are "slots" (token, k)
 // sorted by expert. The host never reads the schedule: the kernel is a persistent grid whose CTAs
 // walk (expert, m-tile, n-tile) work items derived on the device from the schedule, so a launch is
@@ -47,6 +52,23 @@ enum class FusedActivation {
 // the up rows of output columns [32b, 32b + 32).
 inline constexpr int kFusedGateUpBlock = 32;
 
+// Scales of fp8 A (the rows of A, indexed like A: the gathered source row):
+enum class AScale : uint8_t {
+  kNone,         // 16-bit operands
+  kTensor,       // a_scale (1,)
+  kRow,          // a_scale (num_a_rows,): one per row of A (per-token)
+  kRowBlock128,  // a_scale (num_a_rows, ceil(k / 128)) row stride a_scale_ld: 1x128 groups
+};
+// Scales of fp8 W, in the row order of W as the kernel reads it:
+enum class WScale : uint8_t {
+  kNone,         // 16-bit operands
+  kExpert,       // w_scale (E,): per-tensor per expert
+  kChannel,      // w_scale (E, n): per output channel
+  kBlock32x128,  // w_scale (E, ceil(n / 32), ceil(k / 128)): per 32 rows x 128 K (a 128x128
+                 // weight block's scale repeated for its four quarters, which the gate/up
+                 // blocks-of-32 reorder moves apart)
+};
+
 // Row alignment the kernel requires of expert_offsets: none. Offsets need not be padded to the tile
 // height; partial tiles are predicated (loads zero-filled, stores masked).
 inline constexpr int kRowAlign = 1;
@@ -87,9 +109,16 @@ struct GroupedGemmArgs {
   // Upper bound on the total scheduled rows. It only sizes the grid and picks the tile: a larger
   // actual count is still computed correctly, just with fewer CTAs than ideal.
   int64_t num_rows_upper_bound = 0;
-  int n = 0;                         // output columns; multiple of 8
-  int k = 0;                         // reduction length; multiple of 8
-  ElemType dtype = ElemType::kBF16;  // A, W and C: kBF16 or kF16
+  int n = 0;                             // output columns; multiple of 8
+  int k = 0;                             // reduction length; multiple of 8
+  ElemType dtype = ElemType::kBF16;      // A, W and C: kBF16 or kF16; or A and W kE4M3
+  ElemType out_dtype = ElemType::kBF16;  // C when dtype is kE4M3: kBF16 or kF16
+  // fp8 scales (see AScale / WScale); both kNone for 16-bit operands, both set for kE4M3.
+  AScale a_scale_kind = AScale::kNone;
+  const float* a_scale = nullptr;
+  int64_t a_scale_ld = 0;  // kRowBlock128: floats between rows (>= ceil(k / 128))
+  WScale w_scale_kind = WScale::kNone;
+  const float* w_scale = nullptr;
   // Fused gated activation (see above); kNone = plain GEMM (C has n columns).
   FusedActivation fused_act = FusedActivation::kNone;
   bool has_clamp_limit = false;  // kSiluMul only: clamp g above and u to [-L, L]
@@ -99,7 +128,8 @@ struct GroupedGemmArgs {
 
 // Tuning knobs and prepared state, kept apart from the problem.
 struct GroupedGemmParams {
-  int tile = -1;     // row of sm90::kTileTable; -1: select_grouped_gemm_tile (rows per expert)
+  // Row of sm90::kTileTable of the problem's family; -1: select_grouped_gemm_tile (rows per expert)
+  int tile = -1;
   int max_ctas = 0;  // cap on the persistent grid; 0 = occupancy x multiprocessors
   // Launch state from prepare_grouped_gemm_weights; used when it describes args.w (same pointer,
   // shape and dtype), otherwise the launch queries the device, sets the kernel attribute and
@@ -139,9 +169,22 @@ void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_
 void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_t n, int elem_bytes,
                              bool source_is_pairwise_interleaved);
 
+// The tile family that serves the operand type of `args` (k16Bit for bf16 / f16, kFp8 for e4m3).
+sm90::TileFamily tile_family_of(const GroupedGemmArgs& args);
+
 namespace detail {
-// The checks every dtype of the grouped GEMM shares (can_implement adds the dtype's own).
+// The checks every dtype of the grouped GEMM shares (can_implement adds the family's own).
 std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGemmParams& params);
+// Each family's own checks, W preparation and launch of table row `row` (one of its rows):
+// sm90_bf16_grouped_gemm.cu and sm90_fp8_grouped_gemm.cu.
+std::string can_implement_16bit(const GroupedGemmArgs& args);
+cudaError_t prepare_16bit(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
+cudaError_t run_16bit(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
+                      cudaStream_t stream);
+std::string can_implement_fp8(const GroupedGemmArgs& args);
+cudaError_t prepare_fp8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
+cudaError_t run_fp8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
+                    cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace moekit::cuda

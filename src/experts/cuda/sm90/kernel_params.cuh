@@ -30,6 +30,13 @@ struct KernelParams {
   bool has_clamp;
   float limit;
   float alpha;
+  // fp8 operands (sm90_grouped_gemm.h, GroupedGemmArgs): the scales of A and W.
+  AScale a_scale_kind;
+  const float* a_scale;
+  int64_t a_scale_ld;
+  WScale w_scale_kind;
+  const float* w_scale;
+  int w_scale_row_blocks;  // ceil(n / 32): kBlock32x128's blocks of 32 rows per expert
 };
 
 }  // namespace moekit::cuda::sm90

@@ -22,12 +22,15 @@ struct WeightLaunchCache {
   const void* w = nullptr;  // null: nothing prepared (every launch prepares itself)
   int64_t n = 0, k = 0, num_experts = 0;
   ElemType dtype = ElemType::kBF16;
-  int sms = 0;                                 // multiprocessors of W's device
+  ElemType out_dtype = ElemType::kBF16;  // C of the kernels prepared (fp8 operands: bf16 or f16)
+  int sms = 0;                           // multiprocessors of W's device
   std::array<TmaDescriptor, kNumTiles> tma{};  // per table row; unused for rows without TMA
 
   // Whether this cache describes exactly this W.
-  bool matches(const void* w_, int64_t n_, int64_t k_, int64_t experts, ElemType dt) const {
-    return w != nullptr && w == w_ && n == n_ && k == k_ && num_experts == experts && dtype == dt;
+  bool matches(const void* w_, int64_t n_, int64_t k_, int64_t experts, ElemType dt,
+               ElemType out) const {
+    return w != nullptr && w == w_ && n == n_ && k == k_ && num_experts == experts && dtype == dt &&
+           out_dtype == out;
   }
 };
 

@@ -59,14 +59,17 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
 }
 
 // One K stage of the ring for one warpgroup: 4 wgmma of 32 bytes of K each, A rows
-// [64 * warpgroup, +64) at sa, the kBN W rows at sb, committed as one wgmma group.
-template <typename T, int kBN>
+// [64 * warpgroup, +64) at sa, the kBN W rows at sb, committed as one wgmma group. With
+// kOverwrite the stage's product replaces acc (the temporary of a block-scaled K block) instead of
+// adding to it.
+template <typename T, int kBN, bool kOverwrite = false>
 __device__ __forceinline__ void mma_stage(float (&acc)[kBN / 2], uint32_t sa, uint32_t sb) {
   fence_registers(acc);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kRowBytes / kMmaKBytes; ++ks) {
-    Wgmma<T, kBN>::run(acc, sw128_desc(sa + ks * kMmaKBytes), sw128_desc(sb + ks * kMmaKBytes));
+    Wgmma<T, kBN>::run(acc, sw128_desc(sa + ks * kMmaKBytes), sw128_desc(sb + ks * kMmaKBytes),
+                       kOverwrite && ks == 0 ? 0u : 1u);
   }
   wgmma_commit();
 }

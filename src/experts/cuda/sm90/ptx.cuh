@@ -188,8 +188,9 @@ struct MmaOperand<int8_t> {
 };
 inline constexpr int kMmaKBytes = 32;  // bytes of K one wgmma consumes, every operand type
 
-// Wgmma<T, N>::run(d, desc_a, desc_b): d (64 x N fragment) += A (64 x 32 bytes) * B^T (N x 32
-// bytes), both K-major in shared memory. N is 8, 64, 128 or 256.
+// Wgmma<T, N>::run(d, desc_a, desc_b[, accumulate]): d (64 x N fragment) += A (64 x 32 bytes) *
+// B^T (N x 32 bytes), both K-major in shared memory; with accumulate = 0, d = A * B^T (the old d is
+// not read: the first wgmma of a block-scaled K block needs no zeroing). N is 8, 64, 128 or 256.
 template <typename T, int N>
 struct Wgmma;
 
@@ -226,27 +227,29 @@ struct Wgmma;
 #define MOEKIT_WGMMA_OUT4_I "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
 
 // One specialization: T, N, the PTX shape.types, the operand trailer after the scale-d predicate
-// (imm-scale-a, imm-scale-b[, tnsp-a, tnsp-b]), the register/descriptor list, the outputs.
-#define MOEKIT_WGMMA_SPEC(T, N, SHAPE_TYPES, TRAILER, ARGS, OUTS)                     \
-  template <>                                                                         \
-  struct Wgmma<T, N> {                                                                \
-    using Acc = MmaOperand<T>::Acc;                                                   \
-    static __device__ __forceinline__ void run(Acc (&d)[N / 2], uint64_t desc_a,      \
-                                               uint64_t desc_b) {                     \
-      asm volatile(                                                                   \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                  \
-          "wgmma.mma_async.sync.aligned." SHAPE_TYPES " " ARGS ", p" TRAILER ";\n}\n" \
-          : OUTS                                                                      \
-          : "l"(desc_a), "l"(desc_b));                                                \
-    }                                                                                 \
+// (imm-scale-a, imm-scale-b[, tnsp-a, tnsp-b]), the register/descriptor list, the operand number
+// of `accumulate` (after the N/2 outputs and the two descriptors), the outputs.
+#define MOEKIT_WGMMA_SPEC(T, N, SHAPE_TYPES, TRAILER, ARGS, SCALE_D, OUTS)                        \
+  template <>                                                                                     \
+  struct Wgmma<T, N> {                                                                            \
+    using Acc = MmaOperand<T>::Acc;                                                               \
+    static __device__ __forceinline__ void run(Acc (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, \
+                                               uint32_t accumulate = 1) {                         \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE_D                                    \
+                   ", 0;\n"                                                                       \
+                   "wgmma.mma_async.sync.aligned." SHAPE_TYPES " " ARGS ", p" TRAILER ";\n}\n"    \
+                   : OUTS                                                                         \
+                   : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                  \
+    }                                                                                             \
   };
-#define MOEKIT_WGMMA_ALL_N(T, K, TYPES, TRAILER, R)                                                \
-  MOEKIT_WGMMA_SPEC(T, 8, "m64n8" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS8, MOEKIT_WGMMA_OUTS8(R)) \
-  MOEKIT_WGMMA_SPEC(T, 64, "m64n64" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS64,                     \
-                    MOEKIT_WGMMA_OUT32(MOEKIT_WGMMA_##R##8))                                       \
-  MOEKIT_WGMMA_SPEC(T, 128, "m64n128" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS128,                  \
-                    MOEKIT_WGMMA_OUT64(MOEKIT_WGMMA_##R##8))                                       \
-  MOEKIT_WGMMA_SPEC(T, 256, "m64n256" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS256,                  \
+#define MOEKIT_WGMMA_ALL_N(T, K, TYPES, TRAILER, R)                                       \
+  MOEKIT_WGMMA_SPEC(T, 8, "m64n8" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS8, "%6",         \
+                    MOEKIT_WGMMA_OUTS8(R))                                                \
+  MOEKIT_WGMMA_SPEC(T, 64, "m64n64" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS64, "%34",     \
+                    MOEKIT_WGMMA_OUT32(MOEKIT_WGMMA_##R##8))                              \
+  MOEKIT_WGMMA_SPEC(T, 128, "m64n128" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS128, "%66",  \
+                    MOEKIT_WGMMA_OUT64(MOEKIT_WGMMA_##R##8))                              \
+  MOEKIT_WGMMA_SPEC(T, 256, "m64n256" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS256, "%130", \
                     MOEKIT_WGMMA_OUT128(MOEKIT_WGMMA_##R##8))
 
 MOEKIT_WGMMA_ALL_N(__nv_bfloat16, "k16", "f32.bf16.bf16", ", 1, 1, 0, 0", F)

@@ -1,7 +1,9 @@
 // The tile table of the Hopper grouped GEMMs: every tile configuration the kernels are compiled
-// for, as data. The mainloops are instantiated once per row (and element type); auto-selection
-// walks the rows in order and takes the first whose rows-per-expert bound holds; MoEConfig::
-// tile_config forces a row by name. Plain data, no CUDA headers.
+// for, as data. Each row belongs to one mainloop family (16-bit operands, or fp8 with block-scale
+// promotion) and is instantiated once per element type of its family; auto-selection walks the
+// rows of the problem's family in order and takes the first whose rows-per-expert bound holds;
+// MoEConfig::tile_config forces a row by name (names are unique within a family). Plain data, no
+// CUDA headers.
 #pragma once
 
 #include <climits>
@@ -21,13 +23,21 @@ enum class MainloopKind : uint8_t {
   kWarpSpecializedTma,
 };
 
+// The mainloop family a row serves.
+enum class TileFamily : uint8_t {
+  k16Bit,  // bf16 / f16 operands: one accumulator, one wgmma group kept in flight
+  kFp8,    // e4m3 operands: each 128-byte K block into a temporary accumulator, then promoted
+           // into the fp32 accumulator with its block scales (2x the accumulator registers)
+};
+
 struct TileConfig {
   const char* name;  // table name: MoEConfig::tile_config, `moekit bench-kernels --tile`
-  int bm;            // rows of a work item: 64 per consumer warpgroup
-  int bn;            // columns of a work item (the wgmma N)
-  int stages;        // depth of the shared-memory ring; a stage holds 128 bytes of K
-  int consumers;     // warpgroups computing (bm = 64 * consumers)
-  int min_blocks;    // CTAs per SM the kernel is compiled for (__launch_bounds__)
+  TileFamily family;
+  int bm;          // rows of a work item: 64 per consumer warpgroup
+  int bn;          // columns of a work item (the wgmma N)
+  int stages;      // depth of the shared-memory ring; a stage holds 128 bytes of K
+  int consumers;   // warpgroups computing (bm = 64 * consumers)
+  int min_blocks;  // CTAs per SM the kernel is compiled for (__launch_bounds__)
   MainloopKind kind;
   int64_t max_rows_per_expert;  // auto-selection: chosen while rows per expert <= this
   const char* why;              // auto-selection's reason for this row
@@ -35,50 +45,64 @@ struct TileConfig {
 
 // Measured on an H200 (bench/grouped_gemm_notes.md): 64x64 streams weights faster up to ~32 rows
 // per expert; at 64 rows per expert 128x256 is already ~9% faster.
+// fp8: a 128x256 tile would need 256 accumulator registers per consumer thread (main + temporary),
+// so the prefill row is 128x128 (the width of one weight scale block).
 inline constexpr TileConfig kTileTable[] = {
-    {"64x64", 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
+    {"64x64", TileFamily::k16Bit, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
-    {"128x256", 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+    {"128x256", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each W and A tile"},
+    {"64x64", TileFamily::kFp8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
+     "more CTAs, 2 per SM; weight streaming"},
+    {"128x128", TileFamily::kFp8, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+     "2 consumer warpgroups alternate wgmma and block-scale promotion"},
 };
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
 
-// NOTE: the rows the kernels assume of every table row.
+// NOTE: the rows the kernels assume of every table row; fp8 rows promote per 128 columns of K
+// (one K stage) with one weight scale per 32 rows, and their bn divides 128.
 constexpr bool valid_tile(const TileConfig& t) {
   return t.bm == 64 * t.consumers && t.stages >= 2 && t.bn % 64 == 0 && t.bn <= 256 &&
-         (t.kind == MainloopKind::kWarpSpecializedTma || t.stages >= 3);
+         (t.kind == MainloopKind::kWarpSpecializedTma || t.stages >= 3) &&
+         (t.family != TileFamily::kFp8 || 128 % t.bn == 0);
 }
 constexpr bool valid_table() {
-  for (const TileConfig& t : kTileTable) {
-    if (!valid_tile(t)) return false;
+  for (int i = 0; i < kNumTiles; ++i) {
+    if (!valid_tile(kTileTable[i])) return false;
+    bool last_of_family = true;
+    for (int j = i + 1; j < kNumTiles; ++j)
+      last_of_family = last_of_family && kTileTable[j].family != kTileTable[i].family;
+    if (last_of_family && kTileTable[i].max_rows_per_expert != INT64_MAX) return false;
   }
-  return kTileTable[kNumTiles - 1].max_rows_per_expert == INT64_MAX;
+  return true;
 }
 static_assert(valid_table(),
-              "every row: bm = 64 * consumers, bn a multiple of 64 up to 256, "
-              "stages >= 3 for single-role rows; the last row takes any size");
+              "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (dividing 128 for "
+              "fp8), stages >= 3 for single-role rows; the last row of a family takes any size");
 
-// The row named `name`, or -1.
-constexpr int find_tile(std::string_view name) {
+// The row of `family` named `name`, or -1.
+constexpr int find_tile(std::string_view name, TileFamily family = TileFamily::k16Bit) {
   for (int i = 0; i < kNumTiles; ++i) {
-    if (name == kTileTable[i].name) return i;
+    if (kTileTable[i].family == family && name == kTileTable[i].name) return i;
   }
   return -1;
 }
 
-// "64x64, 128x256": the names a forced tile may take.
-inline std::string tile_names() {
+// "64x64, 128x256": the names a forced tile of `family` may take.
+inline std::string tile_names(TileFamily family = TileFamily::k16Bit) {
   std::string s;
-  for (const TileConfig& t : kTileTable)
-    s += (s.empty() ? "" : ", ") + std::string(t.name);
+  for (const TileConfig& t : kTileTable) {
+    if (t.family == family) s += (s.empty() ? "" : ", ") + std::string(t.name);
+  }
   return s;
 }
 
-// The row auto-selection picks for a problem of `rows_per_expert` (the rows bound over the
-// experts, rounded up), with the reason in *why when non-null.
-inline int select_tile(int64_t rows_per_expert, std::string* why = nullptr) {
+// The row of `family` auto-selection picks for a problem of `rows_per_expert` (the rows bound over
+// the experts, rounded up), with the reason in *why when non-null.
+inline int select_tile(int64_t rows_per_expert, std::string* why = nullptr,
+                       TileFamily family = TileFamily::k16Bit) {
   int i = 0;
-  while (rows_per_expert > kTileTable[i].max_rows_per_expert)
+  while (kTileTable[i].family != family || rows_per_expert > kTileTable[i].max_rows_per_expert)
     ++i;
   if (why != nullptr) {
     const TileConfig& t = kTileTable[i];

@@ -1,0 +1,566 @@
+// The mainloops of the grouped GEMMs, one template per MainloopKind, instantiated by each operand
+// family's translation unit (sm90_bf16_grouped_gemm.cu: bf16 / f16; sm90_fp8_grouped_gemm.cu:
+// e4m3 with its scales). T is the operand type, OutT the type of C.
+//
+// This kernel does:
+//   1. Each CTA of a persistent grid reads the schedule (expert_offsets or expert_counts) and
+//      builds, in shared memory, the prefix sum of m-tiles per expert (one warp, shuffle scan).
+//   2. It walks work items (m-tile, n-tile) round-robin over the grid, rasterised in groups of
+//      kRasterGroup m-tiles so that CTAs running together share W n-tiles and A m-tiles in L2;
+//      a binary search over the prefix gives the expert of an m-tile (scheduler.cuh).
+//   3. Mainloop, by the table row's kind:
+//      kWarpSpecializedTma (ws_tma_kernel; prefill): the last warpgroup is the producer. It fills
+//      a kStages-deep ring of BMx(128 bytes) A and BNx(128 bytes) W tiles (K-major, 128-byte
+//      swizzle): W by one bulk tensor copy (TMA, 3-D map {k, n, E}, zeros past N and K), the
+//      gathered A rows by cp.async (16 B per thread per row, zero-filled past the expert's last
+//      row, past K and for gather rows < 0). Both complete on the stage's "full" mbarrier
+//      (expect_tx + cp.async.mbarrier.arrive.noinc). The consumer warpgroups (64 rows each) wait
+//      on "full", issue 4 wgmma (32 bytes of K each) per stage and release the stage on its
+//      "empty" mbarrier. No block-wide barrier after the prefix: the producer runs ahead into the
+//      next work item while the consumers run the epilogue.
+//      kSingleRole (single_role_kernel; decode): every thread loads with cp.async into the ring
+//      (a stage refilled two K steps after it was consumed, one __syncthreads per K step) and the
+//      warpgroups compute; faster at few rows per expert.
+//   The K step of a family (KStep below): 16-bit operands keep one wgmma group in flight and
+//   accumulate straight into acc. fp8 operands write each 128-byte K block (= 128 elements, one
+//   scale block) into a temporary, wait for it, and add it to acc times the block's A and W scales
+//   (promotion): the other consumer warpgroup's wgmma keeps the tensor cores busy meanwhile.
+//   4. Epilogue (epilogue.cuh): fp8 per-tensor / per-row / per-channel scales multiply acc; then
+//      + bias, rounded to OutT, stored straight from the accumulator fragment with row (expert
+//      range) and column (N) predicates; or the fused gated activation on gate/up column pairs,
+//      n / 2 columns stored.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "core/cuda/cuda_check.cuh"
+#include "experts/cuda/sm90/epilogue.cuh"
+#include "experts/cuda/sm90/host.h"
+#include "experts/cuda/sm90/mainloop.cuh"
+#include "experts/cuda/sm90_grouped_gemm.h"
+
+namespace moekit::cuda::sm90 {
+
+template <typename T>
+inline constexpr bool kIsFp8 = std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>;
+
+template <typename T, int kTile>
+using ShapeOf = TileShape<kTile, static_cast<int>(sizeof(T))>;
+
+// The rows this consumer thread holds in the accumulator fragment (row0 and row0 + 8 of the
+// item), their source rows in A (-1: padding or past the expert's rows), for the fp8 scales.
+struct FragmentRows {
+  int src[2];
+};
+
+template <int kBN>
+__device__ __forceinline__ FragmentRows fragment_rows(const KernelParams& p, const WorkItem& w,
+                                                      int warpgroup, int tid) {
+  const int lane = tid & 31;
+  const int row0 = w.m0 + warpgroup * 64 + ((tid & 127) >> 5) * 16 + (lane >> 2);
+  FragmentRows f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    int s = -1;
+    if (row < w.row_end) s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+    f.src[h] = s;
+  }
+  return f;
+}
+
+// The K step of one warpgroup on the stage at (sa, sb): acc += A_kt . W_kt^T (16-bit), or
+// acc += sa(kt) sw(kt) (A_kt . W_kt^T) (fp8, via tmp). Returns once the stage may be released
+// (fp8: its wgmma are done; 16-bit: the previous stage's are, see release_lag).
+template <typename T, int kBN>
+struct KStep {
+  static constexpr int kAcc = kBN / 2;
+  // Stages a consumer holds before releasing: 16-bit releases stage kt - 1 after kt's wgmma are
+  // issued; fp8 releases stage kt itself.
+  static constexpr int release_lag = kIsFp8<T> ? 0 : 1;
+
+  static constexpr int kScaleBlocks = kBN / 32;  // weight-scale row blocks of a tile
+
+  float tmp[kIsFp8<T> ? kAcc : 1];
+  // fp8 block scales of the next K step, loaded one step ahead so that their latency hides
+  // behind the current step's wgmma (A: this thread's two rows; W: the tile's row blocks).
+  float next_fa[kIsFp8<T> ? 2 : 1];
+  float next_fw[kIsFp8<T> ? kScaleBlocks : 1];
+
+  __device__ __forceinline__ void load_block_scales(const KernelParams& p, const WorkItem& w,
+                                                    const FragmentRows& rows, int kt) {
+    if constexpr (kIsFp8<T>) {
+      if (kt >= p.k_tiles) return;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        next_fa[h] = 1.0f;
+        if (p.a_scale_kind == AScale::kRowBlock128) {
+          next_fa[h] = rows.src[h] >= 0 ? __ldg(&p.a_scale[rows.src[h] * p.a_scale_ld + kt]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kScaleBlocks; ++b) {
+        next_fw[b] = 1.0f;
+        if (p.w_scale_kind == WScale::kBlock32x128) {
+          const int rb = w.n0 / 32 + b;
+          next_fw[b] =
+              rb < p.w_scale_row_blocks
+                  ? __ldg(&p.w_scale[(static_cast<int64_t>(w.expert) * p.w_scale_row_blocks + rb) *
+                                         p.k_tiles +
+                                     kt])
+                  : 0.0f;
+        }
+      }
+    }
+  }
+
+  // Before the first K step of a work item.
+  __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w,
+                                        const FragmentRows& rows) {
+    load_block_scales(p, w, rows, 0);
+  }
+
+  __device__ __forceinline__ void run(float (&acc)[kAcc], uint32_t sa, uint32_t sb,
+                                      const KernelParams& p, const WorkItem& w,
+                                      const FragmentRows& rows, int kt) {
+    if constexpr (!kIsFp8<T>) {
+      mma_stage<T, kBN>(acc, sa, sb);
+      wgmma_wait<1>();
+      fence_registers(acc);
+    } else {
+      // This step's block scales (loaded during the previous step); the next step's now.
+      float fa[2], fw[kScaleBlocks];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        fa[h] = next_fa[h];
+#pragma unroll
+      for (int b = 0; b < kScaleBlocks; ++b)
+        fw[b] = next_fw[b];
+      load_block_scales(p, w, rows, kt + 1);
+      mma_stage<T, kBN, /*kOverwrite=*/true>(tmp, sa, sb);
+      wgmma_wait<0>();
+      fence_registers(tmp);
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float f = fa[h] * fw[j / 4];
+          acc[4 * j + 2 * h] += tmp[4 * j + 2 * h] * f;
+          acc[4 * j + 2 * h + 1] += tmp[4 * j + 2 * h + 1] * f;
+        }
+      }
+    }
+  }
+
+  // The scales applied once per tile (fp8 per-tensor / per-row A, per-expert / per-channel W).
+  __device__ __forceinline__ void finish(float (&acc)[kAcc], const KernelParams& p,
+                                         const WorkItem& w, const FragmentRows& rows, int lane) {
+    if constexpr (kIsFp8<T>) {
+      float fa[2] = {1.0f, 1.0f};
+      if (p.a_scale_kind == AScale::kTensor) {
+        fa[0] = fa[1] = __ldg(p.a_scale);
+      } else if (p.a_scale_kind == AScale::kRow) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          fa[h] = rows.src[h] >= 0 ? __ldg(&p.a_scale[rows.src[h]]) : 0.0f;
+      }
+      float fe = 1.0f;
+      if (p.w_scale_kind == WScale::kExpert) fe = __ldg(&p.w_scale[w.expert]);
+      const bool channel = p.w_scale_kind == WScale::kChannel;
+      if (!channel && p.a_scale_kind == AScale::kRowBlock128) return;  // all in the K loop
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+        const int col = w.n0 + j * 8 + (lane & 3) * 2;
+        float2 fc = make_float2(fe, fe);
+        if (channel) {
+          const float* ws = p.w_scale + static_cast<int64_t>(w.expert) * p.n;
+          fc.x = col < p.n ? __ldg(ws + col) : 0.0f;
+          fc.y = col + 1 < p.n ? __ldg(ws + col + 1) : 0.0f;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          acc[4 * j + 2 * h] *= fa[h] * fc.x;
+          acc[4 * j + 2 * h + 1] *= fa[h] * fc.y;
+        }
+      }
+    }
+  }
+};
+
+// ---- kWarpSpecializedTma ------------------------------------------------------------------------
+
+template <typename T, typename OutT, int kTile>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    ws_tma_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
+  using Shape = ShapeOf<T, kTile>;
+  constexpr int kBM = Shape::kBM;
+  constexpr int kBN = Shape::kBN;
+  constexpr int kStages = Shape::kStages;
+  constexpr int kAcc = kBN / 2;
+
+  extern __shared__ uint8_t smem_dynamic[];
+  __shared__ int s_tile_prefix[kMaxExperts + 1];    // m-tiles of experts [0, e)
+  __shared__ alignas(8) uint64_t s_full[kStages];   // stage landed (producer -> consumers)
+  __shared__ alignas(8) uint64_t s_empty[kStages];  // stage consumed (consumers -> producer)
+  __shared__ int64_t s_a_offset[2][kBM];  // producer: byte offset of each A row, -1 = zeros
+  const uint32_t smem_base = ring_base(smem_dynamic);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int num_experts = p.num_experts;
+
+  // 1. m-tile prefix over experts; barrier initialisation.
+  if (tid < 32) {
+    tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
+  } else if (tid == 32) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&s_full[s]), 128 + 1);  // each producer thread's cp.async + the TMA
+      mbar_init(smem_u32(&s_empty[s]), Shape::kConsumerThreads / 32);  // one per consumer warp
+    }
+    fence_proxy_async();
+  }
+  __syncthreads();
+
+  const int total_m_tiles = s_tile_prefix[num_experts];
+  const int total_items = total_m_tiles * p.n_tiles;
+  const int warpgroup = tid / 128;
+
+  if (warpgroup == Shape::kConsumers) {
+    // ---- producer warpgroup -----------------------------------------------------------------
+    if constexpr (Shape::kRebalanceRegisters) setmaxnreg_dec<Shape::kProducerRegisters>();
+    const int ptid = tid - Shape::kConsumerThreads;
+    const int chunk = ptid & 7;         // 16-byte column of the tile row this thread loads
+    const int row_in_pass = ptid >> 3;  // tile row (mod 16) this thread loads
+    const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
+    int it = 0;   // K steps issued so far by this CTA (all items)
+    int buf = 0;  // s_a_offset buffer of this item
+    for (int item = static_cast<int>(blockIdx.x); item < total_items;
+         item += static_cast<int>(gridDim.x)) {
+      // 2. Work item -> (expert, m-tile, n-tile).
+      const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+      for (int r = ptid; r < kBM; r += 128) {
+        const int row = w.m0 + r;
+        int64_t off = -1;
+        if (row < w.row_end) {
+          const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+          if (s >= 0) off = static_cast<int64_t>(s) * p.lda_bytes;
+        }
+        s_a_offset[buf][r] = off;
+      }
+      named_barrier_sync(1, 128);  // the offsets of this item are visible to every producer
+      for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+        const int s = it % kStages;
+        mbar_wait(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
+        const uint32_t sa = smem_base + static_cast<uint32_t>(s * Shape::kStageBytes);
+        const uint32_t sb = sa + Shape::kStageABytes;
+        const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
+        const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes + chunk * kChunkBytes;
+#pragma unroll
+        for (int i = 0; i < Shape::kAPasses; ++i) {
+          const int64_t off = s_a_offset[buf][row_in_pass + i * Shape::kRowsPerPass];
+          const bool ok = k_ok && off >= 0;
+          cp_async_16(sa + swizzled + i * Shape::kRowsPerPass * kRowBytes,
+                      ok ? p.a + off + k_bytes : p.a, ok);
+        }
+        if (ptid == 0) {  // W tile: one bulk tensor copy (zeros past N and K)
+          const uint32_t full = smem_u32(&s_full[s]);
+          mbar_arrive_expect_tx(full, Shape::kStageBBytes);
+          tma_load_3d(sb, &w_map, full, kt * Shape::kBK, w.n0, w.expert);
+        }
+        cp_async_mbar_arrive(smem_u32(&s_full[s]));
+      }
+      buf ^= 1;
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumer warpgroups ----------------------------------------------------------------------
+  if constexpr (Shape::kRebalanceRegisters) setmaxnreg_inc<Shape::kConsumerRegisters>();
+  const int lane = tid & 31;
+  constexpr int kLag = KStep<T, kBN>::release_lag;
+  KStep<T, kBN> step;
+  int it = 0;  // K steps consumed so far by this CTA (all items)
+  for (int item = static_cast<int>(blockIdx.x); item < total_items;
+       item += static_cast<int>(gridDim.x)) {
+    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+    FragmentRows rows{{-1, -1}};
+    if constexpr (kIsFp8<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
+    float acc[kAcc];
+    zero_accumulators(acc);
+    step.begin(p, w, rows);
+
+    // 3. Main loop.
+    for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+      const int s = it % kStages;
+      mbar_wait(smem_u32(&s_full[s]), (it / kStages) & 1);
+      fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
+      const uint32_t stage = smem_base + static_cast<uint32_t>(s * Shape::kStageBytes);
+      step.run(acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
+               stage + Shape::kStageABytes, p, w, rows, kt);
+      if (kt >= kLag && lane == 0) {
+        mbar_arrive(smem_u32(&s_empty[(it + kStages - kLag) % kStages]));
+      }
+    }
+    if constexpr (kLag > 0) {
+      wgmma_wait<0>();
+      fence_registers(acc);
+      if (lane == 0) mbar_arrive(smem_u32(&s_empty[(it + kStages - 1) % kStages]));
+    }
+
+    // 4. Epilogue.
+    step.finish(acc, p, w, rows, lane);
+    store_warpgroup_tile<OutT, kBN>(p, acc, w, warpgroup, tid);
+  }
+}
+
+// ---- kSingleRole --------------------------------------------------------------------------------
+
+template <typename T, typename OutT, int kTile>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    single_role_kernel(const KernelParams p) {
+  using Shape = ShapeOf<T, kTile>;
+  constexpr int kBM = Shape::kBM;
+  constexpr int kBN = Shape::kBN;
+  constexpr int kStages = Shape::kStages;
+  constexpr int kAcc = kBN / 2;
+
+  extern __shared__ uint8_t smem_dynamic[];
+  __shared__ int s_tile_prefix[kMaxExperts + 1];  // m-tiles of experts [0, e)
+  const uint32_t smem_base = ring_base(smem_dynamic);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int num_experts = p.num_experts;
+
+  // 1. m-tile prefix over experts.
+  if (tid < 32) {
+    tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
+  }
+  __syncthreads();
+
+  const int total_m_tiles = s_tile_prefix[num_experts];
+  const int total_items = total_m_tiles * p.n_tiles;
+  const int chunk = tid & 7;         // 16-byte column of the tile row this thread loads
+  const int row_in_pass = tid >> 3;  // tile row (mod kRowsPerPass) this thread loads
+  const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
+  const int warpgroup = tid / 128;
+  const int w_row_bytes = p.k * static_cast<int>(sizeof(T));
+  KStep<T, kBN> step;
+
+  for (int item = static_cast<int>(blockIdx.x); item < total_items;
+       item += static_cast<int>(gridDim.x)) {
+    // 2. Work item -> (expert, m-tile, n-tile).
+    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+    FragmentRows rows{{-1, -1}};
+    if constexpr (kIsFp8<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
+
+    const uint8_t* a_src[Shape::kAPasses];
+#pragma unroll
+    for (int i = 0; i < Shape::kAPasses; ++i) {
+      const int row = w.m0 + row_in_pass + i * Shape::kRowsPerPass;
+      const uint8_t* src = nullptr;
+      if (row < w.row_end) {
+        const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+        if (s >= 0) src = p.a + static_cast<int64_t>(s) * p.lda_bytes + chunk * kChunkBytes;
+      }
+      a_src[i] = src;
+    }
+    const uint8_t* w_src[Shape::kBPasses];
+#pragma unroll
+    for (int i = 0; i < Shape::kBPasses; ++i) {
+      const int n = w.n0 + row_in_pass + i * Shape::kRowsPerPass;
+      w_src[i] = n < p.n ? p.w + (static_cast<int64_t>(w.expert) * p.n + n) * w_row_bytes +
+                               chunk * kChunkBytes
+                         : nullptr;
+    }
+
+    auto load_stage = [&](int kt) {
+      if (kt < p.k_tiles) {
+        const uint32_t sa = smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes);
+        const uint32_t sb = sa + Shape::kStageABytes;
+        const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
+        const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes;
+#pragma unroll
+        for (int i = 0; i < Shape::kAPasses; ++i) {
+          const bool ok = k_ok && a_src[i] != nullptr;
+          cp_async_16(sa + swizzled + i * Shape::kRowsPerPass * kRowBytes,
+                      ok ? a_src[i] + k_bytes : p.a, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < Shape::kBPasses; ++i) {
+          const bool ok = k_ok && w_src[i] != nullptr;
+          cp_async_16(sb + swizzled + i * Shape::kRowsPerPass * kRowBytes,
+                      ok ? w_src[i] + k_bytes : p.w, ok);
+        }
+      }
+      cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
+    };
+
+    float acc[kAcc];
+    zero_accumulators(acc);
+    step.begin(p, w, rows);
+
+    __syncthreads();  // every warpgroup is done reading the ring of the previous item
+#pragma unroll
+    for (int s = 0; s < kStages - 2; ++s)
+      load_stage(s);
+
+    // 3. Main loop.
+    for (int kt = 0; kt < p.k_tiles; ++kt) {
+      cp_async_wait<kStages - 3>();  // this thread's copies of tile kt have landed
+      fence_proxy_async();           // make them visible to the tensor cores (async proxy)
+      __syncthreads();
+      // Refill the stage of tile kt - 2 before computing: every warpgroup's wgmma on it completed
+      // before this barrier (16-bit: wgmma_wait<1> after step kt - 1; fp8: wgmma_wait<0>), and
+      // issuing the copies first keeps kStages - 2 tiles in flight during the wgmma.
+      load_stage(kt + kStages - 2);
+      const uint32_t stage = smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes);
+      step.run(acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
+               stage + Shape::kStageABytes, p, w, rows, kt);
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+
+    // 4. Epilogue.
+    step.finish(acc, p, w, rows, tid & 31);
+    store_warpgroup_tile<OutT, kBN>(p, acc, w, warpgroup, tid);
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+
+// The kernel of table row kTile for operand T and output OutT.
+template <typename T, typename OutT, int kTile>
+constexpr auto kernel_of() {
+  if constexpr (ShapeOf<T, kTile>::kTma) {
+    return &ws_tma_kernel<T, OutT, kTile>;
+  } else {
+    return &single_role_kernel<T, OutT, kTile>;
+  }
+}
+
+// f(std::integral_constant<int, row>) for the table row `row`, over the rows of `kFamily`.
+template <TileFamily kFamily, typename F>
+cudaError_t with_tile(int row, F&& f) {
+  cudaError_t result = cudaErrorInvalidValue;
+  [&]<int... kRows>(std::integer_sequence<int, kRows...>) {
+    (
+        [&] {
+          if constexpr (kTileTable[kRows].family == kFamily) {
+            if (row == kRows) result = f(std::integral_constant<int, kRows>{});
+          }
+        }(),
+        ...);
+  }
+  (std::make_integer_sequence<int, kNumTiles>{});
+  return result;
+}
+
+// The type of C: the operand type for 16-bit operands, out_dtype for fp8.
+inline ElemType output_type(const GroupedGemmArgs& args) {
+  return elem_bytes(args.dtype) == 1 ? args.out_dtype : args.dtype;
+}
+
+// The kernel parameters of a launch of row kTile.
+template <typename T, int kTile>
+KernelParams kernel_params(const GroupedGemmArgs& args) {
+  using Shape = ShapeOf<T, kTile>;
+  constexpr int kEs = static_cast<int>(sizeof(T));
+  const int out_es = elem_bytes(output_type(args));
+  KernelParams p{};
+  p.a = static_cast<const uint8_t*>(args.a);
+  p.lda_bytes = args.lda * kEs;
+  p.gather_rows = args.gather_rows;
+  p.w = static_cast<const uint8_t*>(args.w);
+  p.bias = args.bias;
+  p.c = static_cast<uint8_t*>(args.c);
+  p.ldc_bytes = args.ldc * out_es;
+  p.expert_offsets = args.expert_offsets;
+  p.expert_counts = args.expert_counts;
+  p.batched_stride = static_cast<int>(args.batched_stride);
+  p.num_experts = args.num_experts;
+  p.n = args.n;
+  p.k = args.k;
+  p.n_tiles = div_up(args.n, Shape::kBN);
+  p.k_tiles = div_up(args.k, Shape::kBK);
+  p.bias_is_fp32 = args.bias_is_fp32;
+  p.act = args.fused_act;
+  p.has_clamp = args.has_clamp_limit;
+  p.limit = args.clamp_limit;
+  p.alpha = args.alpha;
+  p.a_scale_kind = args.a_scale_kind;
+  p.a_scale = args.a_scale;
+  p.a_scale_ld = args.a_scale_ld;
+  p.w_scale_kind = args.w_scale_kind;
+  p.w_scale = args.w_scale;
+  p.w_scale_row_blocks = div_up(args.n, 32);
+  return p;
+}
+
+// Launches row kTile for operand T / output OutT with W's prepared state when `cache` describes
+// args.w, else preparing it now.
+template <typename T, typename OutT, int kTile>
+cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
+                   cudaStream_t stream) {
+  using Shape = ShapeOf<T, kTile>;
+  const KernelParams p = kernel_params<T, kTile>(args);
+  const WeightLaunchCache* cache = params.cache;
+  if (cache != nullptr &&
+      !cache->matches(args.w, args.n, args.k, args.num_experts, args.dtype, output_type(args))) {
+    cache = nullptr;
+  }
+  constexpr auto kernel = kernel_of<T, OutT, kTile>();
+  int sms = 0;
+  if (cache != nullptr) {
+    sms = cache->sms;
+  } else {
+    MOEKIT_CUDA_TRY(current_device_sms(&sms));
+    MOEKIT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Shape::kDynamicSmem));
+  }
+  const int grid = grid_size(args, Shape::kConfig, p.n_tiles, sms, params.max_ctas);
+  if constexpr (Shape::kTma) {
+    CUtensorMap w_map;
+    if (cache != nullptr) {
+      static_assert(sizeof(CUtensorMap) == sizeof(TmaDescriptor));
+      std::memcpy(&w_map, cache->tma[kTile].bytes.data(), sizeof(w_map));
+    } else {
+      TmaDescriptor d;
+      MOEKIT_CUDA_TRY(encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype, Shape::kBK,
+                                   Shape::kBN, &d));
+      std::memcpy(&w_map, d.bytes.data(), sizeof(w_map));
+    }
+    kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p, w_map);
+  } else {
+    kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+// The launch state of W for every row of kFamily, with the kernels of output OutT (T operands).
+template <typename T, typename OutT, TileFamily kFamily>
+cudaError_t prepare_rows(const GroupedGemmArgs& args, WeightLaunchCache* c) {
+  for (int row = 0; row < kNumTiles; ++row) {
+    if (kTileTable[row].family != kFamily) continue;
+    MOEKIT_CUDA_TRY(with_tile<kFamily>(row, [&](auto tile) {
+      constexpr int kRow = decltype(tile)::value;
+      using Shape = ShapeOf<T, kRow>;
+      MOEKIT_CUDA_TRY(cudaFuncSetAttribute(kernel_of<T, OutT, kRow>(),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           Shape::kDynamicSmem));
+      if constexpr (Shape::kTma) {
+        return encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype, Shape::kBK,
+                            Shape::kBN, &c->tma[kRow]);
+      }
+      return cudaSuccess;
+    }));
+  }
+  return cudaSuccess;
+}
+
+}  // namespace moekit::cuda::sm90
