@@ -11,10 +11,13 @@ import sys
 
 
 def main() -> int:
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    argv = sys.argv[1:]
     dtype = "bf16"
-    if "--dtype" in sys.argv:
-        dtype = sys.argv[sys.argv.index("--dtype") + 1]
+    if "--dtype" in argv:
+        i = argv.index("--dtype")
+        dtype = argv[i + 1]
+        del argv[i:i + 2]
+    args = [a for a in argv if not a.startswith("--")]
     if len(args) != 2:
         print(__doc__)
         return 2

@@ -5,8 +5,13 @@
 #   tests      every GPU test binary (gtest), then the python GPU tests of python/tests
 #   sanitizer  compute-sanitizer memcheck / racecheck on the kernels' tests
 #   bench      moekit bench (bf16, 4 models x 7 batch sizes) -> bench.json
-#   quant      moekit bench --quant $QUANT (default fp8_block128) -> bench_<scheme>.json
+#   quant      moekit bench --quant for each scheme of $QUANT (comma list, default fp8_block128)
+#              on $QUANT_MODELS at $QUANT_TOKENS (comma lists) -> bench_<scheme>.json
 #   peer       the Triton peer (.carry/triton_peer.py) in bf16 -> peer.json; then the ratio table
+#   peerq      the Triton peer in fp8: fp8block on $QUANT_MODELS, fp8tensor on $TENSOR_MODELS
+#              (default mixtral-8x7b,qwen3-30b-a3b), at $QUANT_TOKENS -> peer_fp8*.json; ratio
+#              tables against bench_fp8_block128.json / bench_fp8_per_tensor.json (run quant
+#              first)
 #   kernels    moekit bench-kernels (router + align, GEMM tiles)
 #   soak       moekit soak for $SOAK_MINUTES minutes (default 9)
 #   python     python/tests on the GPU (graph capture, torch.compile, overhead table)
@@ -25,7 +30,8 @@ for step in "$@"; do
     tests)
       for t in build/tests/test_sm90_kit build/tests/test_grouped_gemm \
                build/tests/test_moe_support_kernels build/tests/test_gpu_layer \
-               build/tests/test_gpu_memory build/tests/test_gpu_determinism; do
+               build/tests/test_gpu_memory build/tests/test_gpu_determinism \
+               build/tests/test_gpu_fp8; do
         name=$(basename "$t")
         "$t" --gtest_brief=1 >"$out/$name.log" 2>&1
         rc=$?
@@ -52,15 +58,35 @@ for step in "$@"; do
       summary+=("bench rc=$? $(grep -c '^ ' "$out/bench.log") lines")
       ;;
     quant)
-      q=${QUANT:-fp8_block128}
-      build/moekit bench --quant "$q" --models "${QUANT_MODELS:-deepseek-v3,qwen3-30b-a3b}" \
-        --json "$out/bench_$q.json" >"$out/bench_$q.log" 2>&1
-      summary+=("bench --quant $q rc=$?")
+      IFS=, read -ra schemes <<<"${QUANT:-fp8_block128}"
+      for q in "${schemes[@]}"; do
+        models=${QUANT_MODELS:-deepseek-v3,qwen3-30b-a3b}
+        # shellcheck disable=SC2086  # one argument per preset
+        tokens=${QUANT_TOKENS:-1,16,64,256,1024,4096,16384}
+        build/moekit bench --quant "$q" --models ${models//,/ } --tokens ${tokens//,/ } \
+          --json "$out/bench_$q.json" >"$out/bench_$q.log" 2>&1
+        summary+=("bench --quant $q rc=$?")
+      done
       ;;
     peer)
       PYTHONUNBUFFERED=1 python3 .carry/triton_peer.py --json "$out/peer.json" >"$out/peer.log" 2>&1
       summary+=("peer rc=$?")
       python3 bench/compare_peer.py "$out/bench.json" "$out/peer.json" >"$out/ratio.md" 2>&1
+      ;;
+    peerq)
+      PYTHONUNBUFFERED=1 python3 .carry/triton_peer.py --dtype fp8block \
+        --shapes "${QUANT_MODELS:-deepseek-v3,qwen3-30b-a3b}" --json "$out/peer_fp8block.json" \
+        --tokens "${QUANT_TOKENS:-1,16,64,256,1024,4096,16384}" >"$out/peer_fp8block.log" 2>&1
+      summary+=("peer fp8block rc=$?")
+      PYTHONUNBUFFERED=1 python3 .carry/triton_peer.py --dtype fp8tensor \
+        --shapes "${TENSOR_MODELS:-mixtral-8x7b,qwen3-30b-a3b}" --json "$out/peer_fp8tensor.json" \
+        --tokens "${QUANT_TOKENS:-1,16,64,256,1024,4096,16384}" >"$out/peer_fp8tensor.log" 2>&1
+      summary+=("peer fp8tensor rc=$?")
+      for pair in fp8_block128:fp8block fp8_per_tensor:fp8tensor; do
+        b=$out/bench_${pair%%:*}.json p=$out/peer_${pair##*:}.json
+        [ -f "$b" ] && [ -f "$p" ] && python3 bench/compare_peer.py "$b" "$p" --dtype "${pair##*:}" \
+          >"$out/ratio_${pair##*:}.md" 2>&1
+      done
       ;;
     kernels)
       build/moekit bench-kernels >"$out/bench_kernels.log" 2>&1
@@ -81,5 +107,5 @@ for step in "$@"; do
   summary+=("  ($step: $(($(date +%s) - t0)) s)")
 done
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
-[ -f "$out/ratio.md" ] && tail -n 40 "$out/ratio.md"
+for r in "$out"/ratio*.md; do [ -f "$r" ] && tail -n 40 "$r"; done
 exit 0
