@@ -150,6 +150,28 @@ INSTANTIATE_TEST_SUITE_P(Schemes, Fp8GpuVsEmulation, ::testing::ValuesIn(fp8_cas
                            return n;
                          });
 
+// Every fp8 row of the tile table, forced by name, at decode and prefill sizes.
+TEST(Fp8Gpu, EveryFp8TileMatchesEmulation) {
+  REQUIRE_SM90_GPU();
+  for (const char* tile : {"64x128", "64x64", "128x128"}) {
+    for (const char* scheme : {"fp8_block128", "fp8_per_channel"}) {
+      for (int64_t M : {5, 300}) {
+        MoELayerOptions cpu_opt;
+        cpu_opt.max_num_tokens = M;
+        MoELayerOptions gpu_opt = cpu_opt;
+        gpu_opt.device = default_device_info();
+        gpu_opt.tile_config = tile;
+        const ModelPreset model = odd_hidden_preset();
+        Fp8Pair p{random_quantized_layer(model, scheme, cpu_opt, 9),
+                  random_quantized_layer(model, scheme, gpu_opt, 9)};
+        const Errors e = compare(p, M, 13);
+        EXPECT_LE(e.vs_emulation, tolerance("fp8_w8a8_gpu").rel_l2)
+            << tile << " " << scheme << " M=" << M;
+      }
+    }
+  }
+}
+
 TEST(Fp8Gpu, ExpertMapRanksMatchEmulation) {
   REQUIRE_SM90_GPU();
   for (int rank = 0; rank < 2; ++rank) {

@@ -25,7 +25,7 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_EQ(sm90::kTileTable[sm90::find_tile("64x64", sm90::TileFamily::kFp8)].family,
             sm90::TileFamily::kFp8);
   EXPECT_EQ(sm90::find_tile("128x256", sm90::TileFamily::kFp8), -1);
-  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8), "64x64, 128x128");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8), "64x64, 64x128, 128x128");
 }
 
 // Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): below 64 rows per

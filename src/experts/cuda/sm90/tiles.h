@@ -46,7 +46,10 @@ struct TileConfig {
 // Measured on an H200 (bench/grouped_gemm_notes.md): 64x64 streams weights faster up to ~32 rows
 // per expert; at 64 rows per expert 128x256 is already ~9% faster.
 // fp8: a 128x256 tile would need 256 accumulator registers per consumer thread (main + temporary),
-// so the prefill row is 128x128 (the width of one weight scale block).
+// so the prefill row is 128x128 (the width of one weight scale block). Decode: the 64x128 TMA row
+// (one CTA per SM, the producer loading across work items) measured no faster than 64x64
+// (qwen3-30b-a3b fp8 block-128 M=64: 287 vs 275 us, bench/results/2026-12-01-h200-fp8); it stays
+// forceable by name (never auto-selected: 64x64 comes first with the same bound).
 inline constexpr TileConfig kTileTable[] = {
     {"64x64", TileFamily::k16Bit, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
@@ -54,6 +57,8 @@ inline constexpr TileConfig kTileTable[] = {
      "4x the reuse of each W and A tile"},
     {"64x64", TileFamily::kFp8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
+    {"64x128", TileFamily::kFp8, 64, 128, 8, 1, 1, MainloopKind::kWarpSpecializedTma, 63,
+     "weights by TMA, 8 stages, the producer running ahead across work items"},
     {"128x128", TileFamily::kFp8, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "2 consumer warpgroups alternate wgmma and block-scale promotion"},
 };
