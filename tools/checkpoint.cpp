@@ -96,7 +96,8 @@ int explain_quant_command(const DeploymentOptions& deployment, const std::string
   }
   const quark::QuarkMoETarget target = quark::get_moe_method_target(*qc, layer_name);
   const auto method = quark::get_moe_method(*qc, moe, target);
-  std::cout << "quantization quark " << (from_checkpoint ? checkpoint_dir : scheme) << "\n";
+  std::cout << "quantization " << (from_checkpoint ? checkpoint_dir : scheme)
+            << " (through the Quark MoE methods)\n";
   print_quark_method(*method);
   std::cout << "\n" << method->plan().to_string();
   return method->plan().ok() ? 0 : 1;

@@ -17,6 +17,7 @@
 #include "moekit/io/safetensors.h"
 #include "moekit/quant/formats.h"
 #include "moekit/quant/quantize.h"
+#include "moekit/quantization/hf_fp8.h"
 
 namespace moekit::io {
 namespace {
@@ -109,6 +110,26 @@ json group_spec(const char* dtype, int64_t group, bool dynamic, bool e8m0) {
   s["ch_axis"] = -1;
   if (e8m0) s["scale_format"] = "e8m0";
   return s;
+}
+
+// The HuggingFace fp8 schemes: their config, and the Quark scheme of the same quantization.
+std::optional<quantization::HfFp8Config> hf_fp8_of(const std::string& scheme) {
+  quantization::HfFp8Config c;
+  if (scheme == "hf_fp8_block128") {
+    c.block = true;
+  } else if (scheme == "hf_fp8_per_tensor") {
+    c.static_activations = true;
+  } else {
+    return std::nullopt;
+  }
+  c.ignored = {"lm_head"};
+  return c;
+}
+
+std::string quark_scheme_of(const std::string& scheme) {
+  if (scheme == "hf_fp8_block128") return "fp8_block128";
+  if (scheme == "hf_fp8_per_tensor") return "fp8_per_tensor";
+  return scheme;
 }
 
 // (weight, input) hints of a scheme.
@@ -230,6 +251,14 @@ float amax(const std::vector<float>& v) {
 // act_amax: the expected |input| bound of this projection (static activation scales).
 void emit_projection(Emitter& out, const std::string& p, const std::vector<float>& w, int64_t rows,
                      int64_t cols, const std::string& scheme, float act_amax) {
+  if (const std::optional<quantization::HfFp8Config> hf = hf_fp8_of(scheme)) {
+    // The Quark scheme's tensors under the HuggingFace names.
+    emit_projection(out, p, w, rows, cols, quark_scheme_of(scheme), act_amax);
+    for (Entry& e : out.entries) {
+      if (e.name == p + ".weight_scale") e.name = p + "." + hf->weight_scale_suffix();
+    }
+    return;
+  }
   const std::span<const float> data(w);
   if (scheme == "bf16") {
     out.bf16(p + ".weight", {rows, cols}, w);
@@ -401,9 +430,9 @@ void write_checkpoint(const std::filesystem::path& dir, const std::vector<Entry>
 
 const std::vector<std::string>& fixture_schemes() {
   static const std::vector<std::string> kSchemes = {
-      "bf16",     "fp8_per_tensor", "fp8_per_channel", "fp8_block128",
-      "w4a8_fp8", "nvfp4",          "mxfp4_w4a16",     "mxfp4_a8",
-      "mxfp4_a4", "mxfp6_e3m2",     "mxfp6_e2m3",      "int8_w8a8"};
+      "bf16",       "fp8_per_tensor", "fp8_per_channel", "fp8_block128",     "w4a8_fp8",
+      "nvfp4",      "mxfp4_w4a16",    "mxfp4_a8",        "mxfp4_a4",         "mxfp6_e3m2",
+      "mxfp6_e2m3", "int8_w8a8",      "hf_fp8_block128", "hf_fp8_per_tensor"};
   return kSchemes;
 }
 
@@ -414,14 +443,18 @@ const std::vector<std::string>& fixture_models() {
 
 std::string fixture_quantization_config(const std::string& scheme) {
   if (scheme == "bf16") return "";
-  return quark_config(scheme, false).dump(2);
+  return quark_config(quark_scheme_of(scheme), false).dump(2);
 }
 
 void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOptions& options) {
   const ModelShape m = model_shape(options.model);
   const std::string& scheme = options.scheme;
   json cfg = config_json(m, scheme);
-  if (scheme != "bf16") cfg["quantization_config"] = quark_config(scheme, m.deepseek);
+  if (const std::optional<quantization::HfFp8Config> hf = hf_fp8_of(scheme)) {
+    cfg["quantization_config"] = hf->to_json();
+  } else if (scheme != "bf16") {
+    cfg["quantization_config"] = quark_config(scheme, m.deepseek);
+  }
   std::mt19937_64 rng(options.seed * 7919 + 17);
   Emitter out;
   const int64_t H = m.H, I = m.I;

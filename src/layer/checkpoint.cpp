@@ -15,6 +15,7 @@
 #include "moekit/io/json.h"
 #include "moekit/io/safetensors.h"
 #include "moekit/quant/moe_input_quant.h"
+#include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/quark/quark_moe.h"
 
 namespace moekit {
@@ -116,6 +117,9 @@ void check_finite(const Tensor& t, const std::string& name) {
 struct LayerNames {
   std::string moe_prefix;  // model.layers.N.mlp / model.layers.N.block_sparse_moe
   std::string gate, up, down;
+  // The file's suffix of the Quark parameters' "weight_scale" (HuggingFace fp8 blocks:
+  // "weight_scale_inv").
+  std::string weight_scale = "weight_scale";
   std::string expert(int64_t e, const std::string& proj, const std::string& param) const {
     return fmt::format("{}.experts.{}.{}.{}", moe_prefix, e, proj, param);
   }
@@ -178,7 +182,8 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
                 const std::string& param, int shards, int64_t first_expert) {
   const quark::ParamSpec spec = params.spec(param);
   const bool w13 = param.rfind("w13_", 0) == 0;
-  const std::string suffix = param.substr(w13 ? 4 : 3);
+  const std::string param_suffix = param.substr(w13 ? 4 : 3);
+  const std::string suffix = param_suffix == "weight_scale" ? names.weight_scale : param_suffix;
   std::vector<std::string> projs =
       w13 ? std::vector<std::string>{names.gate, names.up} : std::vector<std::string>{names.down};
   projs.resize(w13 ? static_cast<size_t>(shards) : 1);
@@ -310,27 +315,55 @@ MoELayer quark_layer(const ModelPreset& model, const quark::QuarkMoEMethod& meth
   return MoELayer(model, std::move(quant), std::move(w), options, method.plan());
 }
 
-}  // namespace
+// The checkpoint's quantization: its Quark config (a HuggingFace fp8 config translated) and the
+// file suffix of the weight scales.
+struct CheckpointQuant {
+  std::optional<quark::QuarkConfig> quark;
+  std::string weight_scale_suffix = "weight_scale";
+};
 
-std::optional<quark::QuarkConfig> read_quark_config(const std::filesystem::path& dir) {
+CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
   const json root = read_config_json(dir);
   auto it = root.find("quantization_config");
-  if (it == root.end() || it->is_null()) return std::nullopt;
+  if (it == root.end() || it->is_null()) return {};
   const std::string where = (dir / "config.json").string() + ": quantization_config";
   if (!it->is_object()) {
     throw Error(fmt::format("{}: expected an object, got {}", where, it->type_name()));
   }
-  return quark::QuarkConfig::from_json(*it, where);
+  if (const auto m = it->find("quant_method"); m != it->end() && m->is_string()) {
+    const std::string method = m->get<std::string>();
+    MOEKIT_CHECK(method == "quark" || method == "fp8",
+                 "{}.quant_method: '{}' is not supported: moekit loads Quark (\"quark\") and "
+                 "HuggingFace fp8 (\"fp8\") checkpoints",
+                 where, method);
+  }
+  CheckpointQuant q;
+  if (quantization::is_hf_fp8_config(*it)) {
+    const quantization::HfFp8Config hf = quantization::parse_hf_fp8_config(*it, where);
+    q.quark = hf.to_quark_config();
+    q.weight_scale_suffix = hf.weight_scale_suffix();
+  } else {
+    q.quark = quark::QuarkConfig::from_json(*it, where);
+  }
+  return q;
+}
+
+}  // namespace
+
+std::optional<quark::QuarkConfig> read_quark_config(const std::filesystem::path& dir) {
+  return read_checkpoint_quant(dir).quark;
 }
 
 MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
                         const MoELayerOptions& options, CheckpointInfo* info) {
-  std::optional<quark::QuarkConfig> qc = read_quark_config(dir);
+  const CheckpointQuant quant = read_checkpoint_quant(dir);
+  const std::optional<quark::QuarkConfig>& qc = quant.quark;
   const ModelPreset model = preset_from_hf_config(dir / "config.json");
   const MoEConfig moe = MoELayer::make_moe_config(model, options);
 
   const Reader r(dir);
-  const LayerNames names = find_names(r, layer_index, model);
+  LayerNames names = find_names(r, layer_index, model);
+  names.weight_scale = quant.weight_scale_suffix;
   const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t first = moe.parallel.ep_rank * E;  // this rank's experts

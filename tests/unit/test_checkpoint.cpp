@@ -1,6 +1,7 @@
 // Checkpoints end to end: every fixture scheme written, loaded as one MoE layer and run against a
 // float64 recomputation on the dequantized weights; naming variants (Qwen, Mixtral, DeepSeek with
 // shared experts), sharded checkpoints, exclusions, and errors naming the tensor.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include "moekit/io/safetensors.h"
 #include "moekit/layer/checkpoint.h"
 #include "moekit/layer/reference.h"
+#include "moekit/quantization/hf_fp8.h"
 #include "testing.h"
 
 namespace moekit {
@@ -84,6 +86,8 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
       {"mxfp6_e3m2", "QuarkOCP_MX_MoEMethod", "mxfp6", "CpuOcpMxExperts"},
       {"mxfp6_e2m3", "QuarkOCP_MX_MoEMethod", "mxfp6", "CpuOcpMxExperts"},
       {"int8_w8a8", "QuarkW8A8Int8MoEMethod", "int8_w8a8", "CpuInt8Experts"},
+      {"hf_fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
+      {"hf_fp8_per_tensor", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
   };
   ASSERT_EQ(cases.size(), io::fixture_schemes().size());
   for (const SchemeCase& c : cases) {
@@ -342,6 +346,76 @@ TEST(Checkpoint, ExcludedLayersLoadUnquantizedAndOtherMethodsAreRejected) {
   EXPECT_NE(error_of([&] { load_moe_layer(dir, 1); }).find("'gptq' is not supported"),
             std::string::npos);
   fs::remove_all(dir);
+}
+
+// A HuggingFace fp8 checkpoint (quant_method "fp8", DeepSeek-V3's weight_scale_inv) is the same
+// layer as the Quark checkpoint of the same weights: outputs bitwise equal.
+TEST(Checkpoint, HuggingFaceFp8EqualsQuarkFp8) {
+  for (const auto& [hf, quark_scheme] : {std::pair{"hf_fp8_block128", "fp8_block128"},
+                                         std::pair{"hf_fp8_per_tensor", "fp8_per_tensor"}}) {
+    for (const char* model : {"tiny", "tiny-deepseek"}) {
+      SCOPED_TRACE(std::string(hf) + " " + model);
+      const fs::path a = fixture(hf, model), b = fixture(quark_scheme, model);
+      const int layer = std::string(model) == "tiny-deepseek" ? 1 : 0;
+      MoELayer la = load_moe_layer(a, layer), lb = load_moe_layer(b, layer);
+      const Tensor x = testing::random_tensor({19, la.model().hidden_size}, DType::kBF16, 4);
+      const Tensor logits = la.router_logits(x);
+      EXPECT_TRUE(testing::bitwise_equal(la.forward(x, logits), lb.forward(x, logits)));
+      if (std::string(hf) == "hf_fp8_block128") {  // the file holds DeepSeek-V3's names
+        const io::SafetensorsFile f = io::SafetensorsFile::open(a / "model.safetensors");
+        const std::string p = fmt::format("model.layers.{}.mlp.experts.0.gate_proj.", layer);
+        EXPECT_TRUE(f.contains(p + "weight_scale_inv"));
+        EXPECT_FALSE(f.contains(p + "weight_scale"));
+      }
+      fs::remove_all(a);
+      fs::remove_all(b);
+    }
+  }
+}
+
+TEST(Checkpoint, HuggingFaceFp8ConfigsAreValidated) {
+  using quantization::parse_hf_fp8_config;
+  const nlohmann::json good = {{"quant_method", "fp8"},
+                               {"fmt", "e4m3"},
+                               {"activation_scheme", "dynamic"},
+                               {"weight_block_size", {128, 128}}};
+  const quantization::HfFp8Config c = parse_hf_fp8_config(good, "q");
+  EXPECT_TRUE(c.block);
+  EXPECT_FALSE(c.static_activations);
+  EXPECT_EQ(c.weight_scale_suffix(), "weight_scale_inv");
+  auto bad = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json j = good;
+    if (value.is_null()) {
+      j.erase(key);
+    } else {
+      j[key] = value;
+    }
+    return error_of([&] { parse_hf_fp8_config(j, "ckpt/config.json: quantization_config"); });
+  };
+  EXPECT_TRUE(testing::contains_all(bad("fmt", "e5m2"), {"fmt=\"e5m2\"", "e4m3"}));
+  EXPECT_TRUE(testing::contains_all(bad("fmt", "int4"), {"fmt", "int4", "e4m3"}));
+  EXPECT_TRUE(testing::contains_all(bad("activation_scheme", nullptr),
+                                    {"ckpt/config.json", "activation_scheme", "dynamic"}));
+  EXPECT_TRUE(
+      testing::contains_all(bad("activation_scheme", "per_token"), {"per_token", "static"}));
+  EXPECT_TRUE(testing::contains_all(bad("activation_scheme", "static"),
+                                    {"static", "weight_block_size", "1x128"}));
+  EXPECT_TRUE(testing::contains_all(bad("weight_block_size", {64, 64}), {"[64, 64]", "128x128"}));
+  EXPECT_TRUE(testing::contains_all(bad("weight_block_size", {128}), {"[128, 128]"}));
+  EXPECT_TRUE(testing::contains_all(bad("weight_block_size", {128.5, 128}), {"128.5"}));
+  EXPECT_TRUE(testing::contains_all(bad("ignored_layers", "lm_head"), {"ignored_layers", "array"}));
+  EXPECT_TRUE(testing::contains_all(bad("ignored_layers", {1}), {"ignored_layers[0]"}));
+  // Per-tensor, dynamic or static activations: the Quark equivalent parses.
+  nlohmann::json tensor = good;
+  tensor.erase("weight_block_size");
+  for (const char* scheme : {"dynamic", "static"}) {
+    tensor["activation_scheme"] = scheme;
+    const quantization::HfFp8Config t = parse_hf_fp8_config(tensor, "q");
+    EXPECT_FALSE(t.block);
+    EXPECT_EQ(t.weight_scale_suffix(), "weight_scale");
+    const quark::QuarkConfig qc = t.to_quark_config();
+    ASSERT_EQ(qc.global_quant_config.input_tensors.size(), 1u);
+  }
 }
 
 TEST(Checkpoint, FixtureRejectsUnknownNames) {

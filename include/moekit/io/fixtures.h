@@ -17,6 +17,9 @@
 //   mxfp6_e3m2        mxfp6 e3m2 weights and activations
 //   mxfp6_e2m3        mxfp6 e2m3 weights and activations
 //   int8_w8a8         int8 per-channel weights, dynamic per-token int8 activations
+//   hf_fp8_block128   fp8_block128 as a HuggingFace fp8 checkpoint (DeepSeek-V3 layout:
+//                     quant_method "fp8", weight_block_size [128, 128], "weight_scale_inv")
+//   hf_fp8_per_tensor fp8_per_tensor as a HuggingFace fp8 checkpoint (activation_scheme static)
 // Models (FixtureOptions::model), every layer an MoE layer unless noted:
 //   tiny          qwen3_moe naming (mlp.experts.E.{gate,up,down}_proj), E=8, top_k=2, H=192,
 //                 I=128, 2 layers
@@ -45,8 +48,8 @@ struct FixtureOptions {
 const std::vector<std::string>& fixture_schemes();
 const std::vector<std::string>& fixture_models();
 
-// The quantization_config JSON text of a scheme ("" for bf16). Throws moekit::Error listing the
-// schemes for an unknown one.
+// The Quark quantization_config JSON text of a scheme ("" for bf16; the hf_ schemes: their Quark
+// equivalent). Throws moekit::Error listing the schemes for an unknown one.
 std::string fixture_quantization_config(const std::string& scheme);
 
 // Writes the checkpoint into `dir` (created if needed; existing checkpoint files — *.safetensors,

@@ -63,8 +63,10 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
 MoELayer random_quantized_layer(const ModelPreset& model, const std::string& scheme,
                                 const MoELayerOptions& options, uint64_t seed);
 
-// The Quark config of a checkpoint (nullopt when config.json has no quantization_config).
-// Throws moekit::Error for unreadable / malformed config.json or a non-Quark quant_method.
+// The Quark config of a checkpoint (nullopt when config.json has no quantization_config); a
+// HuggingFace fp8 config (quantization/hf_fp8.h) comes back as its Quark equivalent.
+// Throws moekit::Error for unreadable / malformed config.json or a quant_method other than
+// "quark" and "fp8".
 std::optional<quark::QuarkConfig> read_quark_config(const std::filesystem::path& dir);
 
 }  // namespace moekit
