@@ -443,7 +443,11 @@ const std::vector<std::string>& fixture_models() {
 
 std::string fixture_quantization_config(const std::string& scheme) {
   if (scheme == "bf16") return "";
-  return quark_config(quark_scheme_of(scheme), false).dump(2);
+  // The names the fp8 benchmarks use for two of the schemes.
+  const std::string name = scheme == "fp8_tensor"          ? "fp8_per_tensor"
+                           : scheme == "fp8_channel_token" ? "fp8_per_channel"
+                                                           : scheme;
+  return quark_config(quark_scheme_of(name), false).dump(2);
 }
 
 void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOptions& options) {

@@ -418,6 +418,19 @@ TEST(Checkpoint, HuggingFaceFp8ConfigsAreValidated) {
   }
 }
 
+TEST(Checkpoint, BenchmarkSchemeNamesAreAliases) {
+  EXPECT_EQ(io::fixture_quantization_config("fp8_tensor"),
+            io::fixture_quantization_config("fp8_per_tensor"));
+  EXPECT_EQ(io::fixture_quantization_config("fp8_channel_token"),
+            io::fixture_quantization_config("fp8_per_channel"));
+  const ModelPreset& model = find_preset("tiny");
+  MoELayer a = random_quantized_layer(model, "fp8_tensor", {}, 3);
+  MoELayer b = random_quantized_layer(model, "fp8_per_tensor", {}, 3);
+  const Tensor x = testing::random_tensor({7, model.hidden_size}, DType::kBF16, 2);
+  const Tensor logits = testing::random_tensor({7, model.num_experts}, DType::kF32, 3);
+  EXPECT_TRUE(testing::bitwise_equal(a.forward(x, logits), b.forward(x, logits)));
+}
+
 TEST(Checkpoint, FixtureRejectsUnknownNames) {
   io::FixtureOptions o;
   o.scheme = "fp3";

@@ -49,7 +49,8 @@ const std::vector<std::string>& fixture_schemes();
 const std::vector<std::string>& fixture_models();
 
 // The Quark quantization_config JSON text of a scheme ("" for bf16; the hf_ schemes: their Quark
-// equivalent). Throws moekit::Error listing the schemes for an unknown one.
+// equivalent; also fp8_tensor = fp8_per_tensor and fp8_channel_token = fp8_per_channel, the
+// benchmarks' names). Throws moekit::Error listing the schemes for an unknown one.
 std::string fixture_quantization_config(const std::string& scheme);
 
 // Writes the checkpoint into `dir` (created if needed; existing checkpoint files — *.safetensors,
