@@ -566,6 +566,19 @@ TEST(QuarkProcess, PerTensorShardScalesAreMergedAndRequantized) {
     }
     EXPECT_LT(std::sqrt(num / den), fp8 ? 0.05 : 0.01);
     EXPECT_GT(std::sqrt(num / den), 0.0);  // the smaller-scale shard really was re-quantized
+    // Exactly: each code of the smaller-scale shard is the code of its value at the merged scale.
+    const auto* c = l.p.get("w13_weight").data_as<uint8_t>();
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < before.numel(); ++i) {
+      const int64_t e = i / (64 * 64), shard = (i / 64) % 64 / 32;
+      const float own = sv[e * 2 + shard], m = std::max(sv[e * 2], sv[e * 2 + 1]);
+      const uint8_t want = own == m ? b[i]
+                           : fp8    ? quant::encode_e4m3(quant::decode_e4m3(b[i]) * own / m)
+                                    : static_cast<uint8_t>(quant::encode_int8(
+                                          static_cast<float>(static_cast<int8_t>(b[i])) * own / m));
+      mismatches += c[i] != want;
+    }
+    EXPECT_EQ(mismatches, 0);
   }
 }
 
