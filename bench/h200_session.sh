@@ -4,7 +4,7 @@
 # under $OUT (out/ when unset) and prints a short summary; steps run in the order given:
 #   tests      every GPU test binary (gtest), then the python GPU tests of python/tests
 #   sanitizer  compute-sanitizer memcheck / racecheck on the kernels' tests
-#   bench      moekit bench (bf16, 4 models x 7 batch sizes) -> bench.json
+#   bench      moekit bench (bf16, 4 models x 7 batch sizes; $BENCH_FLAGS added) -> bench.json
 #   quant      moekit bench --quant for each scheme of $QUANT (comma list, default fp8_block128)
 #              on $QUANT_MODELS at $QUANT_TOKENS (comma lists) -> bench_<scheme>.json
 #   peer       the Triton peer (.carry/triton_peer.py) in bf16 -> peer.json; then the ratio table
@@ -54,7 +54,8 @@ for step in "$@"; do
       summary+=("sanitizer: $(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$out/sanitizer.log") clean runs, $(grep -E 'ERROR SUMMARY: [1-9]|SUMMARY: [1-9]' "$out/sanitizer.log" | wc -l) with errors")
       ;;
     bench)
-      build/moekit bench --json "$out/bench.json" >"$out/bench.log" 2>&1
+      # shellcheck disable=SC2086  # BENCH_FLAGS: e.g. --plain-topk (route like the peer)
+      build/moekit bench ${BENCH_FLAGS:-} --json "$out/bench.json" >"$out/bench.log" 2>&1
       summary+=("bench rc=$? $(grep -c '^ ' "$out/bench.log") lines")
       ;;
     quant)

@@ -170,9 +170,7 @@ struct Case {
 }  // namespace
 #endif
 
-int bench_command(const DeploymentOptions& deployment, const std::vector<std::string>& models,
-                  const std::vector<int64_t>& tokens, const std::string& routing_dist, int reps,
-                  const std::string& json_path, const std::string& quant_scheme) {
+int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench) {
 #ifndef MOEKIT_WITH_CUDA
   std::cerr << "moekit bench times the GPU path: moekit was built without CUDA\n";
   return 2;
@@ -193,11 +191,12 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
       copy_tbps, gemm_tflops);
   int l2_bytes = 0;
   cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0);
-  const int64_t max_m = *std::max_element(tokens.begin(), tokens.end());
+  const int64_t max_m = *std::max_element(bench.tokens.begin(), bench.tokens.end());
 
   std::vector<Case> cases;
   // --config benches that one model; otherwise each preset of --models.
-  for (const ModelPreset& model : bench_models(deployment.config_json, models)) {
+  for (const ModelPreset& model :
+       bench_models(deployment.config_json, bench.models, bench.plain_topk)) {
     MoELayerOptions options = deployment.layer_options();
     options.device = dev;
     options.max_num_tokens = max_m;
@@ -216,11 +215,11 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
     try {
       for (int s = 0; s < max_sets; ++s) {
         layers.push_back(std::make_unique<MoELayer>(
-            random_quantized_layer(model, quant_scheme, options, 1000 + s)));
+            random_quantized_layer(model, bench.quant, options, 1000 + s)));
       }
     } catch (const UnsupportedError& e) {  // no kernel for this scheme here: say so, go on
       std::cout << "\n"
-                << model.summary() << "\n  skipped (" << quant_scheme << "): " << e.what() << "\n";
+                << model.summary() << "\n  skipped (" << bench.quant << "): " << e.what() << "\n";
       continue;
     }
     // Quantized experts: the bytes the layer holds (packed codes + scales) per expert.
@@ -235,11 +234,11 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
               << " weight set(s) of " << fmt::format("{:.2f}", total_weight_bytes / 1e9) << " GB\n";
     std::cout << fmt::format("  {:>6} {:>10} {:>8} {:>9} {:>7} {:>7}  {}\n", "M", "us", "TB/s",
                              "TFLOP/s", "%bw", "%flops", "stages (us)");
-    for (int64_t M : tokens) {
+    for (int64_t M : bench.tokens) {
       // Inputs for every set; routing from the logits of set 0 gives the touched experts.
       std::vector<Tensor> xs, logits, outs;
       for (int s = 0; s < max_sets; ++s) {
-        const Tensor lg = make_logits(M, model.num_experts, model.top_k, routing_dist, 77 + s);
+        const Tensor lg = make_logits(M, model.num_experts, model.top_k, bench.routing, 77 + s);
         Tensor x = Tensor::empty({M, H}, options.dtype, Device::cuda());
         fill_uniform(x, 555 + s, 1.0f, Stream{stream});
         xs.push_back(x);
@@ -255,7 +254,7 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
       const int sets = std::clamp(
           static_cast<int>(std::ceil(3.0 * l2_bytes / std::max(bytes, 1.0))), 1, max_sets);
       RunContext ctx{Stream{stream}, &workspace, nullptr};
-      const double ms = time_graph(stream, 3, reps, [&] {
+      const double ms = time_graph(stream, 3, bench.reps, [&] {
         for (int s = 0; s < sets; ++s)
           layers[s]->forward_into(outs[s], xs[s], logits[s], ctx);
       });
@@ -283,7 +282,7 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
         BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
         cudaGraphExec_t exec = nullptr;
         BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < reps; ++i) {
+        for (int i = 0; i < bench.reps; ++i) {
           BENCH_CUDA(cudaGraphLaunch(exec, stream));
           BENCH_CUDA(cudaStreamSynchronize(stream));
           for (size_t e = 1; e < obs.events_.size(); ++e) {
@@ -311,12 +310,13 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
     }
   }
 
-  if (!json_path.empty()) {
+  if (!bench.json_path.empty()) {
     nlohmann::json j;
     j["device"] = dev.to_string();
-    j["routing"] = routing_dist;
+    j["routing"] = bench.routing;
+    j["plain_topk"] = bench.plain_topk;
     j["dtype"] = deployment.dtype;
-    j["quant"] = quant_scheme;
+    j["quant"] = bench.quant;
     j["batch_invariant"] = deployment.batch_invariant;
     j["peaks"] = {{"copy_tbps", copy_tbps}, {"bf16_gemm_tflops", gemm_tflops}};
     for (const Case& c : cases) {
@@ -333,8 +333,8 @@ int bench_command(const DeploymentOptions& deployment, const std::vector<std::st
                             {"weight_sets", c.sets},
                             {"stages_us", c.stage_us}});
     }
-    std::ofstream(json_path) << j.dump(2) << "\n";
-    std::cout << "\nwrote " << json_path << "\n";
+    std::ofstream(bench.json_path) << j.dump(2) << "\n";
+    std::cout << "\nwrote " << bench.json_path << "\n";
   }
   return 0;
 #endif

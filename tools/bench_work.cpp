@@ -58,11 +58,26 @@ LayerWork layer_work(const LayerShard& shard, std::span<const int64_t> topk_ids,
 }
 
 std::vector<ModelPreset> bench_models(const std::string& config_json,
-                                      const std::vector<std::string>& model_names) {
-  if (!config_json.empty()) return {preset_from_hf_config(config_json)};
+                                      const std::vector<std::string>& model_names,
+                                      bool plain_topk) {
   std::vector<ModelPreset> out;
-  for (const std::string& name : model_names)
-    out.push_back(find_preset(name));
+  if (!config_json.empty()) {
+    out.push_back(preset_from_hf_config(config_json));
+  } else {
+    for (const std::string& name : model_names)
+      out.push_back(find_preset(name));
+  }
+  if (plain_topk) {
+    for (ModelPreset& m : out) {
+      m.scoring = ScoringFunc::kSoftmax;
+      m.renormalize = true;
+      m.num_expert_group = 0;
+      m.topk_group = 0;
+      m.routed_scaling_factor.reset();
+      m.has_e_score_correction_bias = false;
+      m.llama4_top1 = false;
+    }
+  }
   return out;
 }
 

@@ -52,8 +52,11 @@ LayerWork layer_work(const LayerShard& shard, std::span<const int64_t> topk_ids,
                      int64_t num_tokens);
 
 // The models one bench run times: the config.json given with --config (once), else each preset
-// of `model_names`. Throws moekit::Error for an unknown preset or a bad config.json.
+// of `model_names`; with plain_topk each routes with softmax top-k + renormalize (no groups, bias,
+// scaling or Llama4 top-1), as the Triton peer does, so both touch the same experts. Throws
+// moekit::Error for an unknown preset or a bad config.json.
 std::vector<ModelPreset> bench_models(const std::string& config_json,
-                                      const std::vector<std::string>& model_names);
+                                      const std::vector<std::string>& model_names,
+                                      bool plain_topk = false);
 
 }  // namespace moekit::cli

@@ -86,10 +86,18 @@ int make_fixture_command(const std::string& scheme, const std::string& out,
 // every `check_every` steps, device memory watched. 0 when every check passed.
 int soak_command(const DeploymentOptions& deployment, double minutes, int check_every,
                  uint64_t seed);
-// quant_scheme: "bf16" (unquantized) or a make-fixture scheme (random_quantized_layer).
-int bench_command(const DeploymentOptions& deployment, const std::vector<std::string>& models,
-                  const std::vector<int64_t>& tokens, const std::string& routing_dist, int reps,
-                  const std::string& json_path, const std::string& quant_scheme);
+// What `moekit bench` times beside the deployment.
+struct BenchOptions {
+  std::vector<std::string> models = {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3",
+                                     "gpt-oss-120b"};
+  std::vector<int64_t> tokens = {1, 16, 64, 256, 1024, 4096, 16384};
+  std::string routing = "random";  // router logits: random, balanced, skewed
+  bool plain_topk = false;         // every model routed with softmax top-k (bench_work.h)
+  int reps = 20;
+  std::string json_path;       // also write JSON here when set
+  std::string quant = "bf16";  // "bf16" or a make-fixture scheme (random_quantized_layer)
+};
+int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench);
 // `moekit bench-kernels`: the router + align ("router-align") and grouped GEMM1 ("gemm1") kernels
 // timed alone.
 struct BenchKernelsOptions {

@@ -81,31 +81,29 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
 
   DeploymentOptions bench_deployment;
-  std::vector<std::string> bench_models = {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3",
-                                           "gpt-oss-120b"};
-  std::vector<int64_t> bench_tokens = {1, 16, 64, 256, 1024, 4096, 16384};
-  std::string bench_routing = "random";
-  int bench_reps = 20;
-  std::string bench_json;
+  BenchOptions bench_options;
   CLI::App* bench = app.add_subcommand(
       "bench",
       "Time the layer and each stage on the GPU (CUDA events over CUDA-graph replays, "
       "weights rotated past L2) and compare with the device's measured peaks");
   bench_deployment.add_to(*bench);
-  bench->add_option("--models", bench_models, "model presets to time")
+  bench->add_option("--models", bench_options.models, "model presets to time")
       ->capture_default_str()
       ->excludes(bench_deployment.config_option);
-  bench->add_option("--tokens", bench_tokens, "batch sizes M")->capture_default_str();
-  bench->add_option("--routing", bench_routing, "random, balanced or skewed")
+  bench->add_option("--tokens", bench_options.tokens, "batch sizes M")->capture_default_str();
+  bench->add_option("--routing", bench_options.routing, "random, balanced or skewed")
       ->check(CLI::IsMember({"random", "balanced", "skewed"}))
       ->capture_default_str();
-  bench->add_option("--reps", bench_reps, "timed graph replays per case (median)")
+  bench->add_flag("--plain-topk", bench_options.plain_topk,
+                  "route every model with softmax top-k + renormalize, as the Triton peer does "
+                  "(deepseek-v3's grouped routing touches fewer experts)");
+  bench->add_option("--reps", bench_options.reps, "timed graph replays per case (median)")
       ->check(CLI::PositiveNumber);
-  bench->add_option("--json", bench_json, "also write the results as JSON to this file");
-  std::string bench_quant = "bf16";
+  bench->add_option("--json", bench_options.json_path,
+                    "also write the results as JSON to this file");
   bench
       ->add_option(
-          "--quant", bench_quant,
+          "--quant", bench_options.quant,
           "weights: bf16 (unquantized) or a quantized scheme (fp8_block128, "
           "fp8_per_tensor alias fp8_tensor, fp8_per_channel alias fp8_channel_token, int8_w8a8, "
           "w4a8_fp8, nvfp4, mxfp4_w4a16, ...): random weights of that scheme; TB/s counts its "
@@ -170,8 +168,7 @@ int main(int argc, char** argv) {
     if (*soak) return soak_command(soak_deployment, soak_minutes, soak_check_every, soak_seed);
     if (*bench) {
       bench_deployment.tile_config = bench_tile;
-      return bench_command(bench_deployment, bench_models, bench_tokens, bench_routing, bench_reps,
-                           bench_json, bench_quant);
+      return bench_command(bench_deployment, bench_options);
     }
   } catch (const moekit::Error& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -117,5 +117,23 @@ TEST(BenchWork, ConfigIsBenchedOnceAndPresetsByName) {
   std::filesystem::remove_all(dir);
 }
 
+// --plain-topk: every model routed like the Triton peer (softmax top-k, renormalized), the rest of
+// the shape unchanged.
+TEST(BenchWork, PlainTopkRoutesLikeThePeer) {
+  const ModelPreset grouped = bench_models("", {"deepseek-v3"})[0];
+  EXPECT_EQ(grouped.routing_method(), RoutingMethodType::kDeepSeekV3);
+  for (const char* name : {"deepseek-v3", "llama4-scout", "qwen3-30b-a3b"}) {
+    SCOPED_TRACE(name);
+    const ModelPreset m = bench_models("", {name}, /*plain_topk=*/true)[0];
+    const ModelPreset& base = find_preset(name);
+    EXPECT_EQ(m.routing_method(), RoutingMethodType::kRenormalizeNaive);  // softmax, top-k, renorm
+    EXPECT_TRUE(testing::contains_all(m.summary(), {"softmax", "renormalized"})) << m.summary();
+    EXPECT_EQ(m.num_experts, base.num_experts);
+    EXPECT_EQ(m.top_k, base.top_k);
+    EXPECT_EQ(m.hidden_size, base.hidden_size);
+    EXPECT_EQ(m.num_shared_experts, base.num_shared_experts);
+  }
+}
+
 }  // namespace
 }  // namespace moekit::cli
