@@ -5,7 +5,8 @@ set -euo pipefail
 # clang + libclang-rt-14-dev: the libFuzzer / ASan / UBSan runtimes of the fuzz tests (tests/fuzz).
 packages=(cmake g++ make nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libdlpack-dev
           libgtest-dev libgmock-dev clang libclang-rt-14-dev
-          python3 python3-numpy python3-torch python3-pytest)  # python/: the package and its tests
+          python3 python3-numpy python3-torch python3-pytest  # python/: the package and its tests
+          libopenmpi-dev openmpi-bin)  # the MPI communicator of CPU ranks and its mpirun tests
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

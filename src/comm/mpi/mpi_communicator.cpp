@@ -1,0 +1,231 @@
+// MpiCommunicator (comm/mpi.h) over MPI_COMM_WORLD. Rows (dim 0) travel as one contiguous MPI
+// datatype each, so counts stay within MPI's int for any row size.
+#include <mpi.h>
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <mutex>
+#include <numeric>
+
+#include "moekit/comm/mpi.h"
+#include "moekit/core/checks.h"
+#include "moekit/core/error.h"
+
+namespace moekit {
+namespace {
+
+// One check for every MPI call: the failing call and MPI's own message.
+void mpi_check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw Error(fmt::format("{} failed: {}", call, std::string(text, static_cast<size_t>(len))));
+}
+#define MOEKIT_MPI(call) mpi_check((call), #call)
+
+// MPI is initialized once per process (by us, unless the program did) and finalized at exit when
+// we initialized it.
+class MpiRuntime {
+ public:
+  static void ensure() {
+    static MpiRuntime runtime;
+    (void)runtime;
+  }
+
+ private:
+  MpiRuntime() {
+    int initialized = 0;
+    MOEKIT_MPI(MPI_Initialized(&initialized));
+    if (!initialized) {
+      int provided = 0;
+      MOEKIT_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+      owned_ = true;
+    }
+  }
+  ~MpiRuntime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Finalize();
+  }
+  bool owned_ = false;
+};
+
+int64_t row_bytes(const Tensor& t) {
+  int64_t b = static_cast<int64_t>(element_size(t.dtype()));
+  for (int d = 1; d < t.dim(); ++d)
+    b *= t.size(d);
+  return b;
+}
+
+// A datatype of one row of t (freed with the object).
+class RowType {
+ public:
+  explicit RowType(int64_t bytes) {
+    MOEKIT_CHECK(bytes > 0 && bytes <= INT_MAX, "MPI rows of {} bytes: must be in [1, 2^31)",
+                 bytes);
+    MOEKIT_MPI(MPI_Type_contiguous(static_cast<int>(bytes), MPI_BYTE, &type_));
+    MOEKIT_MPI(MPI_Type_commit(&type_));
+  }
+  ~RowType() { MPI_Type_free(&type_); }
+  RowType(const RowType&) = delete;
+  RowType& operator=(const RowType&) = delete;
+  MPI_Datatype get() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+MPI_Datatype sum_type(const Tensor& t, const char* op) {
+  switch (t.dtype()) {
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kInt64:
+      return MPI_INT64_T;
+    default:
+      throw Error(
+          fmt::format("{} of {}: MPI sums f32, f64, int32 and int64 (it has no {} sum); "
+                      "convert to f32 first",
+                      op, t.describe(), dtype_name(t.dtype())));
+  }
+}
+
+int as_int(int64_t v, const char* what) {
+  MOEKIT_CHECK(v >= 0 && v <= INT_MAX, "{}={} must be in [0, 2^31) for MPI", what, v);
+  return static_cast<int>(v);
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator() {
+    MpiRuntime::ensure();
+    MOEKIT_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    MOEKIT_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  }
+
+  std::string name() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  Device device() const override { return Device::cpu(); }
+
+  void all_gather(const Tensor& send, Tensor& recv, Stream) override {
+    check_pair(send, recv, "all_gather");
+    MOEKIT_CHECK(
+        recv.dim() == send.dim() && recv.size(0) == size_ * send.size(0) && same_rows(send, recv),
+        "all_gather over {} ranks: recv {} must be ({} * {}, ...) rows of send {}", size_,
+        recv.describe(), size_, send.size(0), send.describe());
+    if (recv.numel() == 0) return;
+    const RowType row(row_bytes(send));
+    const int n = as_int(send.size(0), "all_gather rows");
+    MOEKIT_MPI(MPI_Allgather(send.data(), n, row.get(), recv.data(), n, row.get(), MPI_COMM_WORLD));
+  }
+
+  void reduce_scatter(const Tensor& send, Tensor& recv, Stream) override {
+    check_pair(send, recv, "reduce_scatter");
+    MOEKIT_CHECK(
+        send.dim() == recv.dim() && send.size(0) == size_ * recv.size(0) && same_rows(send, recv),
+        "reduce_scatter over {} ranks: send {} must be ({} * {}, ...) rows of recv {}", size_,
+        send.describe(), size_, recv.size(0), recv.describe());
+    const MPI_Datatype type = sum_type(send, "reduce_scatter");
+    if (recv.numel() == 0) return;
+    MOEKIT_MPI(MPI_Reduce_scatter_block(send.data(), recv.data(),
+                                        as_int(recv.numel(), "reduce_scatter elements per rank"),
+                                        type, MPI_SUM, MPI_COMM_WORLD));
+  }
+
+  void all_reduce(Tensor& inout, Stream) override {
+    expect_device(inout, "inout", Device::cpu());
+    expect_contiguous(inout, "inout");
+    const MPI_Datatype type = sum_type(inout, "all_reduce");
+    if (inout.numel() == 0) return;
+    MOEKIT_MPI(MPI_Allreduce(MPI_IN_PLACE, inout.data(),
+                             as_int(inout.numel(), "all_reduce elements"), type, MPI_SUM,
+                             MPI_COMM_WORLD));
+  }
+
+  void all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                    const std::vector<int64_t>& recv_counts, Stream) override {
+    check_pair(send, recv, "all_to_all_v");
+    MOEKIT_CHECK(send.dim() >= 1 && recv.dim() == send.dim() && same_rows(send, recv),
+                 "all_to_all_v: send {} and recv {} must have the same row shape", send.describe(),
+                 recv.describe());
+    const size_t W = static_cast<size_t>(size_);
+    MOEKIT_CHECK(send_counts.size() == W && recv_counts.size() == W,
+                 "all_to_all_v over {} ranks needs {} send and recv counts, got {} and {}", size_,
+                 size_, send_counts.size(), recv_counts.size());
+    std::vector<int> sc(W), sd(W), rc(W), rd(W);
+    int64_t soff = 0, roff = 0;
+    for (size_t r = 0; r < W; ++r) {
+      MOEKIT_CHECK(send_counts[r] >= 0 && recv_counts[r] >= 0,
+                   "all_to_all_v: send_counts[{}]={} and recv_counts[{}]={} must be >= 0", r,
+                   send_counts[r], r, recv_counts[r]);
+      sc[r] = as_int(send_counts[r], "all_to_all_v send count");
+      rc[r] = as_int(recv_counts[r], "all_to_all_v recv count");
+      sd[r] = as_int(soff, "all_to_all_v send offset");
+      rd[r] = as_int(roff, "all_to_all_v recv offset");
+      soff += send_counts[r];
+      roff += recv_counts[r];
+    }
+    MOEKIT_CHECK(soff <= send.size(0) && roff <= recv.size(0),
+                 "all_to_all_v: the counts need {} send rows and {} recv rows, but send {} and "
+                 "recv {} hold fewer",
+                 soff, roff, send.describe(), recv.describe());
+    const int64_t rb = row_bytes(send);
+    if (rb == 0) return;
+    const RowType row(rb);
+    // MPI wants non-null buffers even for zero counts on some implementations.
+    static char dummy = 0;
+    const void* sp = send.numel() > 0 ? send.data() : &dummy;
+    void* rp = recv.numel() > 0 ? recv.data() : &dummy;
+    MOEKIT_MPI(MPI_Alltoallv(sp, sc.data(), sd.data(), row.get(), rp, rc.data(), rd.data(),
+                             row.get(), MPI_COMM_WORLD));
+  }
+
+  void barrier() override { MOEKIT_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
+
+ private:
+  static bool same_rows(const Tensor& a, const Tensor& b) {
+    if (a.dim() != b.dim()) return false;
+    for (int d = 1; d < a.dim(); ++d) {
+      if (a.size(d) != b.size(d)) return false;
+    }
+    return true;
+  }
+  static void check_pair(const Tensor& send, const Tensor& recv, const char* op) {
+    for (const auto& [t, name] : {std::pair{&send, "send"}, std::pair{&recv, "recv"}}) {
+      expect_device(*t, name, Device::cpu());
+      expect_contiguous(*t, name);
+      MOEKIT_CHECK(t->dim() >= 1, "{}: {} {} must have a row dimension", op, name, t->describe());
+    }
+    MOEKIT_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}", op,
+                 dtype_name(send.dtype()), dtype_name(recv.dtype()));
+  }
+
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+bool mpi_available() {
+  return true;
+}
+std::string mpi_unavailable_reason() {
+  return "";
+}
+
+std::shared_ptr<Communicator> mpi_world_communicator() {
+  static std::mutex mutex;
+  static std::weak_ptr<Communicator> world;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto c = world.lock()) return c;
+  auto c = std::make_shared<MpiCommunicator>();
+  world = c;
+  return c;
+}
+
+}  // namespace moekit
