@@ -12,6 +12,7 @@
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/oracle/backend.h"
+#include "moekit/oracle/fp8.h"
 #include "moekit/quant/moe_input_quant.h"
 #include "moekit/quant/quantize.h"
 
@@ -470,22 +471,18 @@ MOEKIT_EMULATION_CTOR(CpuW4A8Experts)
 
 const ExpertsClass& CpuFp8Experts::klass() {
   static const ExpertsClass k(
-      emulation_caps("CpuFp8Experts",
-                     {
-                         {qk::kFp8StaticTensorSym, qk::kFp8StaticTensorSym},
-                         {qk::kFp8StaticTensorSym, qk::kFp8DynamicTensorSym},
-                         {qk::kFp8StaticTensorSym, qk::kFp8DynamicTokenSym},
-                         {qk::kFp8StaticChannelSym, qk::kFp8DynamicTokenSym},
-                         {qk::kFp8StaticChannelSym, qk::kFp8StaticTensorSym},
-                         {qk::kFp8StaticChannelSym, qk::kFp8DynamicTensorSym},
-                         {qk::kFp8Static128BlockSym, qk::kFp8Dynamic128Sym},
-                         {qk::kFp8Static128BlockE8M0Sym, qk::kFp8Dynamic128Sym},
-                         {qk::kFp8StaticTensorSym, std::nullopt},
-                         {qk::kFp8StaticChannelSym, std::nullopt},
-                         {qk::kFp8Static128BlockSym, std::nullopt},
-                         {qk::kFp8Static128BlockE8M0Sym, std::nullopt},
-                     },
-                     /*deferred=*/false),
+      emulation_caps(
+          "CpuFp8Experts",
+          [] {
+            // W8A8, and fp8 W8A16 (weight-only) for the same weights.
+            std::vector<QuantScheme> v = fp8_w8a8_schemes();
+            for (const QuantKey& w : {qk::kFp8StaticTensorSym, qk::kFp8StaticChannelSym,
+                                      qk::kFp8Static128BlockSym, qk::kFp8Static128BlockE8M0Sym}) {
+              v.push_back({w, std::nullopt});
+            }
+            return v;
+          }(),
+          /*deferred=*/false),
       factory_of<CpuFp8Experts>());
   return k;
 }

@@ -13,6 +13,7 @@
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/oracle/backend.h"
+#include "moekit/oracle/fp8.h"
 #include "moekit/quant/formats.h"
 
 namespace moekit {
@@ -192,22 +193,6 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
 
 namespace {
 
-namespace qk = quant_keys;
-
-// The fp8 pairs the GPU serves (sm90_experts.h): (weights, activations) keys.
-std::vector<QuantScheme> sm90_fp8_schemes() {
-  return {
-      {qk::kFp8Static128BlockSym, qk::kFp8Dynamic128Sym},
-      {qk::kFp8Static128BlockE8M0Sym, qk::kFp8Dynamic128Sym},
-      {qk::kFp8StaticTensorSym, qk::kFp8StaticTensorSym},
-      {qk::kFp8StaticTensorSym, qk::kFp8DynamicTensorSym},
-      {qk::kFp8StaticTensorSym, qk::kFp8DynamicTokenSym},
-      {qk::kFp8StaticChannelSym, qk::kFp8DynamicTokenSym},
-      {qk::kFp8StaticChannelSym, qk::kFp8StaticTensorSym},
-      {qk::kFp8StaticChannelSym, qk::kFp8DynamicTensorSym},
-  };
-}
-
 // The shapes the fp8 GEMMs take beside the Hopper ones: rows of 16 bytes (K multiples of 16), and
 // 128x128 weight blocks only.
 std::string sm90_fp8_shape_check(const MoEConfig& moe) {
@@ -301,7 +286,7 @@ const ExpertsClass& Sm90Fp8Experts::klass() {
       [] {
         ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
         c.name = "Sm90Fp8Experts";
-        c.quant_schemes = sm90_fp8_schemes();
+        c.quant_schemes = fp8_w8a8_schemes();
         return c;
       }(),
       [](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,

@@ -23,6 +23,20 @@ const SeedBackends kSeedFp8(QuantOracleKind::kFp8,
 
 }  // namespace
 
+std::vector<QuantScheme> fp8_w8a8_schemes() {
+  namespace qk = quant_keys;
+  return {
+      {qk::kFp8Static128BlockSym, qk::kFp8Dynamic128Sym},
+      {qk::kFp8Static128BlockE8M0Sym, qk::kFp8Dynamic128Sym},
+      {qk::kFp8StaticTensorSym, qk::kFp8StaticTensorSym},
+      {qk::kFp8StaticTensorSym, qk::kFp8DynamicTensorSym},
+      {qk::kFp8StaticTensorSym, qk::kFp8DynamicTokenSym},
+      {qk::kFp8StaticChannelSym, qk::kFp8DynamicTokenSym},
+      {qk::kFp8StaticChannelSym, qk::kFp8StaticTensorSym},
+      {qk::kFp8StaticChannelSym, qk::kFp8DynamicTensorSym},
+  };
+}
+
 std::optional<int> Fp8MoEKernelOracle::priority_for(const ExpertsBackend& backend,
                                                     const MoEConfig& moe_config) const {
   if (!allow_vllm_cutlass_ &&

@@ -142,12 +142,8 @@ std::vector<Fp8Case> fp8_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Schemes, Fp8GpuVsEmulation, ::testing::ValuesIn(fp8_cases()),
                          [](const auto& info) {
-                           std::string n = info.param.scheme + "_" + info.param.preset + "_M" +
-                                           std::to_string(info.param.M);
-                           for (char& ch : n) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return n;
+                           return testing::param_name(info.param.scheme + "_" + info.param.preset +
+                                                      "_M" + std::to_string(info.param.M));
                          });
 
 // Every fp8 row of the tile table, forced by name, at decode and prefill sizes.

@@ -114,13 +114,9 @@ std::vector<PresetCase> preset_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Presets, GpuVsCpu, ::testing::ValuesIn(preset_cases()),
                          [](const auto& info) {
-                           std::string n = info.param.preset + "_" +
-                                           std::string(dtype_name(info.param.dtype)) + "_M" +
-                                           std::to_string(info.param.M);
-                           for (char& ch : n) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return n;
+                           return testing::param_name(info.param.preset + "_" +
+                                                      std::string(dtype_name(info.param.dtype)) +
+                                                      "_M" + std::to_string(info.param.M));
                          });
 
 TEST(GpuLayer, EveryActivation) {

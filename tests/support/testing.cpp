@@ -108,4 +108,11 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
                     static_cast<const uint8_t*>(cb.data()));
 }
 
+std::string param_name(std::string name) {
+  for (char& ch : name) {
+    if (ch == '-') ch = '_';
+  }
+  return name;
+}
+
 }  // namespace moekit::testing

@@ -45,6 +45,9 @@ Tensor poisoned(const Shape& shape, DType dtype);
 // Same shape, dtype and bytes (either may be strided or on any device).
 bool bitwise_equal(const Tensor& a, const Tensor& b);
 
+// A gtest parameter name from preset / scheme names: '-' becomes '_' ("small-deepseek_M1").
+std::string param_name(std::string name);
+
 // The message of the ErrorT that f throws; a test failure (and "") when f throws nothing or an
 // exception of another type.
 template <typename ErrorT = Error, typename F>

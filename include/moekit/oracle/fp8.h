@@ -11,11 +11,18 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "moekit/config/quant_factories.h"
 #include "moekit/oracle/oracle.h"
 
 namespace moekit {
+
+// The fp8 W8A8 (weight, activation) key pairs moekit's fp8 experts serve, one list for every
+// experts class of the scheme: 128x128 blocks (f32 or e8m0 scales) with dynamic 1x128
+// activations, per-tensor weights with static / dynamic per-tensor or per-token activations,
+// per-channel weights with per-token or per-tensor activations. (W8A16 adds its own pairs.)
+std::vector<QuantScheme> fp8_w8a8_schemes();
 
 class Fp8MoEKernelOracle : public MoEKernelOracle {
  public:
