@@ -88,6 +88,7 @@ int explain_quant_command(const DeploymentOptions& deployment, const std::string
   const std::string layer_name = fmt::format("model.layers.{}.mlp.experts", model.first_moe_layer);
   PlanOptions plan_options;
   plan_options.log = false;
+  plan_options.preview = true;
   if (!qc || qc->is_excluded(layer_name)) {
     std::cout << "quantization unquantized\n\n";
     const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), plan_options);

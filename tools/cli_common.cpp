@@ -53,9 +53,12 @@ void DeploymentOptions::add_to(CLI::App& app) {
   app.add_flag("--batch-invariant", batch_invariant,
                "a token's output independent of the other tokens in its batch (also "
                "MOEKIT_BATCH_INVARIANT=1)");
-  app.add_option("--max-tokens", max_num_tokens, "max tokens per forward (sizes workspaces)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  max_tokens_option =
+      app.add_option("--max-tokens", max_num_tokens,
+                     "max tokens per forward (sizes workspaces; with --all2all "
+                     "batched_low_latency the per-rank capacity, default the run's tokens)")
+          ->check(CLI::PositiveNumber)
+          ->capture_default_str();
 }
 
 ModelPreset DeploymentOptions::model_preset() const {

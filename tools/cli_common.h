@@ -9,6 +9,7 @@
 #include <string>
 
 #include "moekit/layer/moe_layer.h"
+#include "moekit/layer/reference.h"
 
 namespace moekit::cli {
 
@@ -29,6 +30,7 @@ struct DeploymentOptions {
   // The options whose presence other options exclude (set by add_to).
   CLI::Option* model_option = nullptr;
   CLI::Option* config_option = nullptr;
+  CLI::Option* max_tokens_option = nullptr;
 
   void add_to(CLI::App& app);
   ModelPreset model_preset() const;
@@ -67,9 +69,11 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
                 const std::string& routing_dist);
 // Forwards x (M, H) with logits (M, E) (both on the CPU; moved to the layer's device) and checks
 // `check_rows` sampled rows against layer/reference.h. Prints the result; 0 when within the
-// scheme's tolerance.
+// scheme's tolerance. `all_experts`: the reference's expert source when the layer's tokens visit
+// other ranks' experts (DP + EP); `prefix` starts the result lines ("rank 1/2: ").
 int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logits_host,
-                      int check_rows);
+                      int check_rows, const ExpertSource& all_experts = {},
+                      const std::string& prefix = "");
 int explain_command(const DeploymentOptions& deployment);
 // tools/checkpoint.cpp: `run --checkpoint DIR --layer N`, `explain --quant S | --checkpoint DIR`,
 // `make-fixture`.

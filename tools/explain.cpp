@@ -18,6 +18,7 @@ int explain_command(const DeploymentOptions& deployment) {
   std::cout << device_note(options.device) << "\n";
   PlanOptions plan_options;
   plan_options.log = false;
+  plan_options.preview = true;  // the layer would be given its communicator
   const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), plan_options);
   std::cout << plan.to_string();
   return plan.ok() ? 0 : 1;

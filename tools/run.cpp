@@ -13,9 +13,11 @@
 #include <random>
 
 #include "cli_common.h"
+#include "moekit/comm/mpi.h"
 #include "moekit/core/error.h"
 #include "moekit/core/tolerance.h"
 #include "moekit/layer/reference.h"
+#include "moekit/prepare_finalize/factory.h"
 
 namespace moekit::cli {
 namespace {
@@ -79,7 +81,7 @@ void check_run_fits(const ModelPreset& model, const MoELayerOptions& options, in
 }  // namespace
 
 int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logits_host,
-                      int check_rows) {
+                      int check_rows, const ExpertSource& all_experts, const std::string& prefix) {
   const Device device = layer.options().device.device();
   const int64_t tokens = x_host.size(0);
   const int64_t H = layer.moe_config().hidden_dim;
@@ -93,8 +95,10 @@ int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logit
   synchronize(route_ctx.stream);
   const auto t0 = std::chrono::steady_clock::now();
   Progress progress("forward");
-  const int64_t chunk =
-      device.is_cpu() && tokens > 256 ? (tokens + 19) / 20 : std::max<int64_t>(tokens, 1);
+  // (One forward per rank when ranks exchange tokens: every rank must take part in each.)
+  const bool exchange = layer.kernel().output_is_reduced();
+  const int64_t chunk = device.is_cpu() && tokens > 256 && !exchange ? (tokens + 19) / 20
+                                                                     : std::max<int64_t>(tokens, 1);
   Tensor out_host = Tensor::empty({tokens, H}, dtype);
   for (int64_t begin = 0; begin < tokens || (tokens == 0 && begin == 0); begin += chunk) {
     const int64_t end = std::min(tokens, begin + chunk);
@@ -117,17 +121,19 @@ int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logit
   const RoutingResult routing_host{routing.topk_weights.to(Device::cpu()),
                                    routing.topk_ids.to(Device::cpu())};
   std::vector<double> ref;
-  with_elapsed_display("float64 check",
-                       [&] { ref = reference_forward(layer, x_host, routing_host, rows); });
+  with_elapsed_display("float64 check", [&] {
+    ref = reference_forward(layer, x_host, routing_host, rows, all_experts);
+  });
   const double rel = relative_error(out_host, ref, rows);
   const Tolerance& tol = tolerance(layer.tolerance_name());
   const bool ok = !std::isnan(rel) && rel <= tol.rel_l2;
-  std::cout << fmt::format("forward  {:.3f} ms for {} tokens ({})\n", forward_s * 1e3, tokens,
-                           layer.kernel().fused_experts().name());
+  std::cout << fmt::format("{}forward  {:.3f} ms for {} tokens ({})\n", prefix, forward_s * 1e3,
+                           tokens, layer.kernel().fused_experts().name());
   std::cout << fmt::format(
-      "check    {} rows vs float64 recomputation: relative error {:.3e} (tolerance {:.1e} for {}) "
-      "-> {}\n",
-      rows.size(), rel, tol.rel_l2, tol.name, ok ? "OK" : "FAILED");
+      "{}check    {} rows vs float64 recomputation: relative error {:.3e} (tolerance {:.1e} for "
+      "{}) -> {}\n",
+      prefix, rows.size(), rel, tol.rel_l2, tol.name, ok ? "OK" : "FAILED");
+  std::cout.flush();
   return ok ? 0 : 1;
 }
 
@@ -135,10 +141,40 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
                 const std::string& routing_dist) {
   const ModelPreset model = deployment.model_preset();
   MoELayerOptions options = deployment.layer_options();
+  const bool low_latency = options.parallel.all2all_backend == All2AllBackend::kBatchedLowLatency;
+  if (low_latency && deployment.max_tokens_option->count() == 0) {
+    options.max_num_tokens = std::max<int64_t>(tokens, 1);  // the per-rank buffer capacity
+  }
   options.max_num_tokens = std::max<int64_t>(options.max_num_tokens, std::max<int64_t>(tokens, 1));
-  std::cout << "model    " << model.summary() << "\n";
-  std::cout << "device   " << options.device.to_string() << ", " << tokens << " tokens, "
-            << dtype_name(options.dtype) << "\n";
+  // DP + EP: one process per rank under mpirun; this process's rank comes from MPI.
+  const std::optional<All2AllBackend> key = dispatch_key(options.parallel);
+  const bool exchange = key.has_value() && *key != All2AllBackend::kMegakernel;
+  std::string prefix;
+  uint64_t token_seed = seed;  // each rank brings its own tokens
+  if (exchange) {
+    const int ranks = options.parallel.ep_size;
+    MOEKIT_CHECK(mpi_available(),
+                 "{} exchanges tokens between {} ranks, one process each under mpirun, but {}",
+                 options.parallel.to_string(), ranks, mpi_unavailable_reason());
+    options.communicator = mpi_world_communicator();
+    const int rank = options.communicator->rank();
+    MOEKIT_CHECK(options.communicator->world_size() == ranks,
+                 "{} needs {} ranks: launch it with `mpirun -np {} moekit run ...` (this job has "
+                 "{} process{})",
+                 options.parallel.to_string(), ranks, ranks, options.communicator->world_size(),
+                 options.communicator->world_size() == 1 ? "" : "es");
+    options.parallel = ParallelConfig::make(deployment.tp_size, deployment.dp_size,
+                                            rank / deployment.tp_size, rank % deployment.tp_size,
+                                            deployment.enable_ep, options.parallel.all2all_backend);
+    prefix = fmt::format("rank {}/{}: ", rank, ranks);
+    token_seed = seed + 1000 * static_cast<uint64_t>(rank);
+  }
+  const bool lead = !exchange || options.parallel.ep_rank == 0;
+  if (lead) {
+    std::cout << "model    " << model.summary() << "\n";
+    std::cout << "device   " << options.device.to_string() << ", " << tokens << " tokens"
+              << (exchange ? " per rank" : "") << ", " << dtype_name(options.dtype) << "\n";
+  }
   check_run_fits(model, options, tokens);
 
   auto t0 = std::chrono::steady_clock::now();
@@ -146,24 +182,33 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
   with_elapsed_display("random weights",
                        [&] { weights = MoELayer::random_weights(model, options, seed); });
   const double weight_bytes = static_cast<double>(weights.w13.nbytes() + weights.w2.nbytes());
-  std::cout << fmt::format("weights  {:.2f} GB of random expert weights in {:.1f} s\n",
-                           weight_bytes / 1e9, seconds_since(t0));
+  if (lead) {
+    std::cout << fmt::format("weights  {:.2f} GB of random expert weights in {:.1f} s{}\n",
+                             weight_bytes / 1e9, seconds_since(t0), exchange ? " (rank 0)" : "");
+  }
   std::unique_ptr<MoELayer> layer;
   with_elapsed_display("building the layer", [&] {
     layer = std::make_unique<MoELayer>(model, std::move(weights), options);
   });
-  std::cout << "\n" << layer->plan().to_string() << "\n";
+  if (lead) std::cout << "\n" << layer->plan().to_string() << "\n" << std::flush;
 
   Tensor x = Tensor::empty({tokens, model.hidden_size}, options.dtype);
   {
-    std::mt19937_64 rng(seed + 17);
+    std::mt19937_64 rng(token_seed + 17);
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     for (int64_t i = 0; i < x.numel(); ++i)
       store_float(x.data(), options.dtype, i, u(rng));
   }
   const Tensor logits =
-      make_logits(tokens, model.num_experts, model.top_k, routing_dist, seed + 29);
-  return forward_and_check(*layer, x, logits, check_rows);
+      make_logits(tokens, model.num_experts, model.top_k, routing_dist, token_seed + 29);
+  if (!exchange) return forward_and_check(*layer, x, logits, check_rows);
+  // The reference reads every rank's experts (regenerated: rank r's are a slice of the seed's
+  // single-rank model), so each rank checks its rows against a single-process recomputation.
+  const ExpertSource all_experts = [&](int64_t e) {
+    return MoELayer::random_expert(model, options, seed, e);
+  };
+  options.communicator->barrier();
+  return forward_and_check(*layer, x, logits, check_rows, all_experts, prefix);
 }
 
 }  // namespace moekit::cli

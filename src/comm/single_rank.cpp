@@ -16,7 +16,19 @@ void check_pair(const Tensor& send, const Tensor& recv, Device device, const cha
                dtype_name(send.dtype()), dtype_name(recv.dtype()));
 }
 
+class CompletedCollective final : public PendingCollective {
+ public:
+  void wait() override {}
+};
+
 }  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::all_to_all_v_start(
+    const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+    const std::vector<int64_t>& recv_counts, Stream stream) {
+  all_to_all_v(send, send_counts, recv, recv_counts, stream);
+  return std::make_unique<CompletedCollective>();
+}
 
 void SingleRankCommunicator::all_gather(const Tensor& send, Tensor& recv, Stream stream) {
   check_pair(send, recv, device_, "all_gather");

@@ -107,13 +107,13 @@ float hashed_uniform(uint64_t seed, uint64_t index) {
   return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
 }
 
-void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream) {
+void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream, uint64_t first_index) {
   expect_contiguous(t, "fill_uniform target");
   MOEKIT_CHECK(is_floating(t.dtype()), "fill_uniform: dtype {} is not a float type",
                dtype_name(t.dtype()));
   if (t.device().is_cuda()) {
     if constexpr (kCudaBuild) {
-      fill_uniform_cuda(t, seed, scale, stream);
+      fill_uniform_cuda(t, seed, scale, stream, first_index);
       return;
     } else {
       throw_no_cuda("fill_uniform on a GPU");
@@ -122,7 +122,8 @@ void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream) {
   const int64_t n = t.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    store_float(t.data(), t.dtype(), i, scale * hashed_uniform(seed, static_cast<uint64_t>(i)));
+    store_float(t.data(), t.dtype(), i,
+                scale * hashed_uniform(seed, first_index + static_cast<uint64_t>(i)));
   }
 }
 

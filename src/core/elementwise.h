@@ -22,8 +22,10 @@ void scale_rows(Tensor& out, const Tensor& in, const Tensor& weights, Stream str
 void interleave_gate_up_blocks(Tensor& dst, const Tensor& src, bool pairwise, Stream stream);
 
 // Fills a contiguous float tensor with scale * u, u uniform in [-1, 1) from a counter-based hash of
-// (seed, element index): the same values on every device. A null stream on the GPU synchronizes.
-void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream);
+// (seed, first_index + element index): the same values on every device, and a slice of a larger
+// tensor filled alone gets its elements' values in the whole (first_index = its offset). A null
+// stream on the GPU synchronizes.
+void fill_uniform(Tensor& t, uint64_t seed, float scale, Stream stream, uint64_t first_index = 0);
 // The hash behind fill_uniform, for host-side recomputation.
 float hashed_uniform(uint64_t seed, uint64_t index);
 

@@ -19,9 +19,11 @@ namespace {
 
 // Seeded uniform values in [-scale, scale), generated where the tensor lives (the same values on
 // the CPU and the GPU).
-Tensor random_on(Device device, const Shape& shape, DType dtype, uint64_t seed, float scale) {
+// first_index: where t starts in the tensor of the whole model (a rank's experts are a slice).
+Tensor random_on(Device device, const Shape& shape, DType dtype, uint64_t seed, float scale,
+                 uint64_t first_index = 0) {
   Tensor t = Tensor::empty(shape, dtype, device);
-  fill_uniform(t, seed, scale, Stream{});
+  fill_uniform(t, seed, scale, Stream{}, first_index);
   return t;
 }
 
@@ -122,18 +124,24 @@ MoELayerWeights MoELayer::random_weights(const ModelPreset& model, const MoELaye
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t N = is_gated(model.activation) ? 2 * I : I;
   const Device device = options.device.device();
-  const uint64_t rank_seed = seed * 1000003ull + static_cast<uint64_t>(options.parallel.ep_rank);
+  // Rank r's experts are experts [r * E, (r + 1) * E) of the single-rank model with this seed.
+  const uint64_t rank_seed = seed * 1000003ull;
+  const uint64_t first = static_cast<uint64_t>(options.parallel.ep_rank * E);
   MoELayerWeights w;
   // Scaled so that GEMM outputs stay O(1) for O(1) inputs.
   const float s1 = 1.0f / std::sqrt(static_cast<float>(H));
   const float s2 = 1.0f / std::sqrt(static_cast<float>(I));
   if (routed_experts) {
-    w.w13 = random_on(device, {E, N, H}, options.dtype, rank_seed + 1, 2.0f * s1);
-    w.w2 = random_on(device, {E, H, I}, options.dtype, rank_seed + 2, 2.0f * s2);
+    w.w13 = random_on(device, {E, N, H}, options.dtype, rank_seed + 1, 2.0f * s1,
+                      first * static_cast<uint64_t>(N * H));
+    w.w2 = random_on(device, {E, H, I}, options.dtype, rank_seed + 2, 2.0f * s2,
+                     first * static_cast<uint64_t>(H * I));
   }
   if (model.has_bias && routed_experts) {
-    w.w13_bias = random_on(device, {E, N}, options.dtype, rank_seed + 3, 0.1f);
-    w.w2_bias = random_on(device, {E, H}, options.dtype, rank_seed + 4, 0.1f);
+    w.w13_bias = random_on(device, {E, N}, options.dtype, rank_seed + 3, 0.1f,
+                           first * static_cast<uint64_t>(N));
+    w.w2_bias = random_on(device, {E, H}, options.dtype, rank_seed + 4, 0.1f,
+                          first * static_cast<uint64_t>(H));
   }
   if (model.has_e_score_correction_bias) {
     w.e_score_correction_bias =
@@ -145,6 +153,31 @@ MoELayerWeights MoELayer::random_weights(const ModelPreset& model, const MoELaye
     w.shared_w13 = random_on(device, {Ns, H}, options.dtype, seed + 6, 2.0f * s1);
     w.shared_w2 = random_on(device, {H, Is}, options.dtype, seed + 7,
                             2.0f / std::sqrt(static_cast<float>(Is)));
+  }
+  return w;
+}
+
+ExpertWeights MoELayer::random_expert(const ModelPreset& model, const MoELayerOptions& options,
+                                      uint64_t seed, int64_t expert) {
+  const MoEConfig moe = make_moe_config(model, options);
+  MOEKIT_CHECK(expert >= 0 && expert < moe.num_experts, "random_expert: expert {} not in [0, {})",
+               expert, moe.num_experts);
+  const int64_t H = model.hidden_size;
+  const int64_t I = moe.intermediate_size_per_partition();
+  const int64_t N = is_gated(model.activation) ? 2 * I : I;
+  const uint64_t base = seed * 1000003ull;
+  const uint64_t e = static_cast<uint64_t>(expert);
+  const float s1 = 1.0f / std::sqrt(static_cast<float>(H));
+  const float s2 = 1.0f / std::sqrt(static_cast<float>(I));
+  auto host = [&](const Shape& shape, uint64_t s, float scale, uint64_t first) {
+    return random_on(Device::cpu(), shape, options.dtype, s, scale, first).to_dtype(DType::kF32);
+  };
+  ExpertWeights w;
+  w.w13 = host({N, H}, base + 1, 2.0f * s1, e * static_cast<uint64_t>(N * H));
+  w.w2 = host({H, I}, base + 2, 2.0f * s2, e * static_cast<uint64_t>(H * I));
+  if (model.has_bias) {
+    w.w13_bias = host({N}, base + 3, 0.1f, e * static_cast<uint64_t>(N));
+    w.w2_bias = host({H}, base + 4, 0.1f, e * static_cast<uint64_t>(H));
   }
   return w;
 }

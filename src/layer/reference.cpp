@@ -33,7 +33,8 @@ std::vector<float> floats_or_empty(const Tensor& t) {
 
 std::vector<double> reference_forward(const MoELayer& layer, const Tensor& x,
                                       const RoutingResult& routing,
-                                      const std::vector<int64_t>& rows) {
+                                      const std::vector<int64_t>& rows,
+                                      const ExpertSource& all_experts) {
   const MoEConfig& moe = layer.moe_config();
   const int64_t H = moe.hidden_dim, I = moe.intermediate_size_per_partition();
   const Activation act = moe.activation;
@@ -53,7 +54,11 @@ std::vector<double> reference_forward(const MoELayer& layer, const Tensor& x,
   if (q.gemm1_beta) params.beta = *q.gemm1_beta;
   if (q.gemm1_clamp_limit) params.clamp_limit = q.gemm1_clamp_limit;
   const bool on_input = layer.router().apply_router_weight_on_input();
-  const int64_t first = layer.first_local_expert();
+  MOEKIT_CHECK(!all_experts || !layer.is_quantized(),
+               "reference_forward: an expert source serves unquantized layers (this one is {})",
+               layer.scheme());
+  const int64_t first = all_experts ? 0 : layer.first_local_expert();
+  const int64_t experts_here = all_experts ? moe.num_experts : moe.num_local_experts;
 
   struct Expert {
     std::vector<float> w13, w2, b13, b2;
@@ -62,7 +67,7 @@ std::vector<double> reference_forward(const MoELayer& layer, const Tensor& x,
   auto expert = [&](int64_t e) -> const Expert& {
     auto it = experts.find(e);
     if (it == experts.end()) {
-      const ExpertWeights w = layer.expert_reference(e);
+      const ExpertWeights w = all_experts ? all_experts(e) : layer.expert_reference(e);
       it = experts
                .emplace(e, Expert{w.w13.to_float_vector(), w.w2.to_float_vector(),
                                   floats_or_empty(w.w13_bias), floats_or_empty(w.w2_bias)})
@@ -94,7 +99,7 @@ std::vector<double> reference_forward(const MoELayer& layer, const Tensor& x,
     const int64_t m = rows[ri];
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = ids[static_cast<size_t>(m * k + j)] - first;
-      if (ids[static_cast<size_t>(m * k + j)] < 0 || e < 0 || e >= moe.num_local_experts) continue;
+      if (ids[static_cast<size_t>(m * k + j)] < 0 || e < 0 || e >= experts_here) continue;
       const Expert& ex = expert(e);
       const double wt = tw[static_cast<size_t>(m * k + j)];
       std::vector<float> h(xv.begin() + m * H, xv.begin() + (m + 1) * H);

@@ -110,7 +110,7 @@ std::vector<WorkspaceRequest> FusedMoEKernel::workspace_requests(
   }
   if (is_monolithic()) return out;
   auto& experts = static_cast<ExpertsModular&>(*experts_);
-  const int64_t m = experts.max_num_tokens().value_or(M);
+  const int64_t m = experts.max_num_tokens().value_or(prepare_finalize_->max_dispatched_tokens(M));
   const WorkspaceShapes s = experts.workspace_shapes(m, N, K, topk, global_num_experts,
                                                      local_num_experts, nullptr, activation);
   const size_t es = element_size(experts.workspace_dtype(act_dtype));
@@ -187,9 +187,10 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
         prepared.expert_tokens_meta ? &*prepared.expert_tokens_meta : nullptr, args.activation);
     // Experts that weight and reduce themselves (finalize NoOp) can write the caller's output
     // directly, saving finalize's copy — unless it aliases the input (inplace).
-    const bool direct = !inplace_ && shapes.output == output.shape() &&
-                        ws_dtype == output.dtype() && output.is_contiguous() &&
-                        output.device() == x.device() &&
+    // (Not when the prepare/finalize moved tokens: its finalize combines across ranks.)
+    const bool direct = !inplace_ && !prepared.topk_ids.defined() &&
+                        shapes.output == output.shape() && ws_dtype == output.dtype() &&
+                        output.is_contiguous() && output.device() == x.device() &&
                         dynamic_cast<const TopKWeightAndReduceNoOp*>(
                             experts.finalize_weight_and_reduce_impl().get()) != nullptr;
     const int64_t common = direct ? numel_of(shapes.workspace13)

@@ -81,7 +81,8 @@ MoEPlan plan_moe(const MoEConfig& moe, QuantOracleKind kind,
   plan.weight_layout = plan.backend->layout_for(moe);
   // The quant config is only consulted by checks that care about it; the keys decided above.
   static const QuantConfig kUnquantized = QuantConfig::unquantized();
-  const PrepareFinalizeRequest request{&moe, &kUnquantized, plan.experts, options.comm};
+  const PrepareFinalizeRequest request{&moe, &kUnquantized, plan.experts, options.comm,
+                                       options.preview};
   PrepareFinalizeSelection pf = select_prepare_finalize(request, pfs);
   plan.prepare_finalize = std::move(pf.chosen);
   plan.prepare_finalize_report = std::move(pf.report);

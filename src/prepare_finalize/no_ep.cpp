@@ -13,14 +13,6 @@ namespace {
 
 constexpr const char* kWho = "PrepareFinalizeNoEP";
 
-std::shared_ptr<const TopKWeightAndReduce> resolve_weight_and_reduce(
-    const std::shared_ptr<const TopKWeightAndReduce>& impl) {
-  if (impl == nullptr || dynamic_cast<const TopKWeightAndReduceDelegate*>(impl.get()) != nullptr) {
-    return std::make_shared<TopKWeightAndReduceContiguous>();
-  }
-  return impl;
-}
-
 }  // namespace
 
 PrepareResult PrepareFinalizeNoEP::prepare(const PrepareArgs& args, RunContext ctx) {
@@ -45,7 +37,7 @@ std::vector<WorkspaceRequest> PrepareFinalizeNoEP::workspace_requests(
 
 void PrepareFinalizeNoEP::finalize(const FinalizeArgs& args, RunContext ctx) {
   expect_defined(args.output, "output");
-  resolve_weight_and_reduce(args.weight_and_reduce)
+  detail::resolve_weight_and_reduce(args.weight_and_reduce)
       ->apply(args.output, args.fused_expert_output, args.topk_weights, args.topk_ids,
               args.apply_router_weight_on_input, ctx);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/cuda_seam.h"
@@ -85,6 +86,15 @@ inline Tensor apply_router_weight_to_input(const Tensor& a1, const Tensor& topk_
     }
   }
   return out;
+}
+
+// The experts' weight-and-reduce as a finalize applies it: Delegate (or none) becomes Contiguous.
+inline std::shared_ptr<const TopKWeightAndReduce> resolve_weight_and_reduce(
+    const std::shared_ptr<const TopKWeightAndReduce>& impl) {
+  if (impl == nullptr || dynamic_cast<const TopKWeightAndReduceDelegate*>(impl.get()) != nullptr) {
+    return std::make_shared<TopKWeightAndReduceContiguous>();
+  }
+  return impl;
 }
 
 // Quantizes the activations unless the experts quantize them or a1 is not quantized.

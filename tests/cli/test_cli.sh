@@ -87,8 +87,11 @@ expect 2 "needs about [0-9.]+ GB of host memory .* GB is available" \
 # An absent GPU is previewed, not probed.
 expect 0 "preview: NVIDIA H200.*not present here" explain --device h200 --model deepseek-v3
 expect 0 "sm90_grouped +Sm90GroupedExperts +CHOSEN" explain --device h200 --model deepseek-v3
-expect 1 "no prepare/finalize is registered for all-to-all backend 'naive'" \
-  explain --model deepseek-v3 --ep --dp 2
+expect 0 "naive_allgather +naive +CHOSEN" explain --model deepseek-v3 --ep --dp 2
+expect 0 "all2all +nccl_all2all +CHOSEN" explain --model deepseek-v3 --ep --dp 2 --all2all nccl_all2all
+expect 1 "no prepare/finalize is registered for all-to-all backend 'megakernel'" \
+  explain --model deepseek-v3 --ep --dp 2 --all2all megakernel
+expect 2 "needs 2 ranks: launch it with .mpirun -np 2" run --model small-deepseek --ep --dp 2 -m 4
 
 # Quantized checkpoints run through the same layer, with an expert map.
 expect 0 "-> OK" run --checkpoint "$tmp/fp8" -m 9 --tp 2 --ep

@@ -134,6 +134,36 @@ TEST(Presets, RealModelsHaveTheirRealShapes) {
     EXPECT_EQ(names.count(small), 1u) << small;
 }
 
+// An EP rank's random experts are a slice of the single-rank model of the same seed (so a DP + EP
+// run can be checked against one process), and random_expert regenerates any one of them.
+TEST(RandomWeights, EpRanksHoldSlicesOfTheSingleRankModel) {
+  for (const char* name : {"small", "small-gpt-oss"}) {
+    SCOPED_TRACE(name);
+    const ModelPreset m = find_preset(name);
+    MoELayerOptions one;
+    const MoELayerWeights all = MoELayer::random_weights(m, one, 4);
+    const int64_t E = m.num_experts / 2;
+    for (int rank = 0; rank < 2; ++rank) {
+      MoELayerOptions o;
+      o.parallel = ParallelConfig::make(1, 2, rank, 0, true);
+      const MoELayerWeights w = MoELayer::random_weights(m, o, 4);
+      EXPECT_TRUE(testing::bitwise_equal(w.w13, all.w13.slice(0, rank * E, (rank + 1) * E)));
+      EXPECT_TRUE(testing::bitwise_equal(w.w2, all.w2.slice(0, rank * E, (rank + 1) * E)));
+      if (m.has_bias) {
+        EXPECT_TRUE(
+            testing::bitwise_equal(w.w13_bias, all.w13_bias.slice(0, rank * E, (rank + 1) * E)));
+      }
+    }
+    const int64_t e = m.num_experts - 1;
+    const ExpertWeights x = MoELayer::random_expert(m, one, 4, e);
+    EXPECT_TRUE(testing::bitwise_equal(x.w13, all.w13.select(e).to_dtype(DType::kF32)));
+    EXPECT_TRUE(testing::bitwise_equal(x.w2, all.w2.select(e).to_dtype(DType::kF32)));
+    if (m.has_bias) {
+      EXPECT_TRUE(testing::bitwise_equal(x.w2_bias, all.w2_bias.select(e).to_dtype(DType::kF32)));
+    }
+  }
+}
+
 TEST(Presets, UnknownNameListsTheKnownOnes) {
   const std::string msg = error_of([] { (void)find_preset("mixtral-8x22b-nope"); });
   EXPECT_TRUE(contains_all(msg, {"mixtral-8x22b-nope", "mixtral-8x7b", "qwen3-30b-a3b",

@@ -1140,12 +1140,14 @@ TEST_F(OracleTest, MakeMoeKernelFormatMismatch) {
   EXPECT_EQ(batched.made + standard.made, 0) << "experts were built despite the mismatch";
 }
 
-// NOTE: behaviour change. make_moe_kernel now selects through the prepare/finalize registry, so a
-// deployment that exchanges tokens fails with "no prepare/finalize is registered for all-to-all
-// backend '<name>' ..." (it said "prepare/finalize for ... is not available yet").
+// make_moe_kernel selects through the prepare/finalize registry: a deployment that exchanges
+// tokens without a communicator is refused with the exchanging factory's reason; one whose
+// backend has no prepare/finalize (the megakernel's pass-through) with "no prepare/finalize is
+// registered for all-to-all backend '<name>'".
 TEST_F(OracleTest, MakeMoeKernelRejectsUnavailableParallelDeployments) {
   FakeKind fake(cpu_caps("FakeStandardExperts"));
-  for (All2AllBackend backend : {All2AllBackend::kNcclAllToAll, All2AllBackend::kNaive}) {
+  for (All2AllBackend backend :
+       {All2AllBackend::kNcclAllToAll, All2AllBackend::kNaive, All2AllBackend::kMegakernel}) {
     MoEConfig moe = cpu_moe();
     moe.parallel.use_ep = true;
     moe.parallel.dp_size = 2;
@@ -1155,9 +1157,14 @@ TEST_F(OracleTest, MakeMoeKernelRejectsUnavailableParallelDeployments) {
     const std::string name(all2all_backend_name(backend));
     const std::string msg = error_message(
         [&] { (void)make_moe_kernel(QuantConfig::unquantized(), moe, fake.klass()); });
-    EXPECT_TRUE(
-        contains(msg, "no prepare/finalize is registered for all-to-all backend '" + name + "'"))
-        << msg;
+    if (backend == All2AllBackend::kMegakernel) {
+      EXPECT_TRUE(
+          contains(msg, "no prepare/finalize is registered for all-to-all backend '" + name + "'"))
+          << msg;
+    } else {
+      EXPECT_TRUE(contains(msg, "no prepare/finalize can serve")) << msg;
+      EXPECT_TRUE(contains(msg, "needs a communicator of 2 ranks")) << msg;
+    }
     EXPECT_TRUE(contains(msg, moe.parallel.to_string())) << msg;
     EXPECT_THROW((void)make_moe_kernel(QuantConfig::unquantized(), moe, fake.klass()), Error);
   }
@@ -1238,17 +1245,14 @@ TEST_F(OracleTest, PrepareFinalizeChoice) {
   EXPECT_EQ(dispatch_key(ep.parallel), std::nullopt);
   EXPECT_EQ(make_prepare_finalize(ep, standard.klass())->name(), "PrepareFinalizeNoEP");
   // The batched-format parallel config (DP+EP over the low-latency all-to-all) needs communication
-  // between ranks: refused clearly rather than scattering only this rank's tokens.
-  // NOTE: behaviour change: the error was "... is not available yet".
+  // between ranks: without a communicator it is refused clearly rather than scattering only this
+  // rank's tokens.
   const MoEConfig ll = batched_moe();
   EXPECT_EQ(dispatch_key(ll.parallel),
             std::optional<All2AllBackend>(All2AllBackend::kBatchedLowLatency));
   const std::string msg =
       error_message([&] { (void)make_prepare_finalize(ll, batched.klass(), &report); });
-  EXPECT_TRUE(contains(msg,
-                       "no prepare/finalize is registered for all-to-all backend "
-                       "'batched_low_latency'"))
-      << msg;
+  EXPECT_TRUE(contains(msg, "batched_low_latency: needs a communicator of")) << msg;
   EXPECT_EQ(report.key, "batched_low_latency");
   EXPECT_EQ(report.chosen, "");
   ASSERT_NE(find_candidate(report, "batched_local"), nullptr);

@@ -72,19 +72,29 @@ TEST(Plan, ExpertParallelDeploymentNamesEveryPrepareFinalizeCandidate) {
   EXPECT_TRUE(plan.experts_report.ok()) << "the experts themselves can serve the rank";
   const PrepareFinalizeReport& pf = plan.prepare_finalize_report;
   EXPECT_EQ(pf.key, "naive");
-  ASSERT_GE(pf.candidates.size(), 2u);
+  ASSERT_GE(pf.candidates.size(), 6u);
   for (const auto& c : pf.candidates) {
     EXPECT_FALSE(c.supported) << c.name;
-    EXPECT_TRUE(contains_all(c.reason, {"exchange no tokens", "not naive"})) << c.reason;
+    if (c.name == "naive_allgather") {
+      EXPECT_TRUE(contains_all(c.reason, {"needs a communicator of 2 ranks"})) << c.reason;
+    } else {
+      EXPECT_TRUE(contains_all(c.reason, {"not naive"})) << c.reason;
+    }
   }
-  EXPECT_TRUE(contains_all(plan.error(), {"no prepare/finalize is registered", "'naive'"}));
+  EXPECT_TRUE(contains_all(plan.error(), {"no prepare/finalize can serve", "naive_allgather"}));
   EXPECT_TRUE(contains_all(error_of<UnsupportedError>([&] { plan.check(); }), {"naive"}));
+  // Planning only (explain): the factory that would serve it once the communicator is given.
+  PlanOptions preview;
+  preview.preview = true;
+  const MoEPlan planned = plan_moe(moe, QuantConfig::unquantized(), preview);
+  ASSERT_TRUE(planned.ok()) << planned.error();
+  EXPECT_EQ(planned.prepare_finalize->name, "naive_allgather");
   // The layer refuses the deployment with the same reasons.
   const ModelPreset& model = find_preset("small-deepseek");
   const MoELayerOptions o = ep_options(2);
   EXPECT_TRUE(contains_all(error_of<UnsupportedError>(
                                [&] { MoELayer(model, MoELayer::random_weights(model, o, 1), o); }),
-                           {"no prepare/finalize is registered", "naive"}));
+                           {"needs a communicator of 2 ranks", "naive"}));
 }
 
 TEST(Plan, BatchedFormatAcrossRanksNeedsTheLowLatencyAllToAll) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,15 @@
 #include "moekit/core/tensor.h"
 
 namespace moekit {
+
+// A collective in flight (Communicator::all_to_all_v_start): wait() completes it; calling it again
+// does nothing. The buffers must stay alive and untouched until then. Destroying a pending
+// collective waits for it.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
 
 class Communicator {
  public:
@@ -39,6 +49,15 @@ class Communicator {
   virtual void all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts,
                             Tensor& recv, const std::vector<int64_t>& recv_counts,
                             Stream stream) = 0;
+  // all_to_all_v started without waiting for it, so that work can overlap the transfer (the
+  // async prepare/finalize's hook waits). Default: the synchronous call, returned completed.
+  virtual std::unique_ptr<PendingCollective> all_to_all_v_start(
+      const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+      const std::vector<int64_t>& recv_counts, Stream stream);
+  // One int64 per rank, exchanged on the host (token counts): out[r] = rank r's value. Host
+  // memory whatever device() is, so no stream is synchronised (a GPU communicator routes it
+  // through its bootstrap transport).
+  virtual std::vector<int64_t> all_gather_host(int64_t value) = 0;
   // Blocks until every rank has arrived (host side; orders nothing on a stream).
   virtual void barrier() = 0;
 };
@@ -59,6 +78,7 @@ class SingleRankCommunicator final : public Communicator {
   void all_reduce(Tensor& inout, Stream stream) override;
   void all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
                     const std::vector<int64_t>& recv_counts, Stream stream) override;
+  std::vector<int64_t> all_gather_host(int64_t value) override { return {value}; }
   void barrier() override {}
 
  private:

@@ -87,11 +87,16 @@ class MoELayer {
   MoELayer& operator=(MoELayer&&) noexcept;
   ~MoELayer();
 
-  // Seeded random unquantized weights for this rank (scaled so activations stay O(1)); on
+  // Seeded random unquantized weights for this rank (scaled so activations stay O(1)): EP rank r's
+  // experts are experts [r * E_local, (r + 1) * E_local) of the single-rank model of the seed; on
   // options.device. `routed_experts` false leaves w13/w2 and their biases out (a quantized layer
   // brings its own).
   static MoELayerWeights random_weights(const ModelPreset& model, const MoELayerOptions& options,
                                         uint64_t seed, bool routed_experts = true);
+  // Global expert e of random_weights(model, options, seed) as f32 host tensors in the standard
+  // layout (w13 (N1, H), w2 (H, I), biases when the model has them), whichever rank holds it.
+  static ExpertWeights random_expert(const ModelPreset& model, const MoELayerOptions& options,
+                                     uint64_t seed, int64_t expert);
 
   // hidden_states (M, H) in the layer dtype, router_logits (M, E) f32/bf16/f16 -> (M, H).
   // Adds the shared experts' output when the layer has shared experts (under EP within one

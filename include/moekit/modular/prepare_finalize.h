@@ -67,6 +67,9 @@ class PrepareFinalize {
   virtual int num_dispatchers() const = 0;
   // Whether finalize's output is already reduced across ranks.
   virtual bool output_is_reduced() const = 0;
+  // The most tokens the experts receive when each rank brings up to max_num_tokens (what sizes
+  // their workspaces): more than max_num_tokens when tokens arrive from other ranks.
+  virtual int64_t max_dispatched_tokens(int64_t max_num_tokens) const { return max_num_tokens; }
   // Workspace slots (named "<part>.<what>") a forward of up to max_num_tokens tokens of `hidden`
   // elements of `dtype`, quantized in prepare as `quant` (the experts' QuantConfig) says, needs
   // beside the experts'; reserved once by the layer. Default: none.

@@ -45,6 +45,9 @@ struct PlanOptions {
   const BackendRegistry* backends = nullptr;                   // null: BackendRegistry::global()
   const PrepareFinalizeRegistry* prepare_finalizes = nullptr;  // null: the global one
   Communicator* comm = nullptr;                                // offered to prepare/finalize checks
+  // Planning only (`moekit explain`, preview devices): prepare/finalize checks do not ask for
+  // the communicator the layer would need (PrepareFinalizeRequest::preview).
+  bool preview = false;
   bool log = true;  // the oracle's seed log lines (off for `explain`)
 };
 

@@ -35,6 +35,9 @@ struct PrepareFinalizeRequest {
   const QuantConfig* quant = nullptr;
   const ExpertsClass* experts = nullptr;  // the experts it will be paired with
   Communicator* comm = nullptr;           // null for deployments that exchange no tokens
+  // Planning only: a factory that needs a communicator does not reject a null one (the layer's
+  // construction will check it).
+  bool preview = false;
 };
 
 struct PrepareFinalizeFactory {

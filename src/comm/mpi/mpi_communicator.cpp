@@ -100,6 +100,98 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+// One all_to_all_v's MPI arguments, checked; `row` is null when there is nothing to move.
+struct AllToAllV {
+  std::vector<int> sc, sd, rc, rd;
+  std::unique_ptr<RowType> row;
+  const void* send = nullptr;
+  void* recv = nullptr;
+};
+
+// MPI wants non-null buffers even for zero counts on some implementations.
+char g_empty_buffer = 0;
+
+bool same_rows(const Tensor& a, const Tensor& b) {
+  if (a.dim() != b.dim()) return false;
+  for (int d = 1; d < a.dim(); ++d) {
+    if (a.size(d) != b.size(d)) return false;
+  }
+  return true;
+}
+
+void check_pair(const Tensor& send, const Tensor& recv, const char* op) {
+  for (const auto& [t, name] : {std::pair{&send, "send"}, std::pair{&recv, "recv"}}) {
+    expect_device(*t, name, Device::cpu());
+    expect_contiguous(*t, name);
+    MOEKIT_CHECK(t->dim() >= 1, "{}: {} {} must have a row dimension", op, name, t->describe());
+  }
+  MOEKIT_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}", op,
+               dtype_name(send.dtype()), dtype_name(recv.dtype()));
+}
+
+AllToAllV prepare_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts,
+                               const Tensor& recv, const std::vector<int64_t>& recv_counts,
+                               int world_size) {
+  check_pair(send, recv, "all_to_all_v");
+  MOEKIT_CHECK(send.dim() >= 1 && recv.dim() == send.dim() && same_rows(send, recv),
+               "all_to_all_v: send {} and recv {} must have the same row shape", send.describe(),
+               recv.describe());
+  const size_t W = static_cast<size_t>(world_size);
+  MOEKIT_CHECK(send_counts.size() == W && recv_counts.size() == W,
+               "all_to_all_v over {} ranks needs {} send and recv counts, got {} and {}",
+               world_size, world_size, send_counts.size(), recv_counts.size());
+  AllToAllV op;
+  op.sc.resize(W);
+  op.sd.resize(W);
+  op.rc.resize(W);
+  op.rd.resize(W);
+  int64_t soff = 0, roff = 0;
+  for (size_t r = 0; r < W; ++r) {
+    MOEKIT_CHECK(send_counts[r] >= 0 && recv_counts[r] >= 0,
+                 "all_to_all_v: send_counts[{}]={} and recv_counts[{}]={} must be >= 0", r,
+                 send_counts[r], r, recv_counts[r]);
+    op.sc[r] = as_int(send_counts[r], "all_to_all_v send count");
+    op.rc[r] = as_int(recv_counts[r], "all_to_all_v recv count");
+    op.sd[r] = as_int(soff, "all_to_all_v send offset");
+    op.rd[r] = as_int(roff, "all_to_all_v recv offset");
+    soff += send_counts[r];
+    roff += recv_counts[r];
+  }
+  MOEKIT_CHECK(soff <= send.size(0) && roff <= recv.size(0),
+               "all_to_all_v: the counts need {} send rows and {} recv rows, but send {} and "
+               "recv {} hold fewer",
+               soff, roff, send.describe(), recv.describe());
+  const int64_t rb = row_bytes(send);
+  if (rb == 0) return op;
+  op.row = std::make_unique<RowType>(rb);
+  op.send = send.numel() > 0 ? send.data() : &g_empty_buffer;
+  op.recv = recv.numel() > 0 ? recv.data() : &g_empty_buffer;
+  return op;
+}
+
+// MPI_Ialltoallv in flight; the request and the row datatype live until wait().
+class PendingAllToAllV final : public PendingCollective {
+ public:
+  explicit PendingAllToAllV(std::unique_ptr<AllToAllV> op) : op_(std::move(op)) {}
+  ~PendingAllToAllV() override {
+    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  }
+  void start() {
+    if (!op_->row) return;
+    MOEKIT_MPI(MPI_Ialltoallv(op_->send, op_->sc.data(), op_->sd.data(), op_->row->get(), op_->recv,
+                              op_->rc.data(), op_->rd.data(), op_->row->get(), MPI_COMM_WORLD,
+                              &request_));
+  }
+  void wait() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    MOEKIT_MPI(MPI_Wait(&request_, MPI_STATUS_IGNORE));
+  }
+
+ private:
+  std::unique_ptr<AllToAllV> op_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator() {
@@ -150,62 +242,33 @@ class MpiCommunicator final : public Communicator {
 
   void all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
                     const std::vector<int64_t>& recv_counts, Stream) override {
-    check_pair(send, recv, "all_to_all_v");
-    MOEKIT_CHECK(send.dim() >= 1 && recv.dim() == send.dim() && same_rows(send, recv),
-                 "all_to_all_v: send {} and recv {} must have the same row shape", send.describe(),
-                 recv.describe());
-    const size_t W = static_cast<size_t>(size_);
-    MOEKIT_CHECK(send_counts.size() == W && recv_counts.size() == W,
-                 "all_to_all_v over {} ranks needs {} send and recv counts, got {} and {}", size_,
-                 size_, send_counts.size(), recv_counts.size());
-    std::vector<int> sc(W), sd(W), rc(W), rd(W);
-    int64_t soff = 0, roff = 0;
-    for (size_t r = 0; r < W; ++r) {
-      MOEKIT_CHECK(send_counts[r] >= 0 && recv_counts[r] >= 0,
-                   "all_to_all_v: send_counts[{}]={} and recv_counts[{}]={} must be >= 0", r,
-                   send_counts[r], r, recv_counts[r]);
-      sc[r] = as_int(send_counts[r], "all_to_all_v send count");
-      rc[r] = as_int(recv_counts[r], "all_to_all_v recv count");
-      sd[r] = as_int(soff, "all_to_all_v send offset");
-      rd[r] = as_int(roff, "all_to_all_v recv offset");
-      soff += send_counts[r];
-      roff += recv_counts[r];
-    }
-    MOEKIT_CHECK(soff <= send.size(0) && roff <= recv.size(0),
-                 "all_to_all_v: the counts need {} send rows and {} recv rows, but send {} and "
-                 "recv {} hold fewer",
-                 soff, roff, send.describe(), recv.describe());
-    const int64_t rb = row_bytes(send);
-    if (rb == 0) return;
-    const RowType row(rb);
-    // MPI wants non-null buffers even for zero counts on some implementations.
-    static char dummy = 0;
-    const void* sp = send.numel() > 0 ? send.data() : &dummy;
-    void* rp = recv.numel() > 0 ? recv.data() : &dummy;
-    MOEKIT_MPI(MPI_Alltoallv(sp, sc.data(), sd.data(), row.get(), rp, rc.data(), rd.data(),
-                             row.get(), MPI_COMM_WORLD));
+    AllToAllV op = prepare_all_to_all_v(send, send_counts, recv, recv_counts, size_);
+    if (!op.row) return;
+    MOEKIT_MPI(MPI_Alltoallv(op.send, op.sc.data(), op.sd.data(), op.row->get(), op.recv,
+                             op.rc.data(), op.rd.data(), op.row->get(), MPI_COMM_WORLD));
+  }
+
+  std::unique_ptr<PendingCollective> all_to_all_v_start(const Tensor& send,
+                                                        const std::vector<int64_t>& send_counts,
+                                                        Tensor& recv,
+                                                        const std::vector<int64_t>& recv_counts,
+                                                        Stream) override {
+    auto op = std::make_unique<AllToAllV>(
+        prepare_all_to_all_v(send, send_counts, recv, recv_counts, size_));
+    auto pending = std::make_unique<PendingAllToAllV>(std::move(op));
+    pending->start();
+    return pending;
+  }
+
+  std::vector<int64_t> all_gather_host(int64_t value) override {
+    std::vector<int64_t> out(static_cast<size_t>(size_));
+    MOEKIT_MPI(MPI_Allgather(&value, 1, MPI_INT64_T, out.data(), 1, MPI_INT64_T, MPI_COMM_WORLD));
+    return out;
   }
 
   void barrier() override { MOEKIT_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
 
  private:
-  static bool same_rows(const Tensor& a, const Tensor& b) {
-    if (a.dim() != b.dim()) return false;
-    for (int d = 1; d < a.dim(); ++d) {
-      if (a.size(d) != b.size(d)) return false;
-    }
-    return true;
-  }
-  static void check_pair(const Tensor& send, const Tensor& recv, const char* op) {
-    for (const auto& [t, name] : {std::pair{&send, "send"}, std::pair{&recv, "recv"}}) {
-      expect_device(*t, name, Device::cpu());
-      expect_contiguous(*t, name);
-      MOEKIT_CHECK(t->dim() >= 1, "{}: {} {} must have a row dimension", op, name, t->describe());
-    }
-    MOEKIT_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}", op,
-                 dtype_name(send.dtype()), dtype_name(recv.dtype()));
-  }
-
   int rank_ = 0, size_ = 1;
 };
 

@@ -37,10 +37,11 @@ __device__ float hashed_uniform_dev(uint64_t seed, uint64_t i) {
 }
 
 template <typename T>
-__global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float scale) {
+__global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float scale,
+                                    uint64_t first_index) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = from_f32<T>(scale * hashed_uniform_dev(seed, static_cast<uint64_t>(i)));
+    out[i] = from_f32<T>(scale * hashed_uniform_dev(seed, first_index + static_cast<uint64_t>(i)));
   }
 }
 
@@ -127,7 +128,7 @@ void scale_rows_cuda(Tensor& out, const Tensor& in, const Tensor& weights, Strea
   MOEKIT_CUDA_CHECK(cudaGetLastError());
 }
 
-void fill_uniform_cuda(Tensor& t, uint64_t seed, float scale, Stream stream) {
+void fill_uniform_cuda(Tensor& t, uint64_t seed, float scale, Stream stream, uint64_t first_index) {
   const int64_t n = t.numel();
   if (n == 0) return;
   // A null stream means "synchronous": use a private stream and wait for it.
@@ -142,7 +143,7 @@ void fill_uniform_cuda(Tensor& t, uint64_t seed, float scale, Stream stream) {
                dtype_name(t.dtype()));
   cuda::dispatch_float_type(cuda::elem_type_of(t.dtype()), [&](auto tag) {
     using T = decltype(tag);
-    fill_uniform_kernel<<<grid_for(n), 256, 0, s>>>(t.data_as<T>(), n, seed, scale);
+    fill_uniform_kernel<<<grid_for(n), 256, 0, s>>>(t.data_as<T>(), n, seed, scale, first_index);
   });
   MOEKIT_CUDA_CHECK(cudaGetLastError());
   if (own != nullptr) {

@@ -8,7 +8,7 @@ namespace moekit {
 
 void interleave_gate_up_blocks_cuda(Tensor& dst, const Tensor& src, bool pairwise, Stream stream);
 void scale_rows_cuda(Tensor& out, const Tensor& in, const Tensor& weights, Stream stream);
-void fill_uniform_cuda(Tensor& t, uint64_t seed, float scale, Stream stream);
+void fill_uniform_cuda(Tensor& t, uint64_t seed, float scale, Stream stream, uint64_t first_index);
 void add_inplace_cuda(Tensor& out, const Tensor& other, Stream stream);
 void convert_ids_to_int32_cuda(const Tensor& ids64, Tensor& ids32, Stream stream);
 

@@ -446,7 +446,10 @@ std::pair<int64_t, int64_t> QuarkMoEMethod::maybe_roundup_sizes(int64_t hidden, 
 
 void QuarkMoEMethod::select_backend(QuantOracleKind kind) {
   oracle_kind_ = kind;
-  plan_ = plan_moe(moe_, kind, weight_key_, activation_key_);
+  // The communicator comes with the layer (its kernel re-checks the prepare/finalize with it).
+  PlanOptions options;
+  options.preview = true;
+  plan_ = plan_moe(moe_, kind, weight_key_, activation_key_, options);
 }
 
 const ExpertsBackend& QuarkMoEMethod::chosen_backend() const {

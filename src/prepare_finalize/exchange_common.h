@@ -1,0 +1,178 @@
+// Internal: what the token-exchanging prepare/finalize (prepare_finalize/exchange.h) share — the
+// factories' check, the activations as they travel, row gathers on the host, and the f32 partials
+// of the experts' output.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moekit/comm/communicator.h"
+#include "moekit/core/checks.h"
+#include "moekit/core/error.h"
+#include "moekit/prepare_finalize/factory.h"
+#include "moekit/quant/moe_input_quant.h"
+#include "prepare_finalize/prepare_common.h"
+
+namespace moekit::detail {
+
+// "" when a token-exchanging prepare/finalize can serve the request, else why not. `batched`: the
+// prepare/finalize produces the batched format (else the standard one).
+inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool batched) {
+  const ParallelConfig& p = r.moe->parallel;
+  if (r.experts->is_monolithic()) {
+    return "monolithic experts route internally; exchanging tokens needs modular experts";
+  }
+  if (is_batched(r.experts->activation_format()) != batched) {
+    return fmt::format("{} takes the {} format", r.experts->name(),
+                       is_batched(r.experts->activation_format()) ? "batched" : "standard");
+  }
+  if (!p.use_ep) return "exchanges tokens between expert-parallel ranks: needs use_ep";
+  if (p.ep_size != p.dp_size) {
+    return fmt::format(
+        "each expert-parallel rank must be a data-parallel rank of its own (ep_size {} != dp_size "
+        "{}: tensor parallelism inside a data-parallel group is not served)",
+        p.ep_size, p.dp_size);
+  }
+  if (r.moe->num_experts % p.ep_size != 0) {
+    return fmt::format("num_experts {} is not divisible by ep_size {}", r.moe->num_experts,
+                       p.ep_size);
+  }
+  if (r.comm == nullptr) {
+    if (r.preview) return {};
+    return fmt::format(
+        "needs a communicator of {} ranks (MoELayerOptions::communicator; `moekit run` makes an "
+        "MPI one under mpirun)",
+        p.ep_size);
+  }
+  if (r.comm->world_size() != p.ep_size || r.comm->rank() != p.ep_rank) {
+    return fmt::format(
+        "the {} communicator is rank {} of {} but the deployment is EP rank {} of {}",
+        r.comm->name(), r.comm->rank(), r.comm->world_size(), p.ep_rank, p.ep_size);
+  }
+  if (!r.comm->device().is_cpu()) {
+    return fmt::format(
+        "the {} communicator holds {} buffers: this build exchanges tokens between CPU ranks only",
+        r.comm->name(), r.comm->device().to_string());
+  }
+  const auto& types = r.experts->caps().device_types;
+  if (std::find(types.begin(), types.end(), DeviceType::kCPU) == types.end()) {
+    return fmt::format("{} does not run on the CPU, where the {} communicator's buffers are",
+                       r.experts->name(), r.comm->name());
+  }
+  return {};
+}
+
+// The activations as they travel: quantized before the exchange when each row carries its own
+// (dynamic per-token or per-group) scales — then `scale` is (rows, groups) — else unquantized
+// (`quantize_after`: the receiving rank quantizes its batch). A per-tensor scale cannot travel
+// with the rows: a dynamic one depends on the batch, and a static one is the maximum over the
+// rank's own experts' calibrated scales, which differs between ranks, so the codes must be made
+// with the scale of the experts that read them.
+struct DispatchPayload {
+  Tensor data;
+  Tensor scale;
+  bool scale_has_rows = false;
+  bool quantize_after = false;
+};
+
+inline DispatchPayload make_dispatch_payload(const Tensor& a1, const QuantConfig* quant,
+                                             bool defer_input_quant, RunContext ctx) {
+  DispatchPayload out;
+  const bool quantized =
+      !defer_input_quant && quant != nullptr && quant->a1.dtype != QuantDType::kNone;
+  if (!quantized) {
+    out.data = a1;
+    return out;
+  }
+  if (has_static_scale(quant->a1) || quant->a1.shape.is_per_tensor()) {
+    out.data = a1;
+    out.quantize_after = true;
+    return out;
+  }
+  QuantizedInput q = quantize_moe_input(a1, quant->a1, ctx);
+  out.data = std::move(q.data);
+  out.scale = std::move(q.scale);
+  out.scale_has_rows = out.scale.defined();
+  return out;
+}
+
+// The received activations as the experts take them (quantizing them now when they travelled
+// unquantized).
+inline QuantizedInput finish_dispatch(const Tensor& data, const Tensor& scale,
+                                      const DispatchPayload& sent, const QuantConfig* quant,
+                                      RunContext ctx) {
+  if (sent.quantize_after) return quantize_moe_input(data, quant->a1, ctx);
+  return {data, scale};
+}
+
+inline int64_t row_bytes_of(const Tensor& t) {
+  int64_t b = static_cast<int64_t>(element_size(t.dtype()));
+  for (int d = 1; d < t.dim(); ++d)
+    b *= t.size(d);
+  return b;
+}
+
+// A host tensor of `rows` rows shaped like src's rows: row i = src row index[i], or zeros where
+// index[i] < 0. Any dtype (rows are copied as bytes).
+inline Tensor gather_rows(const Tensor& src, std::span<const int64_t> index) {
+  MOEKIT_CHECK(src.device().is_cpu(), "gather_rows: {} must be on the CPU", src.describe());
+  const Tensor s = src.is_contiguous() ? src : src.clone();
+  Shape shape = s.shape();
+  shape[0] = static_cast<int64_t>(index.size());
+  Tensor out = Tensor::empty(shape, s.dtype());
+  const int64_t rb = row_bytes_of(s);
+  const char* from = static_cast<const char*>(s.data());
+  char* to = static_cast<char*>(out.data());
+  for (size_t i = 0; i < index.size(); ++i) {
+    if (index[i] < 0) {
+      std::memset(to + static_cast<int64_t>(i) * rb, 0, static_cast<size_t>(rb));
+    } else {
+      std::memcpy(to + static_cast<int64_t>(i) * rb, from + index[i] * rb, static_cast<size_t>(rb));
+    }
+  }
+  return out;
+}
+
+// An empty host tensor of `rows` rows shaped like t's rows.
+inline Tensor rows_like(const Tensor& t, int64_t rows) {
+  Shape shape = t.shape();
+  shape[0] = rows;
+  return Tensor::empty(shape, t.dtype());
+}
+
+// The experts' output weighted and reduced per token, in f32: (rows, K). Experts that reduce
+// themselves (NoOp) give their (rows, K) output, converted.
+inline Tensor weighted_partials_f32(const FinalizeArgs& args, int64_t rows, int64_t K,
+                                    RunContext ctx) {
+  const auto impl = resolve_weight_and_reduce(args.weight_and_reduce);
+  if (dynamic_cast<const TopKWeightAndReduceNoOp*>(impl.get()) != nullptr) {
+    expect_shape(args.fused_expert_output, "fused_expert_output", {rows, K});
+    return args.fused_expert_output.to_dtype(DType::kF32);
+  }
+  Tensor partial = Tensor::empty({rows, K}, DType::kF32);
+  if (rows == 0) return partial;
+  impl->apply(partial, args.fused_expert_output, args.topk_weights, args.topk_ids,
+              args.apply_router_weight_on_input, ctx);
+  return partial;
+}
+
+// output (M, K) in its dtype = the f32 rows, rounded once.
+inline void store_output(Tensor output, const Tensor& rows_f32) {  // output: a view
+  if (output.numel() == 0) return;
+  output.copy_from(rows_f32.to_dtype(output.dtype()));
+}
+
+// The token exchange runs on the host: refuse device tensors with the reason.
+inline void expect_host_exchange(const Tensor& a1, const char* who) {
+  MOEKIT_CHECK(a1.device().is_cpu(),
+               "{}: a1 is on {} but this build exchanges tokens between CPU ranks only", who,
+               a1.device().to_string());
+}
+
+}  // namespace moekit::detail

@@ -1,0 +1,184 @@
+// PrepareFinalizeLowLatency (prepare_finalize/exchange.h): fixed-size per-expert buffers, one
+// exchange of counts and one of rows each way, whatever the routing.
+//
+// The send buffer of a rank is (W * E_local * C) rows, C = max_tokens_per_rank: block (d, e)
+// holds the rows this rank sends to rank d's local expert e, in token order. Rank d receives the
+// same layout from every source s, and packs expert e's rows as source 0's, then source 1's, ...
+// into (E_local, W * C) rows for the batched experts. The combine sends the experts' rows back
+// into the same fixed layout, so row (d, e, p) of what a rank receives is the answer to the row
+// it sent to (d, e) at position p.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "moekit/prepare_finalize/exchange.h"
+#include "prepare_finalize/exchange_common.h"
+
+namespace moekit {
+namespace {
+
+constexpr const char* kWho = "PrepareFinalizeLowLatency";
+
+}  // namespace
+
+PrepareFinalizeLowLatency::PrepareFinalizeLowLatency(Communicator* comm, int64_t num_experts,
+                                                     int64_t max_tokens_per_rank)
+    : PrepareFinalizeExchange(comm, num_experts, kWho), capacity_(max_tokens_per_rank) {
+  MOEKIT_CHECK(max_tokens_per_rank > 0, "{}: max_tokens_per_rank = {} must be positive", kWho,
+               max_tokens_per_rank);
+}
+
+PrepareResult PrepareFinalizeLowLatency::prepare(const PrepareArgs& args, RunContext ctx) {
+  const detail::PrepareDims dims = detail::check_prepare_args(args, kWho);
+  detail::expect_host_exchange(args.a1, kWho);
+  MOEKIT_CHECK(dims.M <= capacity_,
+               "{}: a1 has M = {} tokens but the low-latency buffers hold max_tokens_per_rank = {} "
+               "per rank (MoELayerOptions::max_num_tokens)",
+               kWho, dims.M, capacity_);
+  Tensor a1 = args.a1;
+  if (args.apply_router_weight_on_input) {
+    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho);
+  }
+  const int64_t El = local_experts_, C = capacity_, W = world_;
+  const int64_t block_rows = El * C;  // rows per destination rank, fixed
+  M_ = dims.M;
+  topk_ = dims.topk;
+  weights_on_input_ = args.apply_router_weight_on_input;
+
+  // Every (token, slot) to its row of the send buffer.
+  const std::vector<int64_t> ids = args.topk_ids.to_int_vector();
+  std::vector<int64_t> sent(static_cast<size_t>(W * El), 0);
+  std::vector<int64_t> send_src(static_cast<size_t>(W * block_rows), -1);
+  slot_row_.assign(static_cast<size_t>(M_ * topk_), -1);
+  for (int64_t m = 0; m < M_; ++m) {
+    for (int64_t j = 0; j < topk_; ++j) {
+      const int64_t e = ids[static_cast<size_t>(m * topk_ + j)];
+      if (e < 0 || e >= num_experts_) continue;
+      int64_t& p = sent[static_cast<size_t>(e)];  // block (d, local) is index e = d * El + local
+      MOEKIT_CHECK(p < C,
+                   "{}: expert {} would receive more than max_tokens_per_rank = {} rows from rank "
+                   "{} (a token lists it twice?)",
+                   kWho, e, C, rank_);
+      const int64_t row = e * C + p;
+      ++p;
+      send_src[static_cast<size_t>(row)] = m;
+      slot_row_[static_cast<size_t>(m * topk_ + j)] = row;
+    }
+  }
+
+  // Counts: (W * El) per rank, El to each destination; then the rows, El * C to each.
+  const std::vector<int64_t> per_rank_counts(static_cast<size_t>(W), El);
+  const std::vector<int64_t> per_rank_rows(static_cast<size_t>(W), block_rows);
+  const Tensor counts_out = Tensor::from_ints(sent, {W * El, 1}, DType::kInt64);
+  Tensor counts_in = Tensor::empty({W * El, 1}, DType::kInt64);
+  comm_->all_to_all_v(counts_out, per_rank_counts, counts_in, per_rank_counts, Stream{});
+  recv_counts_ = counts_in.to_int_vector();
+
+  const detail::DispatchPayload payload =
+      detail::make_dispatch_payload(a1, args.quant_config, args.defer_input_quant, ctx);
+  auto exchange = [&](const Tensor& src) {
+    const Tensor send = detail::gather_rows(src, send_src);
+    Tensor recv = detail::rows_like(send, W * block_rows);
+    comm_->all_to_all_v(send, per_rank_rows, recv, per_rank_rows, Stream{});
+    return recv;
+  };
+  const Tensor data = exchange(payload.data);
+  const Tensor scale = payload.scale_has_rows ? exchange(payload.scale) : Tensor{};
+
+  // Pack each local expert's rows: source 0's first, then source 1's, ...
+  const int64_t T = W * C;
+  std::vector<int64_t> pack(static_cast<size_t>(El * T), -1);
+  std::vector<int32_t> counts(static_cast<size_t>(El), 0);
+  for (int64_t e = 0; e < El; ++e) {
+    int64_t offset = 0;
+    for (int64_t s = 0; s < W; ++s) {
+      const int64_t c = recv_counts_[static_cast<size_t>(s * El + e)];
+      for (int64_t i = 0; i < c; ++i)
+        pack[static_cast<size_t>(e * T + offset + i)] = (s * El + e) * C + i;
+      offset += c;
+    }
+    counts[static_cast<size_t>(e)] = static_cast<int32_t>(offset);
+  }
+  auto batched = [&](const Tensor& rows) {
+    const Tensor packed = detail::gather_rows(rows, pack);
+    return packed.view({El, T, packed.size(1)});
+  };
+  PrepareResult result;
+  if (payload.quantize_after) {
+    const Tensor b = detail::gather_rows(data, pack);
+    QuantizedInput q = detail::finish_dispatch(b, Tensor{}, payload, args.quant_config, ctx);
+    result.a1q = q.data.view({El, T, q.data.size(1)});
+    result.a1q_scale = q.scale;  // one per-tensor scale for the whole batch
+  } else {
+    result.a1q = batched(data);
+    result.a1q_scale = payload.scale_has_rows ? batched(scale) : payload.scale;
+  }
+  result.expert_tokens_meta = ExpertTokensMetadata::make_from_list(counts, Device::cpu());
+  return result;
+}
+
+void PrepareFinalizeLowLatency::finalize(const FinalizeArgs& args, RunContext ctx) {
+  expect_defined(args.output, "output");
+  expect_shape(args.output, "output", {M_, kAnyDim});
+  const int64_t El = local_experts_, C = capacity_, W = world_, T = W * C;
+  const int64_t K = args.output.size(1);
+  expect_shape(args.fused_expert_output, "fused_expert_output", {El, T, K});
+
+  // The experts' rows back into the fixed layout of what each source sent.
+  std::vector<int64_t> back_src(static_cast<size_t>(W * El * C), -1);
+  for (int64_t e = 0; e < El; ++e) {
+    int64_t offset = 0;
+    for (int64_t s = 0; s < W; ++s) {
+      const int64_t c = recv_counts_[static_cast<size_t>(s * El + e)];
+      for (int64_t i = 0; i < c; ++i)
+        back_src[static_cast<size_t>((s * El + e) * C + i)] = e * T + offset + i;
+      offset += c;
+    }
+  }
+  const Tensor rows = args.fused_expert_output.view({El * T, K}).to_dtype(DType::kF32);
+  const Tensor send = detail::gather_rows(rows, back_src);
+  Tensor back = Tensor::empty({W * El * C, K}, DType::kF32);
+  const std::vector<int64_t> per_rank_rows(static_cast<size_t>(W), El * C);
+  comm_->all_to_all_v(send, per_rank_rows, back, per_rank_rows, Stream{});
+
+  // Each token: its slots' rows, weighted, in slot order.
+  std::vector<float> weights;
+  if (!weights_on_input_) weights = args.topk_weights.to_float_vector();
+  std::vector<float> acc(static_cast<size_t>(M_ * K), 0.0f);
+  const float* b = back.data_as<const float>();
+  for (int64_t m = 0; m < M_; ++m) {
+    float* out = acc.data() + m * K;
+    for (int64_t j = 0; j < topk_; ++j) {
+      const int64_t row = slot_row_[static_cast<size_t>(m * topk_ + j)];
+      if (row < 0) continue;
+      const float w = weights.empty() ? 1.0f : weights[static_cast<size_t>(m * topk_ + j)];
+      for (int64_t c = 0; c < K; ++c)
+        out[c] += w * b[row * K + c];
+    }
+  }
+  detail::store_output(args.output, Tensor::from_floats(acc, {M_, K}, DType::kF32));
+}
+
+// ---- factory registration ------------------------------------------------------------------
+
+MOEKIT_REGISTER_PREPARE_FINALIZE(batched_low_latency, [] {
+  PrepareFinalizeFactory f;
+  f.name = "batched_low_latency";
+  f.all2all = All2AllBackend::kBatchedLowLatency;
+  f.priority = 30;
+  f.description =
+      "DP+EP decode: fixed-size per-expert buffers (max_num_tokens per rank), batched format";
+  f.check = [](const PrepareFinalizeRequest& r) -> std::string {
+    if (r.moe->max_num_tokens <= 0) {
+      return fmt::format("needs max_num_tokens > 0 (got {})", r.moe->max_num_tokens);
+    }
+    return detail::check_exchange_request(r, /*batched=*/true);
+  };
+  f.make = [](const PrepareFinalizeRequest& r) -> std::unique_ptr<PrepareFinalize> {
+    return std::make_unique<PrepareFinalizeLowLatency>(r.comm, r.moe->num_experts,
+                                                       r.moe->max_num_tokens);
+  };
+  return f;
+}());
+
+}  // namespace moekit

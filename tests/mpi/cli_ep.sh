@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# `moekit run` under mpirun (ctest label mpi): a DP + EP layer on CPU ranks, every all-to-all
+# backend; each rank checks its rows against a single-process float64 recomputation and must print
+# OK. Usage: cli_ep.sh MPIEXEC MOEKIT
+set -u
+mpiexec=$1
+moekit=$2
+failures=0
+run() {  # run NP BACKEND MODEL
+  local np=$1 backend=$2 model=$3
+  local out
+  out=$("$mpiexec" -np "$np" --oversubscribe "$moekit" run --model "$model" --ep --dp "$np" \
+    -m 8 --device cpu --all2all "$backend" 2>&1)
+  local rc=$?
+  local ok
+  ok=$(grep -cE "^rank [0-9]+/$np: check .* -> OK$" <<<"$out")
+  if [ "$rc" -ne 0 ] || [ "$ok" -ne "$np" ]; then
+    echo "FAILED: $np ranks, --all2all $backend, $model (rc $rc, $ok of $np ranks OK)"
+    echo "$out" | tail -n 30
+    failures=$((failures + 1))
+  else
+    echo "ok: $np ranks, --all2all $backend, $model"
+  fi
+}
+for backend in naive allgather_reducescatter nccl_all2all batched_low_latency; do
+  run 2 "$backend" small-deepseek
+done
+run 4 nccl_all2all small-deepseek
+run 4 batched_low_latency small
+[ "$failures" -eq 0 ] || { echo "$failures run(s) failed"; exit 1; }
