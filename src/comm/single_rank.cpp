@@ -1,20 +1,12 @@
 #include <fmt/format.h>
 
+#include "comm/collective_checks.h"
 #include "moekit/comm/communicator.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 
 namespace moekit {
 namespace {
-
-void check_pair(const Tensor& send, const Tensor& recv, Device device, const char* op) {
-  for (const auto& [t, name] : {std::pair{&send, "send"}, std::pair{&recv, "recv"}}) {
-    expect_device(*t, name, device);
-    expect_contiguous(*t, name);
-  }
-  MOEKIT_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}", op,
-               dtype_name(send.dtype()), dtype_name(recv.dtype()));
-}
 
 class CompletedCollective final : public PendingCollective {
  public:
@@ -31,7 +23,7 @@ std::unique_ptr<PendingCollective> Communicator::all_to_all_v_start(
 }
 
 void SingleRankCommunicator::all_gather(const Tensor& send, Tensor& recv, Stream stream) {
-  check_pair(send, recv, device_, "all_gather");
+  detail::check_collective_pair(send, recv, device_, "all_gather");
   MOEKIT_CHECK(send.shape() == recv.shape(),
                "all_gather over 1 rank: recv {} must have the shape of send {}", recv.describe(),
                send.describe());
@@ -49,7 +41,7 @@ void SingleRankCommunicator::all_reduce(Tensor& inout, Stream) {
 void SingleRankCommunicator::all_to_all_v(const Tensor& send,
                                           const std::vector<int64_t>& send_counts, Tensor& recv,
                                           const std::vector<int64_t>& recv_counts, Stream stream) {
-  check_pair(send, recv, device_, "all_to_all_v");
+  detail::check_collective_pair(send, recv, device_, "all_to_all_v");
   MOEKIT_CHECK(send_counts.size() == 1 && recv_counts.size() == 1,
                "all_to_all_v over 1 rank needs one count each, got {} and {}", send_counts.size(),
                recv_counts.size());

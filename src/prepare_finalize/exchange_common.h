@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/collective_checks.h"
 #include "moekit/comm/communicator.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
@@ -111,13 +112,6 @@ inline QuantizedInput finish_dispatch(const Tensor& data, const Tensor& scale,
   return {data, scale};
 }
 
-inline int64_t row_bytes_of(const Tensor& t) {
-  int64_t b = static_cast<int64_t>(element_size(t.dtype()));
-  for (int d = 1; d < t.dim(); ++d)
-    b *= t.size(d);
-  return b;
-}
-
 // A host tensor of `rows` rows shaped like src's rows: row i = src row index[i], or zeros where
 // index[i] < 0. Any dtype (rows are copied as bytes).
 inline Tensor gather_rows(const Tensor& src, std::span<const int64_t> index) {
@@ -126,7 +120,7 @@ inline Tensor gather_rows(const Tensor& src, std::span<const int64_t> index) {
   Shape shape = s.shape();
   shape[0] = static_cast<int64_t>(index.size());
   Tensor out = Tensor::empty(shape, s.dtype());
-  const int64_t rb = row_bytes_of(s);
+  const int64_t rb = row_bytes(s);
   const char* from = static_cast<const char*>(s.data());
   char* to = static_cast<char*>(out.data());
   for (size_t i = 0; i < index.size(); ++i) {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "comm/collective_checks.h"
 #include "moekit/comm/mpi.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
@@ -51,13 +52,6 @@ class MpiRuntime {
   }
   bool owned_ = false;
 };
-
-int64_t row_bytes(const Tensor& t) {
-  int64_t b = static_cast<int64_t>(element_size(t.dtype()));
-  for (int d = 1; d < t.dim(); ++d)
-    b *= t.size(d);
-  return b;
-}
 
 // A datatype of one row of t (freed with the object).
 class RowType {
@@ -111,35 +105,11 @@ struct AllToAllV {
 // MPI wants non-null buffers even for zero counts on some implementations.
 char g_empty_buffer = 0;
 
-bool same_rows(const Tensor& a, const Tensor& b) {
-  if (a.dim() != b.dim()) return false;
-  for (int d = 1; d < a.dim(); ++d) {
-    if (a.size(d) != b.size(d)) return false;
-  }
-  return true;
-}
-
-void check_pair(const Tensor& send, const Tensor& recv, const char* op) {
-  for (const auto& [t, name] : {std::pair{&send, "send"}, std::pair{&recv, "recv"}}) {
-    expect_device(*t, name, Device::cpu());
-    expect_contiguous(*t, name);
-    MOEKIT_CHECK(t->dim() >= 1, "{}: {} {} must have a row dimension", op, name, t->describe());
-  }
-  MOEKIT_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}", op,
-               dtype_name(send.dtype()), dtype_name(recv.dtype()));
-}
-
 AllToAllV prepare_all_to_all_v(const Tensor& send, const std::vector<int64_t>& send_counts,
                                const Tensor& recv, const std::vector<int64_t>& recv_counts,
                                int world_size) {
-  check_pair(send, recv, "all_to_all_v");
-  MOEKIT_CHECK(send.dim() >= 1 && recv.dim() == send.dim() && same_rows(send, recv),
-               "all_to_all_v: send {} and recv {} must have the same row shape", send.describe(),
-               recv.describe());
+  detail::check_all_to_all_v(send, send_counts, recv, recv_counts, world_size, Device::cpu());
   const size_t W = static_cast<size_t>(world_size);
-  MOEKIT_CHECK(send_counts.size() == W && recv_counts.size() == W,
-               "all_to_all_v over {} ranks needs {} send and recv counts, got {} and {}",
-               world_size, world_size, send_counts.size(), recv_counts.size());
   AllToAllV op;
   op.sc.resize(W);
   op.sd.resize(W);
@@ -147,9 +117,6 @@ AllToAllV prepare_all_to_all_v(const Tensor& send, const std::vector<int64_t>& s
   op.rd.resize(W);
   int64_t soff = 0, roff = 0;
   for (size_t r = 0; r < W; ++r) {
-    MOEKIT_CHECK(send_counts[r] >= 0 && recv_counts[r] >= 0,
-                 "all_to_all_v: send_counts[{}]={} and recv_counts[{}]={} must be >= 0", r,
-                 send_counts[r], r, recv_counts[r]);
     op.sc[r] = as_int(send_counts[r], "all_to_all_v send count");
     op.rc[r] = as_int(recv_counts[r], "all_to_all_v recv count");
     op.sd[r] = as_int(soff, "all_to_all_v send offset");
@@ -157,11 +124,7 @@ AllToAllV prepare_all_to_all_v(const Tensor& send, const std::vector<int64_t>& s
     soff += send_counts[r];
     roff += recv_counts[r];
   }
-  MOEKIT_CHECK(soff <= send.size(0) && roff <= recv.size(0),
-               "all_to_all_v: the counts need {} send rows and {} recv rows, but send {} and "
-               "recv {} hold fewer",
-               soff, roff, send.describe(), recv.describe());
-  const int64_t rb = row_bytes(send);
+  const int64_t rb = detail::row_bytes(send);
   if (rb == 0) return op;
   op.row = std::make_unique<RowType>(rb);
   op.send = send.numel() > 0 ? send.data() : &g_empty_buffer;
@@ -206,23 +169,15 @@ class MpiCommunicator final : public Communicator {
   Device device() const override { return Device::cpu(); }
 
   void all_gather(const Tensor& send, Tensor& recv, Stream) override {
-    check_pair(send, recv, "all_gather");
-    MOEKIT_CHECK(
-        recv.dim() == send.dim() && recv.size(0) == size_ * send.size(0) && same_rows(send, recv),
-        "all_gather over {} ranks: recv {} must be ({} * {}, ...) rows of send {}", size_,
-        recv.describe(), size_, send.size(0), send.describe());
+    detail::check_all_gather(send, recv, size_, Device::cpu());
     if (recv.numel() == 0) return;
-    const RowType row(row_bytes(send));
+    const RowType row(detail::row_bytes(send));
     const int n = as_int(send.size(0), "all_gather rows");
     MOEKIT_MPI(MPI_Allgather(send.data(), n, row.get(), recv.data(), n, row.get(), MPI_COMM_WORLD));
   }
 
   void reduce_scatter(const Tensor& send, Tensor& recv, Stream) override {
-    check_pair(send, recv, "reduce_scatter");
-    MOEKIT_CHECK(
-        send.dim() == recv.dim() && send.size(0) == size_ * recv.size(0) && same_rows(send, recv),
-        "reduce_scatter over {} ranks: send {} must be ({} * {}, ...) rows of recv {}", size_,
-        send.describe(), size_, recv.size(0), recv.describe());
+    detail::check_reduce_scatter(send, recv, size_, Device::cpu());
     const MPI_Datatype type = sum_type(send, "reduce_scatter");
     if (recv.numel() == 0) return;
     MOEKIT_MPI(MPI_Reduce_scatter_block(send.data(), recv.data(),

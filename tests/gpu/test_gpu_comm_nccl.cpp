@@ -1,0 +1,137 @@
+// The NCCL communicator (comm/nccl.h) on the GPU with one rank (what one GPU allows: NCCL refuses
+// two ranks on one device), bootstrapped over a SingleRankCommunicator (no MPI): every collective
+// on device buffers against what was sent, every dtype for data movement and the sums' dtypes,
+// uneven all_to_all_v counts, a CUDA-graph capture, and bad arguments refused before NCCL runs.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "moekit/comm/nccl.h"
+#include "require_gpu.h"
+#include "testing.h"
+
+namespace moekit {
+namespace {
+
+std::shared_ptr<Communicator> one_rank_nccl() {
+  static std::shared_ptr<Communicator> comm =
+      make_nccl_communicator(std::make_shared<SingleRankCommunicator>(), 0);
+  return comm;
+}
+
+#define REQUIRE_NCCL()                                              \
+  REQUIRE_SM90_GPU();                                               \
+  if (!nccl_available()) GTEST_SKIP() << nccl_unavailable_reason(); \
+  std::shared_ptr<Communicator> comm = one_rank_nccl();             \
+  CudaStream stream_owner(0);                                       \
+  const Stream stream = stream_owner.get();                         \
+  (void)stream
+
+Tensor on_gpu(const Tensor& t) {
+  return t.to(Device::cuda(0));
+}
+
+Tensor poisoned_gpu(const Shape& shape, DType dtype) {
+  return on_gpu(testing::poisoned(shape, dtype));
+}
+
+Tensor host(const Tensor& t, Stream stream) {
+  synchronize(stream);
+  return t.to(Device::cpu());
+}
+
+TEST(NcclComm, OneRankOnTheGpu) {
+  REQUIRE_NCCL();
+  EXPECT_EQ(comm->name(), "nccl");
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->world_size(), 1);
+  EXPECT_EQ(comm->device(), Device::cuda(0));
+  EXPECT_EQ(comm->all_gather_host(42), (std::vector<int64_t>{42}));
+  comm->barrier();
+}
+
+TEST(NcclComm, AllGatherMovesEveryDtype) {
+  REQUIRE_NCCL();
+  for (const DType dt : {DType::kF32, DType::kBF16, DType::kInt32, DType::kUInt8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor src = testing::random_tensor({7, 5}, DType::kF32, 3).to_dtype(dt);
+    const Tensor send = on_gpu(src);
+    Tensor recv = poisoned_gpu({7, 5}, dt);
+    comm->all_gather(send, recv, stream);
+    EXPECT_TRUE(testing::bitwise_equal(host(recv, stream), src));
+  }
+}
+
+TEST(NcclComm, SumsInTheirDtypes) {
+  REQUIRE_NCCL();
+  for (const DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kInt32, DType::kInt64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor src = testing::random_tensor({4, 6}, DType::kF32, 5, -50.f, 50.f).to_dtype(dt);
+    Tensor recv = poisoned_gpu({4, 6}, dt);
+    comm->reduce_scatter(on_gpu(src), recv, stream);
+    EXPECT_TRUE(testing::bitwise_equal(host(recv, stream), src));  // one rank: the sum of one
+    Tensor inout = on_gpu(src);
+    comm->all_reduce(inout, stream);
+    EXPECT_TRUE(testing::bitwise_equal(host(inout, stream), src));
+  }
+  Tensor bytes = on_gpu(Tensor::zeros({4}, DType::kUInt8));
+  EXPECT_TRUE(testing::contains_all(testing::error_of([&] { comm->all_reduce(bytes, stream); }),
+                                    {"NCCL sums", "uint8"}));
+}
+
+TEST(NcclComm, AllToAllVWithUnevenAndZeroCounts) {
+  REQUIRE_NCCL();
+  const Tensor src = testing::random_tensor({6, 3}, DType::kBF16, 9);
+  for (const int64_t n : {int64_t{0}, int64_t{4}, int64_t{6}}) {
+    SCOPED_TRACE(n);
+    Tensor recv = poisoned_gpu({6, 3}, DType::kBF16);
+    comm->all_to_all_v(on_gpu(src), {n}, recv, {n}, stream);
+    const Tensor got = host(recv, stream);
+    EXPECT_TRUE(testing::bitwise_equal(got.slice(0, 0, n), src.slice(0, 0, n)));
+    EXPECT_TRUE(testing::has_nan(got.slice(0, n, 6)) || n == 6) << "rows past the count written";
+  }
+  // A started exchange (the default: completed at once) gives the same rows.
+  Tensor recv = poisoned_gpu({6, 3}, DType::kBF16);
+  comm->all_to_all_v_start(on_gpu(src), {6}, recv, {6}, stream)->wait();
+  EXPECT_TRUE(testing::bitwise_equal(host(recv, stream), src));
+}
+
+TEST(NcclComm, CapturedInACudaGraph) {
+  REQUIRE_NCCL();
+  const Tensor src = testing::random_tensor({8, 16}, DType::kF32, 11);
+  const Tensor send = on_gpu(src);
+  Tensor gathered = poisoned_gpu({8, 16}, DType::kF32);
+  Tensor summed = poisoned_gpu({8, 16}, DType::kF32);
+  auto s = static_cast<cudaStream_t>(stream.handle);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  comm->all_gather(send, gathered, stream);
+  comm->reduce_scatter(gathered, summed, stream);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  EXPECT_TRUE(testing::bitwise_equal(host(summed, stream), src));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST(NcclComm, BadArgumentsAreRefusedBeforeNccl) {
+  REQUIRE_NCCL();
+  const Tensor cpu = testing::random_tensor({2, 2}, DType::kF32, 1);
+  Tensor gpu = poisoned_gpu({2, 2}, DType::kF32);
+  EXPECT_TRUE(testing::contains_all(testing::error_of([&] { comm->all_gather(cpu, gpu, stream); }),
+                                    {"send", "cuda"}));
+  Tensor wrong_rows = poisoned_gpu({3, 2}, DType::kF32);
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_of([&] { comm->all_gather(on_gpu(cpu), wrong_rows, stream); }),
+      {"all_gather over 1 ranks"}));
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_of([&] { comm->all_to_all_v(on_gpu(cpu), {3}, gpu, {3}, stream); }),
+      {"the counts need 3 send rows"}));
+}
+
+}  // namespace
+}  // namespace moekit
