@@ -14,6 +14,7 @@
 
 #include "cli_common.h"
 #include "moekit/comm/mpi.h"
+#include "moekit/comm/nccl.h"
 #include "moekit/core/error.h"
 #include "moekit/core/tolerance.h"
 #include "moekit/layer/reference.h"
@@ -156,7 +157,11 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
     MOEKIT_CHECK(mpi_available(),
                  "{} exchanges tokens between {} ranks, one process each under mpirun, but {}",
                  options.parallel.to_string(), ranks, mpi_unavailable_reason());
-    options.communicator = mpi_world_communicator();
+    // CPU ranks exchange over MPI, GPU ranks over NCCL (bootstrapped over MPI).
+    // One GPU per rank: NCCL picks the MPI rank modulo the visible GPUs.
+    options.communicator = options.device.type == DeviceType::kCUDA ? nccl_world_communicator()
+                                                                    : mpi_world_communicator();
+    options.device.index = options.communicator->device().index;
     const int rank = options.communicator->rank();
     MOEKIT_CHECK(options.communicator->world_size() == ranks,
                  "{} needs {} ranks: launch it with `mpirun -np {} moekit run ...` (this job has "

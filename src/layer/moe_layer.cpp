@@ -90,6 +90,7 @@ MoEConfig MoELayer::make_moe_config(const ModelPreset& model, const MoELayerOpti
   moe.hidden_dim_unpadded = model.hidden_size;
   moe.intermediate_size_per_partition_unpadded = model.intermediate_size / options.parallel.tp_size;
   moe.moe_backend = options.backend;
+  moe.prepare_finalize = options.prepare_finalize;
   moe.tile_config = options.tile_config;
   moe.batch_invariant = options.batch_invariant || env::get_bool(kBatchInvariantEnvVar, false);
   moe.max_num_tokens = options.max_num_tokens;

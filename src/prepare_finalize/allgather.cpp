@@ -6,6 +6,8 @@
 #include <memory>
 #include <numeric>
 
+#include "core/cuda/runtime.h"
+#include "core/cuda_seam.h"
 #include "moekit/prepare_finalize/exchange.h"
 #include "prepare_finalize/exchange_common.h"
 
@@ -13,6 +15,28 @@ namespace moekit {
 namespace {
 
 constexpr const char* kWho = "PrepareFinalizeAllGather";
+
+// Workspace slots of the GPU path.
+constexpr std::string_view kSendSlot = "exchange.a1_send";
+constexpr std::string_view kRecvSlot = "exchange.a1_recv";
+constexpr std::string_view kIdsSendSlot = "exchange.ids_send";
+constexpr std::string_view kIdsRecvSlot = "exchange.ids_recv";
+constexpr std::string_view kWeightsSendSlot = "exchange.weights_send";
+constexpr std::string_view kWeightsRecvSlot = "exchange.weights_recv";
+constexpr std::string_view kPartialSlot = "exchange.partial";
+constexpr std::string_view kMineSlot = "exchange.mine";
+
+// dst (rows, ...) = src's M rows, then `fill` bytes (stream-ordered, device memory).
+void copy_padded(const Tensor& dst, const Tensor& src, int fill, Stream stream) {
+  const size_t have = src.nbytes(), want = dst.nbytes();
+  if constexpr (kCudaBuild) {
+    if (have > 0) cuda_rt::copy_async(dst.data(), src.data(), have, stream);
+    if (want > have)
+      cuda_rt::memset_async(static_cast<char*>(dst.data()) + have, fill, want - have, stream);
+  } else {
+    throw_no_cuda(std::string(kWho) + " on a GPU");
+  }
+}
 
 // The local rows padded to `rows` (index -1: zero padding).
 std::vector<int64_t> padded_index(int64_t M, int64_t rows) {
@@ -34,16 +58,37 @@ PrepareFinalizeAllGather::PrepareFinalizeAllGather(Communicator* comm, int64_t n
                                                    Combine combine)
     : PrepareFinalizeExchange(comm, num_experts, kWho), combine_(combine) {}
 
+std::vector<WorkspaceRequest> PrepareFinalizeAllGather::workspace_requests(
+    int64_t max_num_tokens, int64_t hidden, int64_t topk, DType dtype,
+    const QuantConfig& quant) const {
+  if (comm_->device().is_cpu()) return {};
+  const size_t es = element_size(dtype);
+  const size_t rows = static_cast<size_t>(max_num_tokens), all = rows * static_cast<size_t>(world_);
+  const size_t K = static_cast<size_t>(hidden), k = static_cast<size_t>(topk);
+  std::vector<WorkspaceRequest> out = {
+      {std::string(kSendSlot), rows * K * es},       {std::string(kRecvSlot), all * K * es},
+      {std::string(kIdsSendSlot), rows * k * 4},     {std::string(kIdsRecvSlot), all * k * 4},
+      {std::string(kWeightsSendSlot), rows * k * 4}, {std::string(kWeightsRecvSlot), all * k * 4},
+      {std::string(kPartialSlot), all * K * es},     {std::string(kMineSlot), rows * K * es}};
+  for (WorkspaceRequest& r : detail::input_quant_requests(static_cast<int64_t>(all), hidden, quant))
+    out.push_back(std::move(r));
+  return out;
+}
+
 PrepareResult PrepareFinalizeAllGather::prepare(const PrepareArgs& args, RunContext ctx) {
   const detail::PrepareDims dims = detail::check_prepare_args(args, kWho);
-  detail::expect_host_exchange(args.a1, kWho);
+  MOEKIT_CHECK(args.a1.device() == comm_->device(),
+               "{}: a1 is on {} but the {} communicator's buffers are on {}", kWho,
+               args.a1.device().to_string(), comm_->name(), comm_->device().to_string());
   Tensor a1 = args.a1;
   if (args.apply_router_weight_on_input) {
-    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho);
+    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho, &weighted_input_,
+                                              ctx.stream);
   }
   const std::vector<int64_t> counts = comm_->all_gather_host(dims.M);
   M_ = dims.M;
   M_max_ = *std::max_element(counts.begin(), counts.end());
+  if (a1.device().is_cuda()) return prepare_on_device(args, a1, dims.topk, ctx);
   const std::vector<int64_t> index = padded_index(M_, M_max_);
 
   const detail::DispatchPayload payload =
@@ -64,9 +109,63 @@ PrepareResult PrepareFinalizeAllGather::prepare(const PrepareArgs& args, RunCont
   return result;
 }
 
+PrepareResult PrepareFinalizeAllGather::prepare_on_device(const PrepareArgs& args, const Tensor& a1,
+                                                          int64_t topk, RunContext ctx) {
+  MOEKIT_CHECK(ctx.workspace != nullptr && ctx.stream.handle != nullptr,
+               "{} on a GPU needs the workspace manager and a stream in RunContext", kWho);
+  expect_contiguous(a1, "a1");
+  expect_contiguous(args.topk_ids, "topk_ids");
+  expect_contiguous(args.topk_weights, "topk_weights");
+  WorkspaceManager& ws = *ctx.workspace;
+  const int64_t K = a1.size(1), all = world_ * M_max_;
+  auto exchange = [&](std::string_view send_slot, std::string_view recv_slot, const Tensor& src,
+                      int64_t cols, int fill) {
+    const Tensor send = ws.get(send_slot, {M_max_, cols}, src.dtype());
+    copy_padded(send, src, fill, ctx.stream);
+    Tensor recv = ws.get(recv_slot, {all, cols}, src.dtype());
+    comm_->all_gather(send, recv, ctx.stream);
+    return recv;
+  };
+  const Tensor data = exchange(kSendSlot, kRecvSlot, a1, K, 0);
+  PrepareResult result;
+  result.topk_ids = exchange(kIdsSendSlot, kIdsRecvSlot, args.topk_ids, topk, 0xFF);  // -1
+  result.topk_weights = exchange(kWeightsSendSlot, kWeightsRecvSlot, args.topk_weights, topk, 0);
+  QuantizedInput q =
+      detail::maybe_quantize_input(data, args.quant_config, args.defer_input_quant, ctx);
+  result.a1q = std::move(q.data);
+  result.a1q_scale = std::move(q.scale);
+  return result;
+}
+
+void PrepareFinalizeAllGather::finalize_on_device(const FinalizeArgs& args, RunContext ctx) {
+  WorkspaceManager& ws = *ctx.workspace;
+  const int64_t K = args.output.size(1);
+  const DType dt = args.output.dtype();
+  Tensor partial = ws.get(kPartialSlot, {world_ * M_max_, K}, dt);
+  detail::resolve_weight_and_reduce(args.weight_and_reduce)
+      ->apply(partial, args.fused_expert_output, args.topk_weights, args.topk_ids,
+              args.apply_router_weight_on_input, ctx);
+  Tensor mine;
+  if (combine_ == Combine::kReduceScatter) {
+    mine = ws.get(kMineSlot, {M_max_, K}, dt);
+    comm_->reduce_scatter(partial, mine, ctx.stream);
+  } else {
+    comm_->all_reduce(partial, ctx.stream);
+    mine = partial.slice(0, rank_ * M_max_, (rank_ + 1) * M_max_);
+  }
+  if (M_ > 0) {
+    Tensor out = args.output;
+    out.copy_from_async(mine.slice(0, 0, M_), ctx.stream);
+  }
+}
+
 void PrepareFinalizeAllGather::finalize(const FinalizeArgs& args, RunContext ctx) {
   expect_defined(args.output, "output");
   expect_shape(args.output, "output", {M_, kAnyDim});
+  if (args.output.device().is_cuda()) {
+    finalize_on_device(args, ctx);
+    return;
+  }
   const int64_t K = args.output.size(1);
   Tensor partial = detail::weighted_partials_f32(args, world_ * M_max_, K, ctx);
   Tensor mine;
@@ -93,7 +192,7 @@ PrepareFinalizeFactory allgather_factory(const char* name, All2AllBackend backen
   f.priority = 30;
   f.description = description;
   f.check = [](const PrepareFinalizeRequest& r) {
-    return detail::check_exchange_request(r, /*batched=*/false);
+    return detail::check_exchange_request(r, /*batched=*/false, /*gpu_ranks=*/true);
   };
   f.make = [combine](const PrepareFinalizeRequest& r) -> std::unique_ptr<PrepareFinalize> {
     return std::make_unique<PrepareFinalizeAllGather>(r.comm, r.moe->num_experts, combine);

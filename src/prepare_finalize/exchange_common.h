@@ -23,8 +23,10 @@
 namespace moekit::detail {
 
 // "" when a token-exchanging prepare/finalize can serve the request, else why not. `batched`: the
-// prepare/finalize produces the batched format (else the standard one).
-inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool batched) {
+// prepare/finalize produces the batched format (else the standard one); `gpu_ranks`: it also
+// exchanges tokens between GPU ranks (a GPU communicator).
+inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool batched,
+                                          bool gpu_ranks = false) {
   const ParallelConfig& p = r.moe->parallel;
   if (r.experts->is_monolithic()) {
     return "monolithic experts route internally; exchanging tokens needs modular experts";
@@ -56,15 +58,17 @@ inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool 
         "the {} communicator is rank {} of {} but the deployment is EP rank {} of {}",
         r.comm->name(), r.comm->rank(), r.comm->world_size(), p.ep_rank, p.ep_size);
   }
-  if (!r.comm->device().is_cpu()) {
+  if (!r.comm->device().is_cpu() && !gpu_ranks) {
     return fmt::format(
-        "the {} communicator holds {} buffers: this build exchanges tokens between CPU ranks only",
+        "the {} communicator holds {} buffers: this prepare/finalize exchanges tokens between CPU "
+        "ranks only (GPU ranks: allgather_reducescatter or naive_allgather)",
         r.comm->name(), r.comm->device().to_string());
   }
+  const DeviceType where = r.comm->device().type;
   const auto& types = r.experts->caps().device_types;
-  if (std::find(types.begin(), types.end(), DeviceType::kCPU) == types.end()) {
-    return fmt::format("{} does not run on the CPU, where the {} communicator's buffers are",
-                       r.experts->name(), r.comm->name());
+  if (std::find(types.begin(), types.end(), where) == types.end()) {
+    return fmt::format("{} does not run on {}, where the {} communicator's buffers are",
+                       r.experts->name(), r.comm->device().to_string(), r.comm->name());
   }
   return {};
 }

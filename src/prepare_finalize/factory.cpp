@@ -94,6 +94,7 @@ std::string PrepareFinalizeReport::to_string() const {
   return out;
 }
 
+// NOTE: a forced factory (MoEConfig::prepare_finalize) is checked whatever the key.
 PrepareFinalizeSelection select_prepare_finalize(const PrepareFinalizeRequest& request,
                                                  const PrepareFinalizeRegistry& registry) {
   MOEKIT_CHECK(request.moe != nullptr && request.quant != nullptr && request.experts != nullptr,
@@ -101,11 +102,25 @@ PrepareFinalizeSelection select_prepare_finalize(const PrepareFinalizeRequest& r
   const std::optional<All2AllBackend> key = dispatch_key(request.moe->parallel);
   PrepareFinalizeSelection out;
   out.report.key = dispatch_key_name(key);
+  const std::string& forced = request.moe->prepare_finalize;
+  const bool forcing = !forced.empty() && forced != "auto";
+  const std::vector<PrepareFinalizeFactory> factories = registry.factories();
+  if (forcing && std::none_of(factories.begin(), factories.end(),
+                              [&](const PrepareFinalizeFactory& f) { return f.name == forced; })) {
+    std::vector<std::string> names;
+    for (const PrepareFinalizeFactory& f : factories)
+      names.push_back(f.name);
+    out.report.error = fmt::format("unknown prepare/finalize '{}' (registered: {})", forced,
+                                   fmt::join(names, ", "));
+    return out;
+  }
   bool any_of_key = false;
   std::vector<std::string> reasons;
-  for (const PrepareFinalizeFactory& f : registry.factories()) {
+  for (const PrepareFinalizeFactory& f : factories) {
     PrepareFinalizeReport::Candidate c{f.name, dispatch_key_name(f.all2all), false, ""};
-    if (f.all2all != key) {
+    if (forcing && f.name != forced) {
+      c.reason = fmt::format("not the forced prepare/finalize '{}'", forced);
+    } else if (!forcing && f.all2all != key) {
       c.reason = f.all2all ? fmt::format("serves all-to-all backend {}", c.key)
                            : "serves deployments that exchange no tokens";
       c.reason += fmt::format(", not {}", out.report.key);
@@ -123,13 +138,14 @@ PrepareFinalizeSelection select_prepare_finalize(const PrepareFinalizeRequest& r
   }
   if (!out.chosen) {
     out.report.error =
-        any_of_key ? fmt::format("no prepare/finalize can serve {} with {} ({})",
-                                 request.moe->parallel.to_string(), request.experts->name(),
-                                 fmt::join(reasons, "; "))
-                   : fmt::format(
-                         "no prepare/finalize is registered for all-to-all backend '{}' ({}): "
-                         "this build has no expert-parallel token exchange for it",
-                         out.report.key, request.moe->parallel.to_string());
+        forcing || any_of_key
+            ? fmt::format("no prepare/finalize can serve {} with {} ({})",
+                          request.moe->parallel.to_string(), request.experts->name(),
+                          fmt::join(reasons, "; "))
+            : fmt::format(
+                  "no prepare/finalize is registered for all-to-all backend '{}' ({}): "
+                  "this build has no expert-parallel token exchange for it",
+                  out.report.key, request.moe->parallel.to_string());
   }
   return out;
 }

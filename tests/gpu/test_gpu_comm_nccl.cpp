@@ -2,6 +2,9 @@
 // two ranks on one device), bootstrapped over a SingleRankCommunicator (no MPI): every collective
 // on device buffers against what was sent, every dtype for data movement and the sums' dtypes,
 // uneven all_to_all_v counts, a CUDA-graph capture, and bad arguments refused before NCCL runs.
+// And the all-gather prepare/finalize on GPU ranks through it: a layer with it forced gives
+// bitwise the output of the same layer without exchange (bf16, and fp8 quantized after the
+// exchange), also at M = 0.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -9,6 +12,8 @@
 #include <vector>
 
 #include "moekit/comm/nccl.h"
+#include "moekit/layer/checkpoint.h"
+#include "moekit/layer/moe_layer.h"
 #include "require_gpu.h"
 #include "testing.h"
 
@@ -131,6 +136,39 @@ TEST(NcclComm, BadArgumentsAreRefusedBeforeNccl) {
   EXPECT_TRUE(testing::contains_all(
       testing::error_of([&] { comm->all_to_all_v(on_gpu(cpu), {3}, gpu, {3}, stream); }),
       {"the counts need 3 send rows"}));
+}
+
+TEST(NcclAllGatherLayer, BitwiseTheLayerWithoutExchange) {
+  REQUIRE_NCCL();
+  const ModelPreset model = find_preset("small-deepseek");
+  for (const char* scheme : {"bf16", "fp8_block128"}) {
+    for (const char* pf : {"allgather_reducescatter", "naive_allgather"}) {
+      SCOPED_TRACE(std::string(scheme) + " " + pf);
+      MoELayerOptions plain;
+      plain.device = default_device_info();
+      plain.max_num_tokens = 64;
+      MoELayerOptions ep = plain;
+      ep.parallel.use_ep = true;
+      ep.communicator = comm;
+      ep.prepare_finalize = pf;
+      MoELayer exchanged = random_quantized_layer(model, scheme, ep, 3);
+      MoELayer local = random_quantized_layer(model, scheme, plain, 3);
+      EXPECT_EQ(exchanged.plan().prepare_finalize->name, pf);
+      for (const int64_t M : {int64_t{37}, int64_t{0}, int64_t{1}}) {
+        SCOPED_TRACE(M);
+        const Tensor x = on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, 7));
+        const Tensor logits =
+            on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 8));
+        Tensor a = poisoned_gpu({M, model.hidden_size}, DType::kBF16);
+        Tensor b = poisoned_gpu({M, model.hidden_size}, DType::kBF16);
+        exchanged.forward_into(a, x, logits, {stream, nullptr});
+        local.forward_into(b, x, logits, {stream, nullptr});
+        const Tensor ha = host(a, stream), hb = host(b, stream);
+        EXPECT_FALSE(testing::has_nan(ha));
+        EXPECT_TRUE(testing::bitwise_equal(ha, hb));
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -31,6 +31,9 @@ struct MoEConfig {
   int64_t intermediate_size_per_partition_unpadded = 0;
   int64_t intermediate_pad = 0;
   std::string moe_backend = "auto";  // user-facing backend name, "auto" to let the oracle choose
+  // A prepare/finalize factory by name (prepare_finalize/factory.h), "auto": the deployment's
+  // all-to-all backend chooses. A forced one serves whatever the key, if its check passes.
+  std::string prepare_finalize = "auto";
   // Forces the experts' GEMM tile configuration by its table name ("auto": the experts choose;
   // `moekit bench --tile`). Experts without a tile table ignore it only when it is "auto".
   std::string tile_config = "auto";

@@ -53,6 +53,9 @@ struct MoELayerOptions {
   ParallelConfig parallel;                // EP rank / size (the expert_map follows from it)
   std::string backend = "auto";           // force an experts backend by name ("auto": the oracle)
   std::string tile_config = "auto";       // force the experts' GEMM tile config by table name
+  // Force a prepare/finalize factory by name ("auto": the deployment's all-to-all backend
+  // chooses), e.g. an exchanging one on a single rank to test it against no_ep.
+  std::string prepare_finalize = "auto";
   // A token's output independent of the other tokens in its batch (MoEConfig::batch_invariant);
   // also set by the environment variable MOEKIT_BATCH_INVARIANT=1.
   bool batch_invariant = false;

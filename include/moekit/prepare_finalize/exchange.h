@@ -64,10 +64,19 @@ class PrepareFinalizeExchange : public PrepareFinalizeModular {
 // DP + EP by gathering every rank's tokens: each rank runs its experts over all W * M_max rows
 // (padded to the largest rank's M; padding rows route nowhere) and the partial outputs are summed
 // back, by a reduce-scatter, or (naive) an all-reduce of which each rank keeps its block.
+// Also on GPU ranks (a GPU communicator, e.g. NCCL): the token counts travel on the host (no
+// stream is synchronised), the rows in workspace slots reserved for max_num_tokens per rank, so a
+// forward allocates nothing; there the partials are summed in the layer dtype (NCCL sums bf16)
+// and activations travel unquantized (the receiving rank quantizes them).
 class PrepareFinalizeAllGather final : public PrepareFinalizeExchange {
  public:
   enum class Combine { kAllReduce, kReduceScatter };
   PrepareFinalizeAllGather(Communicator* comm, int64_t num_experts, Combine combine);
+  // On a GPU communicator: the send / receive / partial-sum slots ("exchange.*") and the input
+  // quantization's for W * max_num_tokens rows.
+  std::vector<WorkspaceRequest> workspace_requests(int64_t max_num_tokens, int64_t hidden,
+                                                   int64_t topk, DType dtype,
+                                                   const QuantConfig& quant) const override;
 
   std::string name() const override {
     return combine_ == Combine::kAllReduce ? "PrepareFinalizeNaiveAllGather"
@@ -78,8 +87,13 @@ class PrepareFinalizeAllGather final : public PrepareFinalizeExchange {
   void finalize(const FinalizeArgs& args, RunContext ctx) override;
 
  private:
+  PrepareResult prepare_on_device(const PrepareArgs& args, const Tensor& a1, int64_t topk,
+                                  RunContext ctx);
+  void finalize_on_device(const FinalizeArgs& args, RunContext ctx);
+
   Combine combine_;
   int64_t M_ = 0, M_max_ = 0;  // this rank's tokens and the largest rank's, of the last prepare
+  Tensor weighted_input_;      // GPU: the router-weighted input, allocated on first use
 };
 
 // DP + EP by all-to-all: a token goes once to each rank that owns one of its experts (with its

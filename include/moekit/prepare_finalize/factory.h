@@ -119,6 +119,8 @@ struct PrepareFinalizeSelection {
 
 // Walks the factories in priority order: a factory of another key is rejected with the key
 // mismatch, one of the deployment's key with its own check; the first that passes is chosen.
+// MoEConfig::prepare_finalize other than "auto" forces one by name (its check still applies; an
+// unknown name is an error listing the registered ones).
 // Never throws: when none fits, report.error says why (including "no prepare/finalize is
 // registered for all-to-all backend 'x'").
 PrepareFinalizeSelection select_prepare_finalize(
