@@ -300,8 +300,8 @@ int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench
           c.stage_us[stage] = median(v);
       }
       std::string stages;
-      for (const char* s : {"router", "align", "gemm1", "activation", "gemm2", "reduce", "finalize",
-                            "shared_experts", "shared_add"}) {
+      for (const char* s : {"router", "dispatch", "align", "gemm1", "activation", "gemm2", "reduce",
+                            "finalize", "shared_experts", "shared_add"}) {
         if (c.stage_us.count(s)) stages += fmt::format("{} {:.1f}  ", s, c.stage_us[s]);
       }
       std::cout << fmt::format("  {:>6} {:>10.1f} {:>8.2f} {:>9.1f} {:>6.0f}% {:>6.0f}%  {}\n", M,

@@ -65,6 +65,10 @@ void with_elapsed_display(const std::string& label, const std::function<void()>&
 // m*k+k-1); skewed (low expert ids much more likely).
 Tensor make_logits(int64_t M, int E, int k, const std::string& dist, uint64_t seed);
 
+// For a deployment that exchanges tokens between ranks (DP + EP): the job's communicator (MPI for
+// CPU ranks, NCCL for GPU ranks) into options, this process's rank into options.parallel; false
+// (options untouched) for one that does not. Throws when the job's size is not the deployment's.
+bool attach_communicator(const DeploymentOptions& deployment, MoELayerOptions& options);
 int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t seed, int check_rows,
                 const std::string& routing_dist);
 // Forwards x (M, H) with logits (M, E) (both on the CPU; moved to the layer's device) and checks
@@ -75,6 +79,9 @@ int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logit
                       int check_rows, const ExpertSource& all_experts = {},
                       const std::string& prefix = "");
 int explain_command(const DeploymentOptions& deployment);
+// tools/bench_ep.cpp: `moekit bench-ep` under mpirun (dispatch / experts / combine, all2all).
+int bench_ep_command(const DeploymentOptions& deployment, const std::vector<int64_t>& tokens,
+                     int reps);
 // tools/checkpoint.cpp: `run --checkpoint DIR --layer N`, `explain --quant S | --checkpoint DIR`,
 // `make-fixture`.
 // `routing`: the --routing value when the user gave one (synthetic logits for a checkpoint without

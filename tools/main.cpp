@@ -128,6 +128,21 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   soak->add_option("--seed", soak_seed, "random seed");
 
+  DeploymentOptions bench_ep_deployment;
+  bench_ep_deployment.model = "small-deepseek";
+  bench_ep_deployment.enable_ep = true;
+  std::vector<int64_t> bench_ep_tokens = {1, 16, 64, 256};
+  int bench_ep_reps = 10;
+  CLI::App* bench_ep = app.add_subcommand(
+      "bench-ep",
+      "Under mpirun (--ep --dp N): time an expert-parallel layer's dispatch, experts and combine "
+      "apart, beside the communicator's all_to_all_v of the same token rows");
+  bench_ep_deployment.add_to(*bench_ep);
+  bench_ep->add_option("--tokens", bench_ep_tokens, "tokens per rank (M)")->capture_default_str();
+  bench_ep->add_option("--reps", bench_ep_reps, "timed forwards per size (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+
   BenchKernelsOptions bench_kernels_options;
   CLI::App* bench_kernels = app.add_subcommand(
       "bench-kernels",
@@ -158,6 +173,7 @@ int main(int argc, char** argv) {
       return make_fixture_command(fixture_scheme, fixture_out, fixture_model, fixture_seed,
                                   fixture_shards);
     }
+    if (*bench_ep) return bench_ep_command(bench_ep_deployment, bench_ep_tokens, bench_ep_reps);
     if (*bench_kernels) {
       if constexpr (moekit::kCudaBuild) {
         return bench_kernels_command(bench_kernels_options);

@@ -81,6 +81,30 @@ void check_run_fits(const ModelPreset& model, const MoELayerOptions& options, in
 
 }  // namespace
 
+bool attach_communicator(const DeploymentOptions& deployment, MoELayerOptions& options) {
+  const std::optional<All2AllBackend> key = dispatch_key(options.parallel);
+  if (!key.has_value() || *key == All2AllBackend::kMegakernel) return false;
+  const int ranks = options.parallel.ep_size;
+  MOEKIT_CHECK(mpi_available(),
+               "{} exchanges tokens between {} ranks, one process each under mpirun, but {}",
+               options.parallel.to_string(), ranks, mpi_unavailable_reason());
+  // CPU ranks exchange over MPI, GPU ranks over NCCL (bootstrapped over MPI), one GPU per rank
+  // (the MPI rank modulo the visible GPUs).
+  options.communicator = options.device.type == DeviceType::kCUDA ? nccl_world_communicator()
+                                                                  : mpi_world_communicator();
+  options.device.index = options.communicator->device().index;
+  const int rank = options.communicator->rank();
+  MOEKIT_CHECK(options.communicator->world_size() == ranks,
+               "{} needs {} ranks: launch it with `mpirun -np {} moekit ...` (this job has {} "
+               "process{})",
+               options.parallel.to_string(), ranks, ranks, options.communicator->world_size(),
+               options.communicator->world_size() == 1 ? "" : "es");
+  options.parallel = ParallelConfig::make(deployment.tp_size, deployment.dp_size,
+                                          rank / deployment.tp_size, rank % deployment.tp_size,
+                                          deployment.enable_ep, options.parallel.all2all_backend);
+  return true;
+}
+
 int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logits_host,
                       int check_rows, const ExpertSource& all_experts, const std::string& prefix) {
   const Device device = layer.options().device.device();
@@ -148,30 +172,12 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
   }
   options.max_num_tokens = std::max<int64_t>(options.max_num_tokens, std::max<int64_t>(tokens, 1));
   // DP + EP: one process per rank under mpirun; this process's rank comes from MPI.
-  const std::optional<All2AllBackend> key = dispatch_key(options.parallel);
-  const bool exchange = key.has_value() && *key != All2AllBackend::kMegakernel;
+  const bool exchange = attach_communicator(deployment, options);
   std::string prefix;
   uint64_t token_seed = seed;  // each rank brings its own tokens
   if (exchange) {
-    const int ranks = options.parallel.ep_size;
-    MOEKIT_CHECK(mpi_available(),
-                 "{} exchanges tokens between {} ranks, one process each under mpirun, but {}",
-                 options.parallel.to_string(), ranks, mpi_unavailable_reason());
-    // CPU ranks exchange over MPI, GPU ranks over NCCL (bootstrapped over MPI).
-    // One GPU per rank: NCCL picks the MPI rank modulo the visible GPUs.
-    options.communicator = options.device.type == DeviceType::kCUDA ? nccl_world_communicator()
-                                                                    : mpi_world_communicator();
-    options.device.index = options.communicator->device().index;
     const int rank = options.communicator->rank();
-    MOEKIT_CHECK(options.communicator->world_size() == ranks,
-                 "{} needs {} ranks: launch it with `mpirun -np {} moekit run ...` (this job has "
-                 "{} process{})",
-                 options.parallel.to_string(), ranks, ranks, options.communicator->world_size(),
-                 options.communicator->world_size() == 1 ? "" : "es");
-    options.parallel = ParallelConfig::make(deployment.tp_size, deployment.dp_size,
-                                            rank / deployment.tp_size, rank % deployment.tp_size,
-                                            deployment.enable_ep, options.parallel.all2all_backend);
-    prefix = fmt::format("rank {}/{}: ", rank, ranks);
+    prefix = fmt::format("rank {}/{}: ", rank, options.communicator->world_size());
     token_seed = seed + 1000 * static_cast<uint64_t>(rank);
   }
   const bool lead = !exchange || options.parallel.ep_rank == 0;

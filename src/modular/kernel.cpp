@@ -162,6 +162,7 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
   } else {
     prepared = pf.prepare(prepare_args, ctx);
   }
+  ctx.stage_done("dispatch");  // [Quantize + Dispatch] done
   const Tensor topk_ids = prepared.topk_ids.defined() ? prepared.topk_ids : args.topk_ids;
   const Tensor topk_weights =
       prepared.topk_weights.defined() ? prepared.topk_weights : args.topk_weights;
@@ -220,6 +221,7 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
     apply_args.apply_router_weight_on_input = args.apply_router_weight_on_input;
     experts.apply(apply_args, ctx);
   }
+  ctx.stage_done("experts");
 
   // [Combine], with the shared experts overlapping an asynchronous finalize.
   FinalizeArgs finalize_args{output,
@@ -235,6 +237,7 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
     if (shared_experts_) result.shared_output = shared_experts_->forward(shared_in, ctx);
     if (handle.hook) handle.hook();
     handle.receiver();
+    ctx.stage_done("finalize");
   } else {
     pf.finalize(finalize_args, ctx);
     ctx.stage_done("finalize");

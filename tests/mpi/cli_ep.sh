@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `moekit run` under mpirun (ctest label mpi): a DP + EP layer on CPU ranks, every all-to-all
 # backend; each rank checks its rows against a single-process float64 recomputation and must print
-# OK. Usage: cli_ep.sh MPIEXEC MOEKIT
+# OK. And `moekit bench-ep` prints its table. Usage: cli_ep.sh MPIEXEC MOEKIT
 set -u
 mpiexec=$1
 moekit=$2
@@ -27,4 +27,13 @@ for backend in naive allgather_reducescatter nccl_all2all batched_low_latency; d
 done
 run 4 nccl_all2all small-deepseek
 run 4 batched_low_latency small
+# bench-ep: the stage table, one row per size, on rank 0 only.
+out=$("$mpiexec" -np 2 --oversubscribe "$moekit" bench-ep --dp 2 --device cpu --all2all nccl_all2all \
+  --tokens 0 3 --reps 2 2>&1)
+rows=$(grep -cE "^ +[03] +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" <<<"$out")
+if [ "$rows" -ne 2 ] || ! grep -q "all2all prepare/finalize" <<<"$out"; then
+  echo "FAILED: bench-ep ($rows of 2 rows)"; echo "$out" | tail -n 20; failures=$((failures + 1))
+else
+  echo "ok: bench-ep"
+fi
 [ "$failures" -eq 0 ] || { echo "$failures run(s) failed"; exit 1; }

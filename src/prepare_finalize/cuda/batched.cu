@@ -102,7 +102,6 @@ PrepareResult batched_prepare_device(std::shared_ptr<BatchedDeviceState>& state,
     MOEKIT_CHECK(false, "PrepareFinalizeBatched scatter: {}", why);
   }
   MOEKIT_CUDA_CHECK(cuda::launch_batched_scatter(sc, stream));
-  ctx.stage_done("dispatch");
 
   PrepareResult result;
   result.a1q = s.a1q;
