@@ -135,9 +135,11 @@ void PrepareFinalizeLowLatency::finalize(const FinalizeArgs& args, RunContext ct
       offset += c;
     }
   }
-  const Tensor rows = args.fused_expert_output.view({El * T, K}).to_dtype(DType::kF32);
+  // The rows travel in the experts' output dtype: they are not summed before they arrive, so
+  // nothing is lost (and bf16 halves the bytes of f32).
+  const Tensor rows = args.fused_expert_output.view({El * T, K});
   const Tensor send = detail::gather_rows(rows, back_src);
-  Tensor back = Tensor::empty({W * El * C, K}, DType::kF32);
+  Tensor back = detail::rows_like(send, W * El * C);
   const std::vector<int64_t> per_rank_rows(static_cast<size_t>(W), El * C);
   comm_->all_to_all_v(send, per_rank_rows, back, per_rank_rows, Stream{});
 
@@ -145,15 +147,16 @@ void PrepareFinalizeLowLatency::finalize(const FinalizeArgs& args, RunContext ct
   std::vector<float> weights;
   if (!weights_on_input_) weights = args.topk_weights.to_float_vector();
   std::vector<float> acc(static_cast<size_t>(M_ * K), 0.0f);
-  const float* b = back.data_as<const float>();
+  std::vector<float> row_values(static_cast<size_t>(K));
   for (int64_t m = 0; m < M_; ++m) {
     float* out = acc.data() + m * K;
     for (int64_t j = 0; j < topk_; ++j) {
       const int64_t row = slot_row_[static_cast<size_t>(m * topk_ + j)];
       if (row < 0) continue;
       const float w = weights.empty() ? 1.0f : weights[static_cast<size_t>(m * topk_ + j)];
+      detail::load_row(back.data(), back.dtype(), row * K, K, row_values.data());
       for (int64_t c = 0; c < K; ++c)
-        out[c] += w * b[row * K + c];
+        out[c] += w * row_values[static_cast<size_t>(c)];
     }
   }
   detail::store_output(args.output, Tensor::from_floats(acc, {M_, K}, DType::kF32));

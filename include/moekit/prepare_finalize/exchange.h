@@ -19,9 +19,10 @@
 //   calibrated scales, so it differs between ranks), so those activations travel unquantized and
 //   the receiving rank quantizes its batch. The router weight is folded into the input (top-1
 //   only) before dispatch.
-// - The experts' output is weighted and reduced on the rank that computed it, in f32, and the f32
-//   partials travel back; the token's rank sums them (in rank order, so results are
-//   deterministic) and rounds once to the output dtype.
+// - Standard format: the experts' output is weighted and reduced on the rank that computed it, in
+//   f32 (CPU ranks), and the partials travel back; the token's rank sums them (in rank order, so
+//   results are deterministic) and rounds once to the output dtype. Batched (low-latency): the
+//   unweighted rows travel back and the token's rank weights and sums them in f32.
 // - Every rank calls prepare and finalize in every forward, also with M = 0 tokens (it still
 //   serves the others' tokens). State from prepare (who sent what) is kept for the finalize of the
 //   same forward.
@@ -124,7 +125,7 @@ class PrepareFinalizeAllToAll final : public PrepareFinalizeExchange {
 // routing (what makes the GPU form graph-capturable). Each rank may send at most
 // `max_tokens_per_rank` rows to each expert; a rank's experts receive the batched layout
 // (E_local, W * max_tokens_per_rank, H) with per-expert counts, rows of source rank 0 first. The
-// experts' unweighted rows travel back and the token's rank weights and sums them.
+// experts' unweighted rows travel back in their dtype and the token's rank weights and sums them.
 class PrepareFinalizeLowLatency final : public PrepareFinalizeExchange {
  public:
   PrepareFinalizeLowLatency(Communicator* comm, int64_t num_experts, int64_t max_tokens_per_rank);
