@@ -233,17 +233,23 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
   const Tensor& shared_in = args.shared_experts_input.defined() ? args.shared_experts_input : x;
   MoEOutput result;
   if (pf.supports_async()) {
+    // Stage marks follow the order of the work: the shared experts, then the combine.
     AsyncHandle<void> handle = pf.finalize_async(finalize_args, ctx);
-    if (shared_experts_) result.shared_output = shared_experts_->forward(shared_in, ctx);
+    if (shared_experts_) {
+      result.shared_output = shared_experts_->forward(shared_in, ctx);
+      ctx.stage_done("shared_experts");
+    }
     if (handle.hook) handle.hook();
     handle.receiver();
     ctx.stage_done("finalize");
   } else {
     pf.finalize(finalize_args, ctx);
     ctx.stage_done("finalize");
-    if (shared_experts_) result.shared_output = shared_experts_->forward(shared_in, ctx);
+    if (shared_experts_) {
+      result.shared_output = shared_experts_->forward(shared_in, ctx);
+      ctx.stage_done("shared_experts");
+    }
   }
-  if (shared_experts_) ctx.stage_done("shared_experts");
   result.output = output;
   return result;
 }

@@ -164,6 +164,31 @@ TEST(RandomWeights, EpRanksHoldSlicesOfTheSingleRankModel) {
   }
 }
 
+// The stage marks a forward gives its observer (what `moekit bench` times) follow the order of the
+// work: with the asynchronous no-EP finalize the shared experts run before the combine.
+TEST(StageMarks, FollowTheOrderOfTheWork) {
+  struct Recorder final : StageObserver {
+    mutable std::vector<std::string> names;
+    void stage_done(std::string_view stage, Stream) const override { names.emplace_back(stage); }
+  } recorder;
+  const ModelPreset model = find_preset("small-deepseek");
+  MoELayer layer(model, MoELayer::random_weights(model, {}, 1), {});
+  const Tensor x = testing::random_tensor({5, model.hidden_size}, DType::kBF16, 2);
+  const Tensor logits = testing::random_tensor({5, model.num_experts}, DType::kF32, 3);
+  Tensor out = Tensor::empty({5, model.hidden_size}, DType::kBF16);
+  layer.forward_into(out, x, logits, RunContext{Stream{}, nullptr, &recorder});
+  auto at = [&](const char* name) {
+    const auto it = std::find(recorder.names.begin(), recorder.names.end(), name);
+    EXPECT_NE(it, recorder.names.end()) << name;
+    return it - recorder.names.begin();
+  };
+  EXPECT_LT(at("router"), at("dispatch"));
+  EXPECT_LT(at("dispatch"), at("experts"));
+  EXPECT_LT(at("experts"), at("shared_experts"));
+  EXPECT_LT(at("shared_experts"), at("finalize"));
+  EXPECT_LT(at("finalize"), at("shared_add"));
+}
+
 TEST(Presets, UnknownNameListsTheKnownOnes) {
   const std::string msg = error_of([] { (void)find_preset("mixtral-8x22b-nope"); });
   EXPECT_TRUE(contains_all(msg, {"mixtral-8x22b-nope", "mixtral-8x7b", "qwen3-30b-a3b",
