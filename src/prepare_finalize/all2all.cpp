@@ -2,6 +2,7 @@
 // experts and its partial outputs back, synchronously or with the hook/receiver protocol.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <numeric>
 
@@ -60,14 +61,13 @@ AsyncHandle<PrepareResult> PrepareFinalizeAllToAll::prepare_async(const PrepareA
   M_ = dims.M;
   const std::vector<int64_t> ids = args.topk_ids.to_int_vector();
   std::vector<std::vector<int64_t>> to_rank(static_cast<size_t>(world_));
+  std::vector<bool> seen(static_cast<size_t>(world_));
   for (int64_t m = 0; m < M_; ++m) {
-    std::vector<bool> seen(static_cast<size_t>(world_), false);
+    std::fill(seen.begin(), seen.end(), false);
     for (int64_t j = 0; j < dims.topk; ++j) {
       const int64_t e = ids[static_cast<size_t>(m * dims.topk + j)];
       if (e < 0 || e >= num_experts_) continue;
-      const int64_t d = e / local_experts_;
-      if (seen[static_cast<size_t>(d)]) continue;
-      seen[static_cast<size_t>(d)] = true;
+      seen[static_cast<size_t>(e / local_experts_)] = true;
     }
     for (int d = 0; d < world_; ++d) {
       if (seen[static_cast<size_t>(d)]) to_rank[static_cast<size_t>(d)].push_back(m);
