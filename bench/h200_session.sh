@@ -31,7 +31,7 @@ for step in "$@"; do
       for t in build/tests/test_sm90_kit build/tests/test_grouped_gemm \
                build/tests/test_moe_support_kernels build/tests/test_gpu_layer \
                build/tests/test_gpu_memory build/tests/test_gpu_determinism \
-               build/tests/test_gpu_fp8 build/tests/test_gpu_comm_nccl; do
+               build/tests/test_gpu_quantized build/tests/test_gpu_comm_nccl; do
         name=$(basename "$t")
         "$t" --gtest_brief=1 >"$out/$name.log" 2>&1
         rc=$?
@@ -50,6 +50,10 @@ for step in "$@"; do
         done
         compute-sanitizer --tool memcheck build/tests/test_gpu_layer --gtest_brief=1 \
           --gtest_filter='GpuLayer.RouterNanAndInfMatchCpu:GpuLayer.BatchedFormatMatchesReference:GpuLayer.CudaGraphReplayIsBitwiseEqual*'
+        for tool in memcheck racecheck; do
+          compute-sanitizer --tool $tool build/tests/test_gpu_quantized --gtest_brief=1 \
+            --gtest_filter='*int8_w8a8_small_h320_M33*:*int8_per_tensor_small_M257*:*fp8_block128_small_h320_M33*'
+        done
       } >"$out/sanitizer.log" 2>&1
       summary+=("sanitizer: $(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$out/sanitizer.log") clean runs, $(grep -E 'ERROR SUMMARY: [1-9]|SUMMARY: [1-9]' "$out/sanitizer.log" | wc -l) with errors")
       ;;

@@ -13,6 +13,7 @@
 #include "moekit/core/error.h"
 #include "moekit/oracle/backend.h"
 #include "moekit/oracle/fp8.h"
+#include "moekit/oracle/int8.h"
 #include "moekit/quant/moe_input_quant.h"
 #include "moekit/quant/quantize.h"
 
@@ -489,16 +490,7 @@ const ExpertsClass& CpuFp8Experts::klass() {
 
 const ExpertsClass& CpuInt8Experts::klass() {
   static const ExpertsClass k(
-      emulation_caps("CpuInt8Experts",
-                     {
-                         {qk::kInt8StaticChannelSym, qk::kInt8DynamicTokenSym},
-                         {qk::kInt8StaticChannelSym, qk::kInt8StaticTensorSym},
-                         {qk::kInt8StaticChannelSym, qk::kInt8DynamicTensorSym},
-                         {qk::kInt8StaticTensorSym, qk::kInt8DynamicTensorSym},
-                         {qk::kInt8StaticTensorSym, qk::kInt8StaticTensorSym},
-                         {qk::kInt8StaticTensorSym, qk::kInt8DynamicTokenSym},
-                     },
-                     /*deferred=*/false),
+      emulation_caps("CpuInt8Experts", int8_w8a8_schemes(), /*deferred=*/false),
       factory_of<CpuInt8Experts>());
   return k;
 }

@@ -14,6 +14,7 @@
 #include "moekit/core/error.h"
 #include "moekit/oracle/backend.h"
 #include "moekit/oracle/fp8.h"
+#include "moekit/oracle/int8.h"
 #include "moekit/quant/formats.h"
 
 namespace moekit {
@@ -189,17 +190,17 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   }
 }
 
-// ---- Sm90Fp8Experts -------------------------------------------------------------------------
+// ---- Sm90Fp8Experts, Sm90Int8Experts ----------------------------------------------------------
 
 namespace {
 
-// The shapes the fp8 GEMMs take beside the Hopper ones: rows of 16 bytes (K multiples of 16), and
-// 128x128 weight blocks only.
-std::string sm90_fp8_shape_check(const MoEConfig& moe) {
+// The shapes the 8-bit (fp8, int8) GEMMs take beside the Hopper ones: rows of 16 bytes (K
+// multiples of 16); fp8 blocks are 128x128 only (checked with the weight scales).
+std::string sm90_8bit_shape_check(const MoEConfig& moe) {
   if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
   const int64_t I = moe.intermediate_size_per_partition();
   if (moe.hidden_dim % 16 != 0 || I % 16 != 0) {
-    return fmt::format("(fp8 rows need hidden {} and intermediate {} multiples of 16)",
+    return fmt::format("(8-bit rows need hidden {} and intermediate {} multiples of 16)",
                        moe.hidden_dim, I);
   }
   return {};
@@ -222,7 +223,7 @@ std::vector<int32_t> kernel_row_sources(int64_t n, const MoEConfig& moe) {
 Tensor host_f32_scale(const Tensor& scale) {
   Tensor host = scale.device().is_cpu() ? scale.clone() : scale.to(Device::cpu());
   if (host.dtype() == DType::kF32) return host;
-  MOEKIT_CHECK(host.dtype() == DType::kUE8M0, "fp8 weight scale {} is not f32 or e8m0",
+  MOEKIT_CHECK(host.dtype() == DType::kUE8M0, "weight scale {} is not f32 or e8m0",
                host.describe());
   Tensor f = Tensor::empty(host.shape(), DType::kF32);
   const auto* codes = host.data_as<const uint8_t>();
@@ -250,8 +251,7 @@ Tensor kernel_weight_scale(const QuantDesc& w, int64_t E, int64_t n, int64_t k,
     }
   } else {
     const int64_t bn = w.shape.row, bk = w.shape.col;
-    MOEKIT_CHECK(bn == 128 && bk == 128, "fp8 weight blocks {}x{} (the GEMM takes 128x128)", bn,
-                 bk);
+    MOEKIT_CHECK(bn == 128 && bk == 128, "weight blocks {}x{} (the GEMM takes 128x128)", bn, bk);
     const int64_t nb = (n + 127) / 128, kb = (k + 127) / 128, q = (n + 31) / 32;
     out = Tensor::empty({E, q, kb}, DType::kF32);
     float* o = out.data_as<float>();
@@ -279,24 +279,46 @@ QuantConfig with_device_activation_scales(QuantConfig quant, const MoEConfig& mo
   return quant;
 }
 
+// The weight scales of an 8-bit layer in the kernel's layout (kind and tensors into state).
+void bind_weight_scales(sm90::LaunchState& state, const MoEConfig& moe, const QuantConfig& quant) {
+  const QuantDesc& w1 = quant.w1;
+  state.scales = w1.shape.is_per_tensor()    ? sm90::LaunchState::WeightScales::kTensor
+                 : w1.shape.is_per_channel() ? sm90::LaunchState::WeightScales::kChannel
+                                             : sm90::LaunchState::WeightScales::kBlock;
+  const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
+  const int64_t I = moe.intermediate_size_per_partition();
+  const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
+  const Device device = moe.device.device();
+  std::vector<int32_t> identity(static_cast<size_t>(H));
+  std::iota(identity.begin(), identity.end(), 0);
+  state.w1_scale = kernel_weight_scale(w1, E, N, H, kernel_row_sources(N, moe), device);
+  state.w2_scale = kernel_weight_scale(quant.w2, E, H, I, identity, device);
+}
+
+// The capability record of an 8-bit Standard-format class: Sm90GroupedExperts' with `schemes`.
+template <typename ExpertsT>
+ExpertsClass sm90_8bit_class(const char* name, std::vector<QuantScheme> schemes) {
+  ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
+  c.name = name;
+  c.quant_schemes = std::move(schemes);
+  return ExpertsClass(
+      std::move(c),
+      [name](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
+             std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
+        MOEKIT_CHECK(!max_tokens && !dispatchers,
+                     "{}: max_num_tokens and num_dispatchers should only be set for the "
+                     "BatchedExperts activation format",
+                     name);
+        return std::make_unique<ExpertsT>(moe, quant);
+      },
+      sm90_8bit_shape_check);
+}
+
 }  // namespace
 
 const ExpertsClass& Sm90Fp8Experts::klass() {
-  static const ExpertsClass k(
-      [] {
-        ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
-        c.name = "Sm90Fp8Experts";
-        c.quant_schemes = fp8_w8a8_schemes();
-        return c;
-      }(),
-      [](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
-         std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
-        MOEKIT_CHECK(!max_tokens && !dispatchers,
-                     "Sm90Fp8Experts: max_num_tokens and num_dispatchers should only be set for "
-                     "the BatchedExperts activation format");
-        return std::make_unique<Sm90Fp8Experts>(moe, quant);
-      },
-      sm90_fp8_shape_check);
+  static const ExpertsClass k =
+      sm90_8bit_class<Sm90Fp8Experts>("Sm90Fp8Experts", fp8_w8a8_schemes());
   return k;
 }
 
@@ -304,20 +326,25 @@ Sm90Fp8Experts::Sm90Fp8Experts(const MoEConfig& moe, const QuantConfig& quant)
     : Sm90StandardExpertsBase(klass(), moe, with_device_activation_scales(quant, moe)) {
   MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp8E4M3 && quant.a1.dtype == QuantDType::kFp8E4M3,
                "Sm90Fp8Experts runs fp8 W8A8 layers only, got {}", quant.describe());
-  const int tile = sm90::tile_from_config(moe, "Sm90Fp8Experts", cuda::sm90::TileFamily::kFp8);
-  state_->tile = tile;
-  const QuantDesc& w1 = quant.w1;
-  state_->fp8 = w1.shape.is_per_tensor()    ? sm90::LaunchState::Fp8Weights::kTensor
-                : w1.shape.is_per_channel() ? sm90::LaunchState::Fp8Weights::kChannel
-                                            : sm90::LaunchState::Fp8Weights::kBlock;
-  const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
-  const int64_t I = moe.intermediate_size_per_partition();
-  const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
-  const Device device = moe.device.device();
-  std::vector<int32_t> identity(static_cast<size_t>(H));
-  std::iota(identity.begin(), identity.end(), 0);
-  state_->w1_scale = kernel_weight_scale(w1, E, N, H, kernel_row_sources(N, moe), device);
-  state_->w2_scale = kernel_weight_scale(quant.w2, E, H, I, identity, device);
+  state_->tile = sm90::tile_from_config(moe, "Sm90Fp8Experts", cuda::sm90::TileFamily::kFp8);
+  bind_weight_scales(*state_, moe, quant);
+}
+
+const ExpertsClass& Sm90Int8Experts::klass() {
+  static const ExpertsClass k =
+      sm90_8bit_class<Sm90Int8Experts>("Sm90Int8Experts", int8_w8a8_schemes());
+  return k;
+}
+
+Sm90Int8Experts::Sm90Int8Experts(const MoEConfig& moe, const QuantConfig& quant)
+    : Sm90StandardExpertsBase(klass(), moe, with_device_activation_scales(quant, moe)) {
+  MOEKIT_CHECK(quant.w1.dtype == QuantDType::kInt8 && quant.a1.dtype == QuantDType::kInt8 &&
+                   (quant.w1.shape.is_per_tensor() || quant.w1.shape.is_per_channel()),
+               "Sm90Int8Experts runs int8 W8A8 layers with per-tensor or per-channel weights "
+               "only, got {}",
+               quant.describe());
+  state_->tile = sm90::tile_from_config(moe, "Sm90Int8Experts", cuda::sm90::TileFamily::kInt8);
+  bind_weight_scales(*state_, moe, quant);
 }
 
 Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
@@ -478,6 +505,18 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_fp8, [] {
   b.description =
       "Hopper e4m3 wgmma grouped GEMMs: 128x128 block / per-tensor / per-channel weights, block "
       "scales promoted per 128 of K";
+  return b;
+}());
+
+// ---- backend registration (the int8 oracle) ---------------------------------------------------
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_int8, [] {
+  ExpertsBackend b = sm90_backend("sm90_int8", Sm90Int8Experts::klass(), kPriorityNativeGpu);
+  b.oracle = QuantOracleKind::kInt8;
+  b.aliases = {"cuda"};
+  b.description =
+      "Hopper s8 wgmma grouped GEMMs: per-tensor / per-channel weights, per-token / per-tensor "
+      "activations, exact int32 accumulation";
   return b;
 }());
 

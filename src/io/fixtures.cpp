@@ -176,6 +176,9 @@ std::pair<json, json> scheme_hints(const std::string& scheme) {
     w["ch_axis"] = 0;
     return {w, spec("int8", "per_channel", true)};
   }
+  if (scheme == "int8_per_tensor") {
+    return {spec("int8", "per_tensor", false), spec("int8", "per_tensor", false)};
+  }
   throw Error(fmt::format("unknown fixture scheme '{}'; known: {}", scheme,
                           fmt::join(fixture_schemes(), ", ")));
 }
@@ -285,6 +288,14 @@ void emit_projection(Emitter& out, const std::string& p, const std::vector<float
         quant::quantize(data, rows, cols, QuantScheme::int8_per_channel());
     out.bytes(p + ".weight", "I8", {rows, cols}, q.codes.data(), q.codes.size());
     out.f32(p + ".weight_scale", {rows, 1}, q.scales);
+    return;
+  }
+  if (scheme == "int8_per_tensor") {
+    const quant::QuantizedTensor q =
+        quant::quantize(data, rows, cols, QuantScheme::int8_per_tensor());
+    out.bytes(p + ".weight", "I8", {rows, cols}, q.codes.data(), q.codes.size());
+    out.scalar(p + ".weight_scale", q.scales[0]);
+    out.scalar(p + ".input_scale", act_amax / 127.0f);
     return;
   }
   if (scheme == "w4a8_fp8") {
@@ -430,9 +441,9 @@ void write_checkpoint(const std::filesystem::path& dir, const std::vector<Entry>
 
 const std::vector<std::string>& fixture_schemes() {
   static const std::vector<std::string> kSchemes = {
-      "bf16",       "fp8_per_tensor", "fp8_per_channel", "fp8_block128",     "w4a8_fp8",
-      "nvfp4",      "mxfp4_w4a16",    "mxfp4_a8",        "mxfp4_a4",         "mxfp6_e3m2",
-      "mxfp6_e2m3", "int8_w8a8",      "hf_fp8_block128", "hf_fp8_per_tensor"};
+      "bf16",       "fp8_per_tensor", "fp8_per_channel", "fp8_block128",    "w4a8_fp8",
+      "nvfp4",      "mxfp4_w4a16",    "mxfp4_a8",        "mxfp4_a4",        "mxfp6_e3m2",
+      "mxfp6_e2m3", "int8_w8a8",      "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor"};
   return kSchemes;
 }
 

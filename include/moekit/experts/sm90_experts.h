@@ -80,6 +80,17 @@ class Sm90Fp8Experts final : public Sm90StandardExpertsBase {
   Sm90Fp8Experts(const MoEConfig& moe, const QuantConfig& quant);
 };
 
+// int8 W8A8 on Hopper, Standard format: the same launch sequence on int8 operands (s8 wgmma,
+// exact int32 accumulation, the scales applied once in the epilogue). prepare quantizes a1 to
+// int8 on the GPU; the activation is requantized per the a2 scheme. Schemes: per-channel or
+// per-tensor weights with dynamic per-token, static per-tensor or dynamic per-tensor activations
+// (int8_w8a8_schemes()).
+class Sm90Int8Experts final : public Sm90StandardExpertsBase {
+ public:
+  static const ExpertsClass& klass();
+  Sm90Int8Experts(const MoEConfig& moe, const QuantConfig& quant);
+};
+
 // BatchedExperts format: hidden_states (E_local, T, K) with per-expert token counts on the device
 // (ExpertTokensMetadata); the same GEMM on the batched schedule (expert e's rows are
 // [e*T, e*T + count_e)), the activation, GEMM2 into (E_local, T, K). The prepare/finalize's batched

@@ -1,14 +1,21 @@
 // The oracle of int8 W8A8 MoE layers: per-channel or per-tensor int8 weights with int8
 // activations (default keys kInt8StaticChannelSym x kInt8DynamicTokenSym). The seed's "triton" is
-// declared without a moekit kernel; "cpu" (CpuInt8Experts) registers beside its class.
+// declared without a moekit kernel; moekit's kernels register beside their experts classes:
+// "sm90_int8" (Sm90Int8Experts, Hopper s8 wgmma) and "cpu" (CpuInt8Experts).
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "moekit/config/quant_factories.h"
 #include "moekit/oracle/oracle.h"
 
 namespace moekit {
+
+// The int8 W8A8 (weight, activation) key pairs moekit's int8 experts serve, one list for every
+// experts class of the scheme: per-channel or per-tensor weights with dynamic per-token, static
+// per-tensor or dynamic per-tensor activations.
+std::vector<QuantScheme> int8_w8a8_schemes();
 
 class Int8MoEKernelOracle : public MoEKernelOracle {
  public:

@@ -23,7 +23,7 @@ size_t align_up(size_t v) {
 
 // Byte layout of workspace2: the activation output, the GEMM2 output (expert-sorted rows), then
 // the int32 routing tables of the align step.
-// With an fp8 a2 (a2 quantized): its codes, its scales and the amax word of a dynamic
+// With a quantized a2 (fp8 / int8): its codes, its scales and the amax word of a dynamic
 // per-tensor scale follow.
 struct Ws2Layout {
   size_t act = 0, gemm2 = 0, counts = 0, offsets = 0, permuted = 0, slot_to_row = 0, total = 0,
@@ -120,32 +120,35 @@ void set_fused_activation(cuda::GroupedGemmArgs& g, Activation act,
   g.alpha = params.alpha;
 }
 
-// The fp8 operands of a GEMM: e4m3 A and W, out in `out`, A's scales (a_scale, laid out per the
-// activation descriptor `a`) and W's (the kernel-layout scales of LaunchState).
-void set_fp8_operands(cuda::GroupedGemmArgs& g, const sm90::LaunchState& state,
-                      const Tensor& w_scale, const QuantDesc& a, const Tensor& a_scale, DType out) {
-  g.dtype = cuda::ElemType::kE4M3;
+// The 8-bit operands of a GEMM: `codes` (e4m3 or int8) A and W, out in `out`, A's scales
+// (a_scale, laid out per the activation descriptor `a`) and W's (the kernel-layout scales of
+// LaunchState).
+void set_scaled_operands(cuda::GroupedGemmArgs& g, const sm90::LaunchState& state, DType codes,
+                         const Tensor& w_scale, const QuantDesc& a, const Tensor& a_scale,
+                         DType out) {
+  g.dtype = cuda::elem_type_of(codes);
   g.out_dtype = gemm_dtype_of(out);
   MOEKIT_CHECK(a_scale.defined(),
-               "fp8 experts: the activation scales (a1q_scale / a2 scale) are "
-               "missing; the prepare must quantize a1");
+               "{} experts: the activation scales (a1q_scale / a2 scale) are "
+               "missing; the prepare must quantize a1",
+               dtype_name(codes));
   g.a_scale = a_scale.data_as<const float>();
   if (a.shape.is_per_tensor()) {
     g.a_scale_kind = cuda::AScale::kTensor;
   } else if (a.shape.is_per_token()) {
     g.a_scale_kind = cuda::AScale::kRow;
   } else {
-    MOEKIT_CHECK(a.shape.col == 128, "fp8 experts: activation groups of {} (the GEMM takes 128)",
-                 a.shape.col);
+    MOEKIT_CHECK(a.shape.col == 128, "{} experts: activation groups of {} (the GEMM takes 128)",
+                 dtype_name(codes), a.shape.col);
     g.a_scale_kind = cuda::AScale::kRowBlock128;
     g.a_scale_ld = a_scale.size(a_scale.dim() - 1);
   }
   g.w_scale = w_scale.data_as<const float>();
-  switch (state.fp8) {
-    case sm90::LaunchState::Fp8Weights::kTensor:
+  switch (state.scales) {
+    case sm90::LaunchState::WeightScales::kTensor:
       g.w_scale_kind = cuda::WScale::kExpert;
       break;
-    case sm90::LaunchState::Fp8Weights::kChannel:
+    case sm90::LaunchState::WeightScales::kChannel:
       g.w_scale_kind = cuda::WScale::kChannel;
       break;
     default:
@@ -166,7 +169,11 @@ void run_gemm(const cuda::GroupedGemmArgs& args, int tile,
   MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream), params));
 }
 
-// W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights; fp8 codes with
+bool is_8bit_codes(DType d) {
+  return d == DType::kFp8E4M3 || d == DType::kInt8;
+}
+
+// W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights; fp8 / int8 codes with
 // output `out`.
 cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out) {
   cuda::GroupedGemmArgs g;
@@ -174,8 +181,8 @@ cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out) {
   g.num_experts = static_cast<int>(w.dim() == 3 ? w.size(0) : 1);
   g.n = static_cast<int>(w.size(w.dim() - 2));
   g.k = static_cast<int>(w.size(w.dim() - 1));
-  if (w.dtype() == DType::kFp8E4M3) {
-    g.dtype = cuda::ElemType::kE4M3;
+  if (is_8bit_codes(w.dtype())) {
+    g.dtype = cuda::elem_type_of(w.dtype());
     g.out_dtype = gemm_dtype_of(out);
   } else {
     g.dtype = gemm_dtype_of(w.dtype());
@@ -187,7 +194,7 @@ cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out) {
 cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out) {
   cuda::sm90::WeightLaunchCache cache;
   if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) ||
-      (w.dtype() != DType::kBF16 && w.dtype() != DType::kF16 && w.dtype() != DType::kFp8E4M3)) {
+      (w.dtype() != DType::kBF16 && w.dtype() != DType::kF16 && !is_8bit_codes(w.dtype()))) {
     return cache;
   }
   MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w, out), &cache));
@@ -223,13 +230,16 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   MOEKIT_CHECK(args.w2.size(2) == d, "w2 has I={} but the activation of w1 (N={}) gives {}",
                args.w2.size(2), N, d);
   const QuantConfig& quant = experts.quant_config();
-  const bool fp8 = state.fp8 != LaunchState::Fp8Weights::kNone;
-  // The activations' dtype (GEMM outputs, the activation, the output): x's, or for fp8 codes the
-  // output's.
-  const DType dtype = fp8 ? args.output.dtype() : x.dtype();
-  expect_dtype(x, "hidden_states", {fp8 ? DType::kFp8E4M3 : dtype});
-  expect_dtype(args.w1, "w1", {fp8 ? DType::kFp8E4M3 : dtype});
-  expect_dtype(args.w2, "w2", {fp8 ? DType::kFp8E4M3 : dtype});
+  const bool scaled = state.scales != LaunchState::WeightScales::kNone;
+  // The activations' dtype (GEMM outputs, the activation, the output): x's, or for 8-bit codes
+  // the output's; `codes` is the operands' dtype (the weights': e4m3 or int8).
+  const DType dtype = scaled ? args.output.dtype() : x.dtype();
+  const DType codes = scaled ? args.w1.dtype() : dtype;
+  MOEKIT_CHECK(!scaled || is_8bit_codes(codes), "w1 holds {}, the experts take e4m3 or int8 codes",
+               args.w1.describe());
+  expect_dtype(x, "hidden_states", {codes});
+  expect_dtype(args.w1, "w1", {codes});
+  expect_dtype(args.w2, "w2", {codes});
   const size_t es = element_size(dtype);
   const Ws2Layout l = ws2_layout(M, N, K, topk, E, args.activation, es, quant.a2);
   MOEKIT_CHECK(args.workspace2.nbytes() >= l.bytes, "workspace2 holds {} bytes, needs {}",
@@ -287,7 +297,9 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
-  if (fp8) set_fp8_operands(g1, state, state.w1_scale, quant.a1, args.a1q_scale, dtype);
+  if (scaled) {
+    set_scaled_operands(g1, state, codes, state.w1_scale, quant.a1, args.a1q_scale, dtype);
+  }
   void* act = at<void>(ws2, l.act);
   if (sm90_fuses_activation(experts.moe_config())) {
     // 2+3. GEMM1 with the gated activation in its epilogue: (rows, N/2) straight into ws2.
@@ -306,13 +318,13 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     ctx.stage_done("activation");
   }
 
-  // 4. GEMM2: (rows, K) into workspace2's second region; fp8 first requantizes the activation
-  // of the rows that exist (total) per the a2 scheme.
+  // 4. GEMM2: (rows, K) into workspace2's second region; 8-bit codes first requantize the
+  // activation of the rows that exist (total) per the a2 scheme.
   cuda::GroupedGemmArgs g2 = g1;
   g2.fused_act = cuda::FusedActivation::kNone;
   g2.a = act;
   g2.lda = d;
-  if (fp8) {
+  if (scaled) {
     const DeviceQuantShapes qs = device_quant_shapes(capacity, d, quant.a2);
     Tensor a2q = Tensor::from_blob(at<void>(ws2, l.a2q), qs.data, qs.data_dtype, x.device());
     Tensor a2_scale =
@@ -320,7 +332,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     const Tensor act_rows = Tensor::from_blob(act, {capacity, d}, dtype, x.device());
     quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.amax), total, ctx.stream);
     ctx.stage_done("quantize a2");
-    set_fp8_operands(g2, state, state.w2_scale, quant.a2, a2_scale, dtype);
+    set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);
     g2.a = a2q.data();
   }
   g2.gather_rows = nullptr;

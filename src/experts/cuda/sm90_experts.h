@@ -17,10 +17,11 @@ struct LaunchState {
   // Launch state of the bound GEMM1 / GEMM2 weights (bind_weights); empty until then, and unused
   // by a launch given other weights (that launch prepares itself).
   cuda::sm90::WeightLaunchCache w1, w2;
-  // fp8 experts: how W is scaled and its scales in the kernel's layout (f32 on the device; see
-  // cuda::WScale: (E,), (E, N) in w13's kernel row order, or (E, ceil(N / 32), ceil(K / 128))).
-  enum class Fp8Weights : uint8_t { kNone, kTensor, kChannel, kBlock };
-  Fp8Weights fp8 = Fp8Weights::kNone;
+  // fp8 / int8 experts: how W is scaled and its scales in the kernel's layout (f32 on the device;
+  // see cuda::WScale: (E,), (E, N) in w13's kernel row order, or (E, ceil(N / 32), ceil(K / 128)));
+  // kNone for 16-bit weights. The codes' dtype is the weights' (kFp8E4M3 or kInt8).
+  enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock };
+  WeightScales scales = WeightScales::kNone;
   Tensor w1_scale, w2_scale;
 };
 
@@ -36,7 +37,7 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
                                          int64_t local_num_experts, Activation activation);
 
 // SM count, kernel attributes and W's tensor maps for w1 (E, N, K) and w2 (E, K, N'), on their
-// device (fp8 codes: for GEMMs writing act_dtype). Outside graph capture.
+// device (fp8 / int8 codes: for GEMMs writing act_dtype). Outside graph capture.
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype);
 
 // align -> GEMM1 (+ fused activation) -> (activation) -> GEMM2 -> weighted unpermute.

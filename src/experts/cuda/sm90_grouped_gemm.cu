@@ -1,6 +1,7 @@
 // The host side every dtype of the grouped GEMM shares (sm90_grouped_gemm.h): argument checks,
 // tile selection, dispatch to the operand family (sm90_bf16_grouped_gemm.cu,
-// sm90_fp8_grouped_gemm.cu), the gate/up weight reorder of the fused epilogue.
+// sm90_fp8_grouped_gemm.cu, sm90_int8_grouped_gemm.cu), the gate/up weight reorder of the fused
+// epilogue.
 #include "experts/cuda/sm90_grouped_gemm.h"
 
 #include <algorithm>
@@ -87,16 +88,48 @@ std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGe
   return "";
 }
 
+std::string check_8bit_operands(const GroupedGemmArgs& args, const char* what) {
+  using std::to_string;
+  if (args.out_dtype != ElemType::kBF16 && args.out_dtype != ElemType::kF16) {
+    return std::string("out_dtype ") + elem_type_name(args.out_dtype) + " is not bf16 or f16";
+  }
+  if (args.k % 16 != 0) {
+    return "k=" + to_string(args.k) + " is not a multiple of 16 (" + what + " rows)";
+  }
+  if (args.lda % 16 != 0) return "lda=" + to_string(args.lda) + " is not a multiple of 16";
+  if (args.a_scale_kind == AScale::kNone || args.a_scale == nullptr) {
+    return std::string(what) + " A needs its scales (a_scale_kind and a_scale)";
+  }
+  if (args.w_scale_kind == WScale::kNone || args.w_scale == nullptr) {
+    return std::string(what) + " W needs its scales (w_scale_kind and w_scale)";
+  }
+  if (reinterpret_cast<uintptr_t>(args.a_scale) % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(args.w_scale) % 4 != 0) {
+    return "a_scale and w_scale must be 4-byte aligned";
+  }
+  return "";
+}
+
 }  // namespace detail
 
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args) {
+  if (args.dtype == ElemType::kS8) return sm90::TileFamily::kInt8;
   return elem_bytes(args.dtype) == 1 ? sm90::TileFamily::kFp8 : sm90::TileFamily::k16Bit;
 }
 
 std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& params) {
-  std::string why = tile_family_of(args) == sm90::TileFamily::kFp8
-                        ? detail::can_implement_fp8(args)
-                        : detail::can_implement_16bit(args);
+  std::string why;
+  switch (tile_family_of(args)) {
+    case sm90::TileFamily::kFp8:
+      why = detail::can_implement_fp8(args);
+      break;
+    case sm90::TileFamily::kInt8:
+      why = detail::can_implement_int8(args);
+      break;
+    default:
+      why = detail::can_implement_16bit(args);
+      break;
+  }
   if (!why.empty()) return why;
   return detail::check_grouped_gemm_args(args, params);
 }
@@ -104,24 +137,34 @@ std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& 
 cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
                                          sm90::WeightLaunchCache* cache) {
   *cache = sm90::WeightLaunchCache{};
-  const bool fp8 = tile_family_of(args) == sm90::TileFamily::kFp8;
-  if (fp8 ? args.dtype != ElemType::kE4M3 ||
-                (args.out_dtype != ElemType::kBF16 && args.out_dtype != ElemType::kF16)
-          : args.dtype != ElemType::kBF16 && args.dtype != ElemType::kF16) {
+  const sm90::TileFamily family = tile_family_of(args);
+  const bool scaled = family != sm90::TileFamily::k16Bit;
+  if (scaled ? (args.dtype != ElemType::kE4M3 && args.dtype != ElemType::kS8) ||
+                   (args.out_dtype != ElemType::kBF16 && args.out_dtype != ElemType::kF16)
+             : args.dtype != ElemType::kBF16 && args.dtype != ElemType::kF16) {
     return cudaErrorInvalidValue;
   }
   sm90::WeightLaunchCache c;
   if (cudaError_t e = sm90::current_device_sms(&c.sms); e != cudaSuccess) return e;
-  if (cudaError_t e = fp8 ? detail::prepare_fp8(args, &c) : detail::prepare_16bit(args, &c);
-      e != cudaSuccess) {
-    return e;
+  cudaError_t e = cudaSuccess;
+  switch (family) {
+    case sm90::TileFamily::kFp8:
+      e = detail::prepare_fp8(args, &c);
+      break;
+    case sm90::TileFamily::kInt8:
+      e = detail::prepare_int8(args, &c);
+      break;
+    default:
+      e = detail::prepare_16bit(args, &c);
+      break;
   }
+  if (e != cudaSuccess) return e;
   c.w = args.w;
   c.n = args.n;
   c.k = args.k;
   c.num_experts = args.num_experts;
   c.dtype = args.dtype;
-  c.out_dtype = fp8 ? args.out_dtype : args.dtype;
+  c.out_dtype = scaled ? args.out_dtype : args.dtype;
   *cache = c;
   return cudaSuccess;
 }
@@ -130,9 +173,14 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
                              const GroupedGemmParams& params, void* /*workspace*/) {
   if (!can_implement(args, params).empty()) return cudaErrorInvalidValue;
   const int row = params.tile >= 0 ? params.tile : select_grouped_gemm_tile(args);
-  return tile_family_of(args) == sm90::TileFamily::kFp8
-             ? detail::run_fp8(args, row, params, stream)
-             : detail::run_16bit(args, row, params, stream);
+  switch (tile_family_of(args)) {
+    case sm90::TileFamily::kFp8:
+      return detail::run_fp8(args, row, params, stream);
+    case sm90::TileFamily::kInt8:
+      return detail::run_int8(args, row, params, stream);
+    default:
+      return detail::run_16bit(args, row, params, stream);
+  }
 }
 
 size_t get_workspace_size(const GroupedGemmArgs&, const GroupedGemmParams&) {

@@ -1,5 +1,6 @@
 // Grouped expert GEMM for Hopper tensor cores (sm_90a wgmma), fp32 accumulate: bf16 / fp16
-// operands, or fp8 e4m3 operands with their scales (bf16 / fp16 out).
+// operands, or fp8 e4m3 / int8 operands with their scales (bf16 / fp16 out; int8 accumulates
+// exactly in int32).
 //
 // For every expert e and every scheduled row r of that expert:
 //   C[r, :] = A[src_row(r), :] @ W[e]^T (+ bias[e, :])
@@ -52,14 +53,16 @@ enum class FusedActivation {
 // the up rows of output columns [32b, 32b + 32).
 inline constexpr int kFusedGateUpBlock = 32;
 
-// Scales of fp8 A (the rows of A, indexed like A: the gathered source row):
+// Scales of fp8 / int8 A (the rows of A, indexed like A: the gathered source row); int8 takes
+// kTensor and kRow:
 enum class AScale : uint8_t {
   kNone,         // 16-bit operands
   kTensor,       // a_scale (1,)
   kRow,          // a_scale (num_a_rows,): one per row of A (per-token)
   kRowBlock128,  // a_scale (num_a_rows, ceil(k / 128)) row stride a_scale_ld: 1x128 groups
 };
-// Scales of fp8 W, in the row order of W as the kernel reads it:
+// Scales of fp8 / int8 W, in the row order of W as the kernel reads it; int8 takes kExpert and
+// kChannel:
 enum class WScale : uint8_t {
   kNone,         // 16-bit operands
   kExpert,       // w_scale (E,): per-tensor per expert
@@ -111,9 +114,9 @@ struct GroupedGemmArgs {
   int64_t num_rows_upper_bound = 0;
   int n = 0;                             // output columns; multiple of 8
   int k = 0;                             // reduction length; multiple of 8
-  ElemType dtype = ElemType::kBF16;      // A, W and C: kBF16 or kF16; or A and W kE4M3
-  ElemType out_dtype = ElemType::kBF16;  // C when dtype is kE4M3: kBF16 or kF16
-  // fp8 scales (see AScale / WScale); both kNone for 16-bit operands, both set for kE4M3.
+  ElemType dtype = ElemType::kBF16;      // A, W and C: kBF16 or kF16; or A and W kE4M3 / kS8
+  ElemType out_dtype = ElemType::kBF16;  // C when dtype is kE4M3 / kS8: kBF16 or kF16
+  // 8-bit scales (see AScale / WScale); both kNone for 16-bit operands, both set for kE4M3 / kS8.
   AScale a_scale_kind = AScale::kNone;
   const float* a_scale = nullptr;
   int64_t a_scale_ld = 0;  // kRowBlock128: floats between rows (>= ceil(k / 128))
@@ -169,14 +172,15 @@ void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_
 void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_t n, int elem_bytes,
                              bool source_is_pairwise_interleaved);
 
-// The tile family that serves the operand type of `args` (k16Bit for bf16 / f16, kFp8 for e4m3).
+// The tile family that serves the operand type of `args` (k16Bit for bf16 / f16, kFp8 for e4m3,
+// kInt8 for int8).
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args);
 
 namespace detail {
 // The checks every dtype of the grouped GEMM shares (can_implement adds the family's own).
 std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGemmParams& params);
 // Each family's own checks, W preparation and launch of table row `row` (one of its rows):
-// sm90_bf16_grouped_gemm.cu and sm90_fp8_grouped_gemm.cu.
+// sm90_bf16_grouped_gemm.cu, sm90_fp8_grouped_gemm.cu and sm90_int8_grouped_gemm.cu.
 std::string can_implement_16bit(const GroupedGemmArgs& args);
 cudaError_t prepare_16bit(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_16bit(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
@@ -185,6 +189,13 @@ std::string can_implement_fp8(const GroupedGemmArgs& args);
 cudaError_t prepare_fp8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_fp8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
                     cudaStream_t stream);
+std::string can_implement_int8(const GroupedGemmArgs& args);
+cudaError_t prepare_int8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
+cudaError_t run_int8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
+                     cudaStream_t stream);
+// What every 8-bit family (fp8, int8; `what` names it) requires: bf16 / f16 out, 16-byte rows
+// (k and lda multiples of 16), both operands' scales given and 4-byte aligned.
+std::string check_8bit_operands(const GroupedGemmArgs& args, const char* what);
 }  // namespace detail
 
 }  // namespace moekit::cuda

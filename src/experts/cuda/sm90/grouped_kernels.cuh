@@ -1,6 +1,7 @@
 // The mainloops of the grouped GEMMs, one template per MainloopKind, instantiated by each operand
 // family's translation unit (sm90_bf16_grouped_gemm.cu: bf16 / f16; sm90_fp8_grouped_gemm.cu:
-// e4m3 with its scales). T is the operand type, OutT the type of C.
+// e4m3 with its scales; sm90_int8_grouped_gemm.cu: int8 with its scales). T is the operand type,
+// OutT the type of C.
 //
 // This kernel does:
 //   1. Each CTA of a persistent grid reads the schedule (expert_offsets or expert_counts) and
@@ -25,7 +26,9 @@
 //   accumulate straight into acc. fp8 operands write each 128-byte K block (= 128 elements, one
 //   scale block) into a temporary, wait for it, and add it to acc times the block's A and W scales
 //   (promotion): the other consumer warpgroup's wgmma keeps the tensor cores busy meanwhile.
-//   4. Epilogue (epilogue.cuh): fp8 per-tensor / per-row / per-channel scales multiply acc; then
+//   int8 operands accumulate exactly in int32 like the 16-bit ones (no scale inside the K loop).
+//   4. Epilogue (epilogue.cuh): the accumulator as fp32 (int8: converted), the per-tensor /
+//      per-row / per-channel scales of fp8 or int8 multiplied in; then
 //      + bias, rounded to OutT, stored straight from the accumulator fragment with row (expert
 //      range) and column (N) predicates; or the fused gated activation on gate/up column pairs,
 //      n / 2 columns stored.
@@ -48,12 +51,15 @@ namespace moekit::cuda::sm90 {
 
 template <typename T>
 inline constexpr bool kIsFp8 = std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>;
+// Operands that carry scales (AScale / WScale): fp8 and int8.
+template <typename T>
+inline constexpr bool kIsScaled = kIsFp8<T> || std::is_same_v<T, int8_t>;
 
 template <typename T, int kTile>
 using ShapeOf = TileShape<kTile, static_cast<int>(sizeof(T))>;
 
 // The rows this consumer thread holds in the accumulator fragment (row0 and row0 + 8 of the
-// item), their source rows in A (-1: padding or past the expert's rows), for the fp8 scales.
+// item), their source rows in A (-1: padding or past the expert's rows), for the A scales.
 struct FragmentRows {
   int src[2];
 };
@@ -74,14 +80,15 @@ __device__ __forceinline__ FragmentRows fragment_rows(const KernelParams& p, con
   return f;
 }
 
-// The K step of one warpgroup on the stage at (sa, sb): acc += A_kt . W_kt^T (16-bit), or
+// The K step of one warpgroup on the stage at (sa, sb): acc += A_kt . W_kt^T (16-bit, int8), or
 // acc += sa(kt) sw(kt) (A_kt . W_kt^T) (fp8, via tmp). Returns once the stage may be released
-// (fp8: its wgmma are done; 16-bit: the previous stage's are, see release_lag).
+// (fp8: its wgmma are done; 16-bit / int8: the previous stage's are, see release_lag).
 template <typename T, int kBN>
 struct KStep {
   static constexpr int kAcc = kBN / 2;
-  // Stages a consumer holds before releasing: 16-bit releases stage kt - 1 after kt's wgmma are
-  // issued; fp8 releases stage kt itself.
+  using Acc = typename MmaOperand<T>::Acc;  // float, or int32 for int8
+  // Stages a consumer holds before releasing: 16-bit and int8 release stage kt - 1 after kt's
+  // wgmma are issued; fp8 releases stage kt itself.
   static constexpr int release_lag = kIsFp8<T> ? 0 : 1;
 
   static constexpr int kScaleBlocks = kBN / 32;  // weight-scale row blocks of a tile
@@ -125,7 +132,7 @@ struct KStep {
     load_block_scales(p, w, rows, 0);
   }
 
-  __device__ __forceinline__ void run(float (&acc)[kAcc], uint32_t sa, uint32_t sb,
+  __device__ __forceinline__ void run(Acc (&acc)[kAcc], uint32_t sa, uint32_t sb,
                                       const KernelParams& p, const WorkItem& w,
                                       const FragmentRows& rows, int kt) {
     if constexpr (!kIsFp8<T>) {
@@ -157,10 +164,15 @@ struct KStep {
     }
   }
 
-  // The scales applied once per tile (fp8 per-tensor / per-row A, per-expert / per-channel W).
-  __device__ __forceinline__ void finish(float (&acc)[kAcc], const KernelParams& p,
-                                         const WorkItem& w, const FragmentRows& rows, int lane) {
-    if constexpr (kIsFp8<T>) {
+  // The accumulator as fp32 in out, with the scales applied once per tile (fp8 / int8
+  // per-tensor / per-row A, per-expert / per-channel W).
+  __device__ __forceinline__ void finish(const Acc (&acc)[kAcc], float (&out)[kAcc],
+                                         const KernelParams& p, const WorkItem& w,
+                                         const FragmentRows& rows, int lane) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i)
+      out[i] = static_cast<float>(acc[i]);
+    if constexpr (kIsScaled<T>) {
       float fa[2] = {1.0f, 1.0f};
       if (p.a_scale_kind == AScale::kTensor) {
         fa[0] = fa[1] = __ldg(p.a_scale);
@@ -184,8 +196,8 @@ struct KStep {
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          acc[4 * j + 2 * h] *= fa[h] * fc.x;
-          acc[4 * j + 2 * h + 1] *= fa[h] * fc.y;
+          out[4 * j + 2 * h] *= fa[h] * fc.x;
+          out[4 * j + 2 * h + 1] *= fa[h] * fc.y;
         }
       }
     }
@@ -290,8 +302,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
        item += static_cast<int>(gridDim.x)) {
     const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
     FragmentRows rows{{-1, -1}};
-    if constexpr (kIsFp8<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
-    float acc[kAcc];
+    if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
+    typename KStep<T, kBN>::Acc acc[kAcc];
     zero_accumulators(acc);
     step.begin(p, w, rows);
 
@@ -314,8 +326,9 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     }
 
     // 4. Epilogue.
-    step.finish(acc, p, w, rows, lane);
-    store_warpgroup_tile<OutT, kBN>(p, acc, w, warpgroup, tid);
+    float out[kAcc];
+    step.finish(acc, out, p, w, rows, lane);
+    store_warpgroup_tile<OutT, kBN>(p, out, w, warpgroup, tid);
   }
 }
 
@@ -357,7 +370,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     // 2. Work item -> (expert, m-tile, n-tile).
     const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
     FragmentRows rows{{-1, -1}};
-    if constexpr (kIsFp8<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
+    if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
 
     const uint8_t* a_src[Shape::kAPasses];
 #pragma unroll
@@ -401,7 +414,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
     };
 
-    float acc[kAcc];
+    typename KStep<T, kBN>::Acc acc[kAcc];
     zero_accumulators(acc);
     step.begin(p, w, rows);
 
@@ -427,12 +440,20 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     fence_registers(acc);
 
     // 4. Epilogue.
-    step.finish(acc, p, w, rows, tid & 31);
-    store_warpgroup_tile<OutT, kBN>(p, acc, w, warpgroup, tid);
+    float out[kAcc];
+    step.finish(acc, out, p, w, rows, tid & 31);
+    store_warpgroup_tile<OutT, kBN>(p, out, w, warpgroup, tid);
   }
 }
 
 // ---- host side ----------------------------------------------------------------------------------
+
+// f(OutT{}) for the output type of a scaled (fp8 / int8) problem: bf16 or f16.
+template <typename F>
+cudaError_t with_out_type(ElemType out, F&& f) {
+  if (out == ElemType::kBF16) return f(__nv_bfloat16{});
+  return f(__half{});
+}
 
 // The kernel of table row kTile for operand T and output OutT.
 template <typename T, typename OutT, int kTile>
@@ -461,7 +482,7 @@ cudaError_t with_tile(int row, F&& f) {
   return result;
 }
 
-// The type of C: the operand type for 16-bit operands, out_dtype for fp8.
+// The type of C: the operand type for 16-bit operands, out_dtype for fp8 and int8.
 inline ElemType output_type(const GroupedGemmArgs& args) {
   return elem_bytes(args.dtype) == 1 ? args.out_dtype : args.dtype;
 }

@@ -61,9 +61,10 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
 // One K stage of the ring for one warpgroup: 4 wgmma of 32 bytes of K each, A rows
 // [64 * warpgroup, +64) at sa, the kBN W rows at sb, committed as one wgmma group. With
 // kOverwrite the stage's product replaces acc (the temporary of a block-scaled K block) instead of
-// adding to it.
+// adding to it. Acc is T's accumulator type (float, or int32 for int8).
 template <typename T, int kBN, bool kOverwrite = false>
-__device__ __forceinline__ void mma_stage(float (&acc)[kBN / 2], uint32_t sa, uint32_t sb) {
+__device__ __forceinline__ void mma_stage(typename MmaOperand<T>::Acc (&acc)[kBN / 2], uint32_t sa,
+                                          uint32_t sb) {
   fence_registers(acc);
   wgmma_fence();
 #pragma unroll
@@ -74,11 +75,11 @@ __device__ __forceinline__ void mma_stage(float (&acc)[kBN / 2], uint32_t sa, ui
   wgmma_commit();
 }
 
-template <int kCount>
-__device__ __forceinline__ void zero_accumulators(float (&acc)[kCount]) {
+template <typename Acc, int kCount>
+__device__ __forceinline__ void zero_accumulators(Acc (&acc)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
-    acc[i] = 0.0f;
+    acc[i] = Acc{0};
 }
 
 }  // namespace moekit::cuda::sm90

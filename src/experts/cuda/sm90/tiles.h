@@ -28,6 +28,8 @@ enum class TileFamily : uint8_t {
   k16Bit,  // bf16 / f16 operands: one accumulator, one wgmma group kept in flight
   kFp8,    // e4m3 operands: each 128-byte K block into a temporary accumulator, then promoted
            // into the fp32 accumulator with its block scales (2x the accumulator registers)
+  kInt8,   // int8 operands: an exact int32 accumulator, one wgmma group kept in flight; the
+           // per-tensor / per-row / per-channel scales applied once, in the epilogue
 };
 
 struct TileConfig {
@@ -61,6 +63,12 @@ inline constexpr TileConfig kTileTable[] = {
      "weights by TMA, 8 stages, the producer running ahead across work items"},
     {"128x128", TileFamily::kFp8, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "2 consumer warpgroups alternate wgmma and block-scale promotion"},
+    // int8: the 16-bit rows' shapes (the int32 accumulator takes the registers of the fp32 one);
+    // a stage holds 128 elements of K.
+    {"64x64", TileFamily::kInt8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
+     "more CTAs, 2 per SM; weight streaming"},
+    {"128x256", TileFamily::kInt8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+     "4x the reuse of each W and A tile"},
 };
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
 

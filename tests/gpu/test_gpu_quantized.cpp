@@ -1,9 +1,10 @@
-// fp8 W8A8 layers on the GPU (Sm90Fp8Experts) against the CPU emulation of the same quantization
-// (CpuFp8Experts, same random weights through the same Quark method) and against the float64
-// reference: the three schemes (128x128 blocks with 1x128 activation groups, per-tensor static,
-// per-channel with per-token activations), H and I that are not multiples of 128, M = 0 .. 8192,
-// an expert map, shared experts, graph replay bitwise, the device quantizer bit-exact against the
-// host one.
+// 8-bit W8A8 layers on the GPU (Sm90Fp8Experts, Sm90Int8Experts) against the CPU emulation of the
+// same quantization (CpuFp8Experts / CpuInt8Experts, same random weights through the same Quark
+// method) and against the float64 reference: fp8 (128x128 blocks with 1x128 activation groups,
+// per-tensor static, per-channel with per-token activations) and int8 (per-channel weights with
+// per-token activations, per-tensor static), H and I that are not multiples of 128, M = 0 ..
+// 65537, an expert map, shared experts, every tile forced, graph replay bitwise, the device
+// quantizer bit-exact against the host one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,12 +29,27 @@
 namespace moekit {
 namespace {
 
-struct Fp8Pair {
+// What a scheme runs on each side and the tolerances it is held to (the one table).
+struct SchemeInfo {
+  const char* gpu_experts;
+  const char* cpu_experts;
+  const char* vs_emulation;  // tolerance of the GPU against the emulation
+  const char* vs_float64;    // tolerance of the scheme against float64
+};
+
+SchemeInfo scheme_info(const std::string& scheme) {
+  if (scheme.rfind("int8_", 0) == 0) {
+    return {"Sm90Int8Experts", "CpuInt8Experts", "int8_w8a8_gpu", "int8_w8a8"};
+  }
+  return {"Sm90Fp8Experts", "CpuFp8Experts", "fp8_w8a8_gpu", "fp8_w8a8"};
+}
+
+struct LayerPair {
   MoELayer cpu, gpu;
 };
 
-Fp8Pair make_fp8_pair(const ModelPreset& model, const std::string& scheme, int64_t max_tokens,
-                      ParallelConfig parallel = {}, uint64_t seed = 5) {
+LayerPair make_pair(const ModelPreset& model, const std::string& scheme, int64_t max_tokens,
+                    ParallelConfig parallel = {}, uint64_t seed = 5) {
   MoELayerOptions cpu_opt;
   cpu_opt.max_num_tokens = max_tokens;
   cpu_opt.parallel = parallel;
@@ -49,7 +65,7 @@ struct Errors {
 
 // Routes on the CPU, runs both layers' routed experts (and shared experts) on the same input and
 // compares the GPU output with the emulation's and with the float64 recomputation.
-Errors compare(Fp8Pair& p, int64_t M, uint64_t seed) {
+Errors compare(LayerPair& p, int64_t M, uint64_t seed) {
   const ModelPreset& model = p.cpu.model();
   const Tensor x = testing::random_tensor({M, model.hidden_size}, DType::kBF16, seed);
   const Tensor logits =
@@ -76,16 +92,16 @@ Errors compare(Fp8Pair& p, int64_t M, uint64_t seed) {
   return e;
 }
 
-struct Fp8Case {
+struct SchemeCase {
   std::string scheme, preset;
   int64_t M;
 };
 
-void PrintTo(const Fp8Case& c, std::ostream* os) {
+void PrintTo(const SchemeCase& c, std::ostream* os) {
   *os << c.scheme << "/" << c.preset << "/M=" << c.M;
 }
 
-class Fp8GpuVsEmulation : public ::testing::TestWithParam<Fp8Case> {};
+class QuantizedGpuVsEmulation : public ::testing::TestWithParam<SchemeCase> {};
 
 // "small" with a hidden size of 320: partial 128-blocks of K (GEMM1) and of N (GEMM2).
 ModelPreset odd_hidden_preset() {
@@ -99,9 +115,10 @@ ModelPreset preset_of(const std::string& name) {
   return name == "small-h320" ? odd_hidden_preset() : find_preset(name);
 }
 
-TEST_P(Fp8GpuVsEmulation, MatchesEmulationAndFloat64) {
+TEST_P(QuantizedGpuVsEmulation, MatchesEmulationAndFloat64) {
   REQUIRE_SM90_GPU();
-  const Fp8Case c = GetParam();
+  const SchemeCase c = GetParam();
+  const SchemeInfo info = scheme_info(c.scheme);
   const ModelPreset model = preset_of(c.preset);
   if (c.scheme == "fp8_block128" && model.intermediate_size % 128 != 0) {
     // The format forbids it: a 128-row weight block would hold gate and up rows.
@@ -113,20 +130,21 @@ TEST_P(Fp8GpuVsEmulation, MatchesEmulationAndFloat64) {
         << msg;
     return;
   }
-  Fp8Pair p = make_fp8_pair(model, c.scheme, std::max<int64_t>(c.M, 1));
-  EXPECT_EQ(p.gpu.kernel().fused_experts().name(), "Sm90Fp8Experts");
-  EXPECT_EQ(p.cpu.kernel().fused_experts().name(), "CpuFp8Experts");
+  LayerPair p = make_pair(model, c.scheme, std::max<int64_t>(c.M, 1));
+  EXPECT_EQ(p.gpu.kernel().fused_experts().name(), info.gpu_experts);
+  EXPECT_EQ(p.cpu.kernel().fused_experts().name(), info.cpu_experts);
   const Errors e = compare(p, c.M, 11);
   if (c.M == 0) return;
-  std::cout << "[fp8] " << c.scheme << " " << c.preset << " M=" << c.M << " vs emulation "
+  std::cout << "[quantized] " << c.scheme << " " << c.preset << " M=" << c.M << " vs emulation "
             << e.vs_emulation << ", vs float64 " << e.vs_float64 << "\n";
-  EXPECT_LE(e.vs_emulation, tolerance("fp8_w8a8_gpu").rel_l2);
-  EXPECT_LE(e.vs_float64, tolerance("fp8_w8a8").rel_l2);
+  EXPECT_LE(e.vs_emulation, tolerance(info.vs_emulation).rel_l2);
+  EXPECT_LE(e.vs_float64, tolerance(info.vs_float64).rel_l2);
 }
 
-std::vector<Fp8Case> fp8_cases() {
-  std::vector<Fp8Case> v;
-  for (const char* scheme : {"fp8_block128", "fp8_per_tensor", "fp8_per_channel"}) {
+std::vector<SchemeCase> scheme_cases() {
+  std::vector<SchemeCase> v;
+  for (const char* scheme :
+       {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8", "int8_per_tensor"}) {
     // small: H 256, I 384 (multiples of 128); small-h320: H 320 (partial K and N blocks);
     // small-deepseek: shared experts, grouped routing; small-gpt-oss: H = I = 192, swigluoai with
     // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128).
@@ -140,17 +158,28 @@ std::vector<Fp8Case> fp8_cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Schemes, Fp8GpuVsEmulation, ::testing::ValuesIn(fp8_cases()),
+INSTANTIATE_TEST_SUITE_P(Schemes, QuantizedGpuVsEmulation, ::testing::ValuesIn(scheme_cases()),
                          [](const auto& info) {
                            return testing::param_name(info.param.scheme + "_" + info.param.preset +
                                                       "_M" + std::to_string(info.param.M));
                          });
 
-// Every fp8 row of the tile table, forced by name, at decode and prefill sizes.
-TEST(Fp8Gpu, EveryFp8TileMatchesEmulation) {
+// Every 8-bit row of the tile table, forced by name, at decode and prefill sizes.
+TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
   REQUIRE_SM90_GPU();
-  for (const char* tile : {"64x128", "64x64", "128x128"}) {
-    for (const char* scheme : {"fp8_block128", "fp8_per_channel"}) {
+  struct TileCase {
+    const char* tile;
+    std::vector<const char*> schemes;
+  };
+  const std::vector<TileCase> cases = {
+      {"64x128", {"fp8_block128", "fp8_per_channel"}},
+      {"64x64", {"fp8_block128", "fp8_per_channel", "int8_w8a8", "int8_per_tensor"}},
+      {"128x128", {"fp8_block128", "fp8_per_channel"}},
+      {"128x256", {"int8_w8a8", "int8_per_tensor"}},
+  };
+  for (const TileCase& tc : cases) {
+    const char* tile = tc.tile;
+    for (const char* scheme : tc.schemes) {
       for (int64_t M : {5, 300}) {
         MoELayerOptions cpu_opt;
         cpu_opt.max_num_tokens = M;
@@ -158,30 +187,33 @@ TEST(Fp8Gpu, EveryFp8TileMatchesEmulation) {
         gpu_opt.device = default_device_info();
         gpu_opt.tile_config = tile;
         const ModelPreset model = odd_hidden_preset();
-        Fp8Pair p{random_quantized_layer(model, scheme, cpu_opt, 9),
-                  random_quantized_layer(model, scheme, gpu_opt, 9)};
+        LayerPair p{random_quantized_layer(model, scheme, cpu_opt, 9),
+                    random_quantized_layer(model, scheme, gpu_opt, 9)};
         const Errors e = compare(p, M, 13);
-        EXPECT_LE(e.vs_emulation, tolerance("fp8_w8a8_gpu").rel_l2)
+        EXPECT_LE(e.vs_emulation, tolerance(scheme_info(scheme).vs_emulation).rel_l2)
             << tile << " " << scheme << " M=" << M;
       }
     }
   }
 }
 
-TEST(Fp8Gpu, ExpertMapRanksMatchEmulation) {
+TEST(QuantizedGpu, ExpertMapRanksMatchEmulation) {
   REQUIRE_SM90_GPU();
-  for (int rank = 0; rank < 2; ++rank) {
-    const ParallelConfig par = ParallelConfig::make(2, 1, 0, rank, /*enable_ep=*/true);
-    Fp8Pair p = make_fp8_pair(find_preset("small"), "fp8_block128", 64, par);
-    ASSERT_TRUE(p.gpu.expert_map().defined());
-    const Errors e = compare(p, 50, 5);
-    EXPECT_LE(e.vs_emulation, tolerance("fp8_w8a8_gpu").rel_l2) << "rank " << rank;
+  for (const char* scheme : {"fp8_block128", "int8_w8a8"}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const ParallelConfig par = ParallelConfig::make(2, 1, 0, rank, /*enable_ep=*/true);
+      LayerPair p = make_pair(find_preset("small"), scheme, 64, par);
+      ASSERT_TRUE(p.gpu.expert_map().defined());
+      const Errors e = compare(p, 50, 5);
+      EXPECT_LE(e.vs_emulation, tolerance(scheme_info(scheme).vs_emulation).rel_l2)
+          << scheme << " rank " << rank;
+    }
   }
 }
 
 #ifdef MOEKIT_WITH_CUDA
 // The device quantizer gives the host reference's codes and scales bit for bit.
-TEST(Fp8Gpu, DeviceQuantizerIsBitExact) {
+TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
   REQUIRE_SM90_GPU();
   const Device gd = default_device_info().device();
   struct Desc {
@@ -224,15 +256,17 @@ TEST(Fp8Gpu, DeviceQuantizerIsBitExact) {
   }
 }
 
-TEST(Fp8Gpu, CudaGraphReplayIsBitwiseIdentical) {
+TEST(QuantizedGpu, CudaGraphReplayIsBitwiseIdentical) {
   REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph
-  MoELayerOptions opt;
-  opt.device = default_device_info();
-  opt.max_num_tokens = 128;
-  MoELayer layer = random_quantized_layer(m, "fp8_block128", opt, 3);
-  ASSERT_EQ(layer.kernel().fused_experts().name(), "Sm90Fp8Experts");
-  testing::expect_graph_replay_bitwise(layer, 77);
+  for (const char* scheme : {"fp8_block128", "int8_w8a8"}) {
+    MoELayerOptions opt;
+    opt.device = default_device_info();
+    opt.max_num_tokens = 128;
+    MoELayer layer = random_quantized_layer(m, scheme, opt, 3);
+    ASSERT_EQ(layer.kernel().fused_experts().name(), scheme_info(scheme).gpu_experts);
+    testing::expect_graph_replay_bitwise(layer, 77);
+  }
 }
 #endif
 
