@@ -15,6 +15,7 @@
 #include "moekit/oracle/backend.h"
 #include "moekit/oracle/fp8.h"
 #include "moekit/oracle/int8.h"
+#include "moekit/oracle/mxfp4.h"
 #include "moekit/quant/formats.h"
 
 namespace moekit {
@@ -295,12 +296,16 @@ void bind_weight_scales(sm90::LaunchState& state, const MoEConfig& moe, const Qu
   state.w2_scale = kernel_weight_scale(quant.w2, E, H, I, identity, device);
 }
 
-// The capability record of an 8-bit Standard-format class: Sm90GroupedExperts' with `schemes`.
+// The class record of a quantized Standard-format class: Sm90GroupedExperts' capabilities with
+// `schemes` (and `in_dtypes` when given), its factory, the shape check.
 template <typename ExpertsT>
-ExpertsClass sm90_8bit_class(const char* name, std::vector<QuantScheme> schemes) {
+ExpertsClass sm90_quantized_class(const char* name, std::vector<QuantScheme> schemes,
+                                  ExpertsClass::ShapeCheck shape_check,
+                                  std::vector<DType> in_dtypes = {}) {
   ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
   c.name = name;
   c.quant_schemes = std::move(schemes);
+  if (!in_dtypes.empty()) c.in_dtypes = std::move(in_dtypes);
   return ExpertsClass(
       std::move(c),
       [name](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
@@ -311,14 +316,14 @@ ExpertsClass sm90_8bit_class(const char* name, std::vector<QuantScheme> schemes)
                      name);
         return std::make_unique<ExpertsT>(moe, quant);
       },
-      sm90_8bit_shape_check);
+      std::move(shape_check));
 }
 
 }  // namespace
 
 const ExpertsClass& Sm90Fp8Experts::klass() {
-  static const ExpertsClass k =
-      sm90_8bit_class<Sm90Fp8Experts>("Sm90Fp8Experts", fp8_w8a8_schemes());
+  static const ExpertsClass k = sm90_quantized_class<Sm90Fp8Experts>(
+      "Sm90Fp8Experts", fp8_w8a8_schemes(), sm90_8bit_shape_check);
   return k;
 }
 
@@ -331,8 +336,8 @@ Sm90Fp8Experts::Sm90Fp8Experts(const MoEConfig& moe, const QuantConfig& quant)
 }
 
 const ExpertsClass& Sm90Int8Experts::klass() {
-  static const ExpertsClass k =
-      sm90_8bit_class<Sm90Int8Experts>("Sm90Int8Experts", int8_w8a8_schemes());
+  static const ExpertsClass k = sm90_quantized_class<Sm90Int8Experts>(
+      "Sm90Int8Experts", int8_w8a8_schemes(), sm90_8bit_shape_check);
   return k;
 }
 
@@ -404,6 +409,75 @@ Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
   } else {
     throw_no_cuda("Sm90SharedExperts");
   }
+}
+
+// ---- Sm90Mxfp4Experts -------------------------------------------------------------------------
+
+namespace {
+
+// MXFP4 rows are whole 32-element groups: hidden and intermediate multiples of 32.
+std::string sm90_mxfp4_shape_check(const MoEConfig& moe) {
+  if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
+  const int64_t I = moe.intermediate_size_per_partition();
+  if (moe.hidden_dim % 32 != 0 || I % 32 != 0) {
+    return fmt::format("(MXFP4 rows need hidden {} and intermediate {} multiples of 32)",
+                       moe.hidden_dim, I);
+  }
+  if (moe.in_dtype != DType::kBF16) {
+    return fmt::format("(MXFP4 weights run with bf16 activations, got {})",
+                       dtype_name(moe.in_dtype));
+  }
+  return {};
+}
+
+// The e8m0 group scales (E, n, k / 32) of one weight with their rows in the kernel's order
+// (kernel row r holds standard row source[r]), on `device`.
+Tensor kernel_group_scale(const Tensor& scale, const std::vector<int32_t>& source, Device device) {
+  const Tensor host = scale.device().is_cpu() ? scale : scale.to(Device::cpu());
+  expect_dim(host, "MXFP4 weight scale", 3);
+  const int64_t E = host.size(0), n = host.size(1), g = host.size(2);
+  MOEKIT_CHECK(static_cast<int64_t>(source.size()) == n,
+               "MXFP4 weight scale {} has {} rows, the weight {}", host.describe(), n,
+               source.size());
+  Tensor out = Tensor::empty({E, n, g}, DType::kUInt8);
+  const Tensor src = host.is_contiguous() ? host : host.clone();
+  const auto* s = static_cast<const uint8_t*>(src.data());
+  auto* o = out.data_as<uint8_t>();
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < n; ++r) {
+      std::memcpy(o + (e * n + r) * g, s + (e * n + source[static_cast<size_t>(r)]) * g,
+                  static_cast<size_t>(g));
+    }
+  }
+  return device.is_cpu() ? out : out.to(device);
+}
+
+}  // namespace
+
+const ExpertsClass& Sm90Mxfp4Experts::klass() {
+  static const ExpertsClass k = sm90_quantized_class<Sm90Mxfp4Experts>(
+      "Sm90Mxfp4Experts", {{quant_keys::kMxfp4Static, std::nullopt}}, sm90_mxfp4_shape_check,
+      {DType::kBF16});
+  return k;
+}
+
+Sm90Mxfp4Experts::Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quant)
+    : Sm90StandardExpertsBase(klass(), moe, quant) {
+  MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp4E2M1 && (quant.w1.shape == GroupShape{1, 32}) &&
+                   quant.a1.dtype == QuantDType::kNone,
+               "Sm90Mxfp4Experts runs MXFP4 weights (e2m1, e8m0 per 32) with bf16 activations "
+               "only, got {}",
+               quant.describe());
+  state_->tile = sm90::tile_from_config(moe, "Sm90Mxfp4Experts", cuda::sm90::TileFamily::kW4A16);
+  state_->scales = sm90::LaunchState::WeightScales::kMxfp4;
+  const int64_t H = moe.hidden_dim;
+  const int64_t I = moe.intermediate_size_per_partition();
+  const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
+  std::vector<int32_t> identity(static_cast<size_t>(H));
+  std::iota(identity.begin(), identity.end(), 0);
+  const Device device = moe.device.device();
+  state_->w1_scale = kernel_group_scale(quant.w1.scale, kernel_row_sources(N, moe), device);
+  state_->w2_scale = kernel_group_scale(quant.w2.scale, identity, device);
 }
 
 // ---- backend registrations (the unquantized oracle) -------------------------------------------
@@ -505,6 +579,20 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_fp8, [] {
   b.description =
       "Hopper e4m3 wgmma grouped GEMMs: 128x128 block / per-tensor / per-channel weights, block "
       "scales promoted per 128 of K";
+  return b;
+}());
+
+// ---- backend registration (the mxfp4 oracle) --------------------------------------------------
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4, [] {
+  ExpertsBackend b = sm90_backend("sm90_mxfp4", Sm90Mxfp4Experts::klass(), kPriorityNativeGpu);
+  b.oracle = QuantOracleKind::kMxfp4;
+  b.aliases = {"cuda"};
+  b.traits.hidden_align = 32;
+  b.traits.intermediate_align = 32;
+  b.description =
+      "Hopper bf16 wgmma grouped GEMMs on MXFP4 weights (gpt-oss W4A16): packed e2m1 streamed "
+      "and converted to bf16 in shared memory with its e8m0 scale per 32";
   return b;
 }());
 

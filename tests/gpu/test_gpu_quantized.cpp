@@ -1,10 +1,11 @@
-// 8-bit W8A8 layers on the GPU (Sm90Fp8Experts, Sm90Int8Experts) against the CPU emulation of the
-// same quantization (CpuFp8Experts / CpuInt8Experts, same random weights through the same Quark
-// method) and against the float64 reference: fp8 (128x128 blocks with 1x128 activation groups,
-// per-tensor static, per-channel with per-token activations) and int8 (per-channel weights with
-// per-token activations, per-tensor static), H and I that are not multiples of 128, M = 0 ..
-// 65537, an expert map, shared experts, every tile forced, graph replay bitwise, the device
-// quantizer bit-exact against the host one.
+// Quantized layers on the GPU (Sm90Fp8Experts, Sm90Int8Experts, Sm90Mxfp4Experts) against the CPU
+// emulation of the same quantization (CpuFp8Experts / CpuInt8Experts / CpuMxfp4Experts, same
+// random weights through the same Quark method) and against the float64 reference: fp8 (128x128
+// blocks with 1x128 activation groups, per-tensor static, per-channel with per-token
+// activations), int8 (per-channel weights with per-token activations, per-tensor static) and
+// MXFP4 weights with bf16 activations (gpt-oss W4A16), H and I that are not multiples of 128,
+// M = 0 .. 65537, an expert map, shared experts, every tile forced, graph replay bitwise, the
+// device quantizer bit-exact against the host one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,6 +39,9 @@ struct SchemeInfo {
 };
 
 SchemeInfo scheme_info(const std::string& scheme) {
+  if (scheme == "mxfp4_w4a16") {
+    return {"Sm90Mxfp4Experts", "CpuMxfp4Experts", "mxfp4_w4a16_gpu", "mxfp4"};
+  }
   if (scheme.rfind("int8_", 0) == 0) {
     return {"Sm90Int8Experts", "CpuInt8Experts", "int8_w8a8_gpu", "int8_w8a8"};
   }
@@ -143,8 +147,8 @@ TEST_P(QuantizedGpuVsEmulation, MatchesEmulationAndFloat64) {
 
 std::vector<SchemeCase> scheme_cases() {
   std::vector<SchemeCase> v;
-  for (const char* scheme :
-       {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8", "int8_per_tensor"}) {
+  for (const char* scheme : {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8",
+                             "int8_per_tensor", "mxfp4_w4a16"}) {
     // small: H 256, I 384 (multiples of 128); small-h320: H 320 (partial K and N blocks);
     // small-deepseek: shared experts, grouped routing; small-gpt-oss: H = I = 192, swigluoai with
     // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128).
@@ -176,6 +180,8 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
       {"64x64", {"fp8_block128", "fp8_per_channel", "int8_w8a8", "int8_per_tensor"}},
       {"128x128", {"fp8_block128", "fp8_per_channel"}},
       {"128x256", {"int8_w8a8", "int8_per_tensor"}},
+      {"64x64", {"mxfp4_w4a16"}},
+      {"128x128", {"mxfp4_w4a16"}},
   };
   for (const TileCase& tc : cases) {
     const char* tile = tc.tile;
@@ -199,7 +205,7 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
 
 TEST(QuantizedGpu, ExpertMapRanksMatchEmulation) {
   REQUIRE_SM90_GPU();
-  for (const char* scheme : {"fp8_block128", "int8_w8a8"}) {
+  for (const char* scheme : {"fp8_block128", "int8_w8a8", "mxfp4_w4a16"}) {
     for (int rank = 0; rank < 2; ++rank) {
       const ParallelConfig par = ParallelConfig::make(2, 1, 0, rank, /*enable_ep=*/true);
       LayerPair p = make_pair(find_preset("small"), scheme, 64, par);
@@ -259,7 +265,7 @@ TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
 TEST(QuantizedGpu, CudaGraphReplayIsBitwiseIdentical) {
   REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph
-  for (const char* scheme : {"fp8_block128", "int8_w8a8"}) {
+  for (const char* scheme : {"fp8_block128", "int8_w8a8", "mxfp4_w4a16"}) {
     MoELayerOptions opt;
     opt.device = default_device_info();
     opt.max_num_tokens = 128;

@@ -23,6 +23,7 @@
 
 #include "experts/cuda/sm90_grouped_gemm.h"
 #include "moekit/core/half.h"
+#include "moekit/quant/formats.h"
 
 namespace {
 
@@ -740,6 +741,203 @@ TEST(GroupedGemmFused, CanImplementGivesReasons) {
   bad = g;
   bad.fused_act = static_cast<FusedActivation>(42);
   EXPECT_EQ(moekit::cuda::can_implement(bad), "fused_act is unknown");
+}
+
+// ---- W4A16: MXFP4-packed W ----------------------------------------------------------------------
+
+// One W4A16 problem: bf16 A (rows, k), W as e2m1 pairs (E, n, k / 2) with e8m0 codes (E, n, k /
+// 32), the schedule `counts`; C (rows, n) bf16 poisoned before the run.
+struct W4Problem {
+  int n = 0, k = 0, num_experts = 0, rows = 0;
+  std::vector<int32_t> offsets;
+  std::vector<uint16_t> a;  // bf16 bits
+  std::vector<uint8_t> w, scale;
+  DeviceBuffer d_a, d_w, d_scale, d_c, d_offsets;
+  GroupedGemmArgs args;
+
+  // The exact value of W[e][c][kk] (e2m1 x 2^(s - 127)).
+  double w_value(int e, int c, int kk) const {
+    const uint8_t byte = w[(static_cast<size_t>(e) * n + c) * (k / 2) + kk / 2];
+    const uint8_t code = kk % 2 == 0 ? byte & 0xF : byte >> 4;
+    const uint8_t s = scale[(static_cast<size_t>(e) * n + c) * (k / 32) + kk / 32];
+    return static_cast<double>(moekit::quant::decode_fp4_e2m1(code)) *
+           static_cast<double>(moekit::quant::decode_e8m0(s));
+  }
+};
+
+void build_w4(W4Problem& p, std::vector<int> counts, int n, int k, std::vector<uint16_t> a,
+              std::vector<uint8_t> w, std::vector<uint8_t> scale) {
+  p.n = n;
+  p.k = k;
+  p.num_experts = static_cast<int>(counts.size());
+  p.offsets.assign(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e)
+    p.offsets[e + 1] = p.offsets[e] + counts[e];
+  p.rows = p.offsets.back();
+  p.a = std::move(a);
+  p.w = std::move(w);
+  p.scale = std::move(scale);
+  p.d_a = upload(p.a);
+  p.d_w = upload(p.w);
+  p.d_scale = upload(p.scale);
+  p.d_offsets = upload(p.offsets);
+  p.d_c = DeviceBuffer(static_cast<size_t>(std::max(1, p.rows)) * n * 2);
+  GroupedGemmArgs& g = p.args;
+  g.a = p.d_a.get();
+  g.lda = k;
+  g.w = p.d_w.get();
+  g.c = p.d_c.get();
+  g.ldc = n;
+  g.expert_offsets = p.d_offsets.as<int32_t>();
+  g.num_experts = p.num_experts;
+  g.num_rows_upper_bound = p.rows;
+  g.n = n;
+  g.k = k;
+  g.dtype = ElemType::kBF16;
+  g.w_packing = moekit::cuda::WPacking::kMxfp4;
+  g.w_group_scale = p.d_scale.as<uint8_t>();
+}
+
+std::vector<uint16_t> run_w4(const W4Problem& p, int tile) {
+  std::vector<uint16_t> c(static_cast<size_t>(p.rows) * p.n, 0);
+  if (cudaMemset(p.d_c.get(), 0xFF, c.size() * 2) != cudaSuccess) return {};
+  GroupedGemmParams params;
+  params.tile = tile;
+  if (moekit::cuda::run_grouped_gemm(p.args, nullptr, params) != cudaSuccess) return {};
+  if (cudaDeviceSynchronize() != cudaSuccess) return {};
+  cudaMemcpy(c.data(), p.d_c.get(), c.size() * 2, cudaMemcpyDeviceToHost);
+  return c;
+}
+
+std::vector<int> w4_tiles() {
+  std::vector<int> tiles;
+  for (int t = 0; t < sm90::kNumTiles; ++t) {
+    if (sm90::kTileTable[t].family == sm90::TileFamily::kW4A16) tiles.push_back(t);
+  }
+  return tiles;
+}
+
+// One-hot rows of A pick single weights: C is every (code, scale) pair's dequantized value
+// exactly, over every e2m1 code (both nibbles of random bytes) and e8m0 scales from 2^-119 to
+// 2^125 (both conversion paths: one multiply up to s = 128, two above). Scales below 2^-119 would
+// give subnormal products (bf16 and the tensor cores' inputs keep them, their outputs may not).
+TEST(GroupedGemmW4A16, OneHotRowsGiveEveryDequantizedWeightExactly) {
+  REQUIRE_GPU();
+  const int n = 128, k = 96;  // two n-tiles of 64, a partial second K step (32 of 64)
+  const std::vector<uint8_t> scales = {8, 60, 100, 126, 127, 128, 129, 130, 200, 252};
+  std::mt19937 rng(21);
+  std::vector<uint8_t> w(static_cast<size_t>(n) * k / 2), sc(static_cast<size_t>(n) * k / 32);
+  for (auto& b : w)
+    b = static_cast<uint8_t>(rng() & 0xFF);
+  for (size_t i = 0; i < sc.size(); ++i)
+    sc[i] = scales[i % scales.size()];
+  const int rows = k;  // row r picks K element r
+  std::vector<uint16_t> a(static_cast<size_t>(rows) * k, 0);
+  for (int r = 0; r < rows; ++r)
+    a[static_cast<size_t>(r) * k + r] = moekit::float_to_bf16_bits(1.0f);
+  W4Problem p;
+  build_w4(p, {rows}, n, k, a, w, sc);
+  ASSERT_EQ(moekit::cuda::can_implement(p.args), "");
+  for (int tile : w4_tiles()) {
+    const std::vector<uint16_t> c = run_w4(p, tile);
+    ASSERT_EQ(c.size(), static_cast<size_t>(rows) * n) << sm90::kTileTable[tile].name;
+    int wrong = 0;
+    for (int r = 0; r < rows; ++r) {
+      for (int col = 0; col < n; ++col) {
+        const float want = static_cast<float>(p.w_value(0, col, r));
+        const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * n + col]);
+        if (!(got == want) && wrong++ < 5) {
+          ADD_FAILURE() << sm90::kTileTable[tile].name << " row " << r << " col " << col << ": got "
+                        << got << ", want " << want;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name;
+  }
+}
+
+// Random A and W over an uneven schedule (an empty expert, partial m-tiles, rows in two m-tiles),
+// every tile: C against a float64 recomputation; one NaN scale (e8m0 0xFF) makes exactly its
+// column of its expert NaN.
+TEST(GroupedGemmW4A16, RandomProblemMatchesFloat64AndPropagatesNaNScale) {
+  REQUIRE_GPU();
+  const std::vector<int> counts = {5, 0, 70, 133};
+  const int n = 192, k = 160, E = static_cast<int>(counts.size());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<uint8_t> w(static_cast<size_t>(E) * n * k / 2),
+      sc(static_cast<size_t>(E) * n * k / 32);
+  for (auto& b : w)
+    b = static_cast<uint8_t>(rng() & 0xFF);
+  for (auto& s : sc)
+    s = static_cast<uint8_t>(118 + rng() % 12);
+  const int nan_expert = 2, nan_col = 7;
+  sc[(static_cast<size_t>(nan_expert) * n + nan_col) * (k / 32) + 3] = 0xFF;
+  int rows = 0;
+  for (int c : counts)
+    rows += c;
+  std::vector<uint16_t> a(static_cast<size_t>(rows) * k);
+  for (auto& x : a)
+    x = moekit::float_to_bf16_bits(uni(rng));
+  W4Problem p;
+  build_w4(p, counts, n, k, a, w, sc);
+  for (int tile : w4_tiles()) {
+    const std::vector<uint16_t> c = run_w4(p, tile);
+    ASSERT_EQ(c.size(), static_cast<size_t>(rows) * n) << sm90::kTileTable[tile].name;
+    int wrong = 0;
+    for (int e = 0; e < E; ++e) {
+      for (int r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
+        for (int col = 0; col < n; ++col) {
+          double ref = 0.0, mag = 0.0;
+          for (int kk = 0; kk < k; ++kk) {
+            const double t = static_cast<double>(
+                                 moekit::bf16_bits_to_float(a[static_cast<size_t>(r) * k + kk])) *
+                             p.w_value(e, col, kk);
+            ref += t;
+            mag += std::fabs(t);
+          }
+          const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * n + col]);
+          const bool want_nan = e == nan_expert && col == nan_col;
+          const bool ok =
+              want_nan ? std::isnan(got) : std::isfinite(got) && std::fabs(got - ref) <= 8e-3 * mag;
+          if (!ok && wrong++ < 5) {
+            ADD_FAILURE() << sm90::kTileTable[tile].name << " expert " << e << " row " << r
+                          << " col " << col << ": got " << got << ", want " << ref;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name;
+  }
+}
+
+// Host-only: needs no GPU.
+TEST(GroupedGemmW4A16, CanImplementGivesReasons) {
+  GroupedGemmArgs g;
+  int dummy[4] = {};
+  g.a = g.w = g.c = dummy;
+  g.expert_offsets = dummy;
+  g.num_experts = 1;
+  g.n = 64;
+  g.k = 64;
+  g.lda = 64;
+  g.ldc = 64;
+  g.w_packing = moekit::cuda::WPacking::kMxfp4;
+  const uint8_t scale_byte = 127;
+  g.w_group_scale = &scale_byte;
+  EXPECT_EQ(moekit::cuda::can_implement(g), "");
+  GroupedGemmArgs bad = g;
+  bad.k = 48;
+  bad.lda = 48;
+  EXPECT_EQ(moekit::cuda::can_implement(bad), "k=48 is not a multiple of 32 (MXFP4 groups of 32)");
+  bad = g;
+  bad.w_group_scale = nullptr;
+  EXPECT_EQ(moekit::cuda::can_implement(bad),
+            "MXFP4 W needs its e8m0 group scales (w_group_scale)");
+  bad = g;
+  bad.dtype = ElemType::kF16;
+  EXPECT_EQ(moekit::cuda::can_implement(bad),
+            "dtype f16 is not bf16 (MXFP4 weights run with bf16 activations)");
 }
 
 }  // namespace

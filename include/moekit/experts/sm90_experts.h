@@ -91,6 +91,17 @@ class Sm90Int8Experts final : public Sm90StandardExpertsBase {
   Sm90Int8Experts(const MoEConfig& moe, const QuantConfig& quant);
 };
 
+// MXFP4 weights with bf16 activations on Hopper (gpt-oss W4A16), Standard format: the same launch
+// sequence with W streamed packed (e2m1 pairs, 4.25 bits per weight with the e8m0 scale of each
+// 32 of K) and converted to bf16 in shared memory inside the GEMMs' mainloop. Scheme:
+// (kMxfp4Static, no activation quantization); bf16 activations; H and I multiples of 32. The
+// group scales are laid out at construction in w13's kernel row order on the device.
+class Sm90Mxfp4Experts final : public Sm90StandardExpertsBase {
+ public:
+  static const ExpertsClass& klass();
+  Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quant);
+};
+
 // BatchedExperts format: hidden_states (E_local, T, K) with per-expert token counts on the device
 // (ExpertTokensMetadata); the same GEMM on the batched schedule (expert e's rows are
 // [e*T, e*T + count_e)), the activation, GEMM2 into (E_local, T, K). The prepare/finalize's batched

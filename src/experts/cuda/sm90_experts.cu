@@ -173,15 +173,23 @@ bool is_8bit_codes(DType d) {
   return d == DType::kFp8E4M3 || d == DType::kInt8;
 }
 
+bool is_packed_fp4(DType d) {
+  return d == DType::kUInt8 || d == DType::kFp4E2M1x2;
+}
+
 // W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights; fp8 / int8 codes with
-// output `out`.
-cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out) {
+// output `out`; MXFP4 pairs (k / 2 bytes per row) with bf16 A and C when `mxfp4`.
+cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, bool mxfp4) {
   cuda::GroupedGemmArgs g;
   g.w = w.data();
   g.num_experts = static_cast<int>(w.dim() == 3 ? w.size(0) : 1);
   g.n = static_cast<int>(w.size(w.dim() - 2));
   g.k = static_cast<int>(w.size(w.dim() - 1));
-  if (is_8bit_codes(w.dtype())) {
+  if (mxfp4) {
+    g.k *= 2;
+    g.dtype = gemm_dtype_of(out);
+    g.w_packing = cuda::WPacking::kMxfp4;
+  } else if (is_8bit_codes(w.dtype())) {
     g.dtype = cuda::elem_type_of(w.dtype());
     g.out_dtype = gemm_dtype_of(out);
   } else {
@@ -191,13 +199,15 @@ cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out) {
 }
 
 // W's launch state; empty (every launch prepares itself) for a tensor the GEMM cannot take.
-cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out) {
+cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out, bool mxfp4 = false) {
   cuda::sm90::WeightLaunchCache cache;
   if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) ||
-      (w.dtype() != DType::kBF16 && w.dtype() != DType::kF16 && !is_8bit_codes(w.dtype()))) {
+      (mxfp4
+           ? !is_packed_fp4(w.dtype())
+           : w.dtype() != DType::kBF16 && w.dtype() != DType::kF16 && !is_8bit_codes(w.dtype()))) {
     return cache;
   }
-  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w, out), &cache));
+  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w, out, mxfp4), &cache));
   return cache;
 }
 
@@ -227,10 +237,16 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   const int64_t M = x.size(0), K = x.size(1), topk = args.topk_ids.size(1);
   const int64_t E = args.w1.size(0), N = args.w1.size(1);
   const int64_t d = activation_output_dim(args.activation, N);
-  MOEKIT_CHECK(args.w2.size(2) == d, "w2 has I={} but the activation of w1 (N={}) gives {}",
-               args.w2.size(2), N, d);
+  // MXFP4: bf16 activations, W packed two elements per byte with e8m0 group scales.
+  const bool mxfp4 = state.scales == LaunchState::WeightScales::kMxfp4;
+  const int64_t per_byte = mxfp4 ? 2 : 1;
+  MOEKIT_CHECK(args.w2.size(2) * per_byte == d,
+               "w2 {} has I={} but the activation of w1 (N={}) gives {}", args.w2.describe(),
+               args.w2.size(2) * per_byte, N, d);
+  MOEKIT_CHECK(args.w1.size(2) * per_byte == K, "w1 {} holds K={} elements per row, x has {}",
+               args.w1.describe(), args.w1.size(2) * per_byte, K);
   const QuantConfig& quant = experts.quant_config();
-  const bool scaled = state.scales != LaunchState::WeightScales::kNone;
+  const bool scaled = state.scales != LaunchState::WeightScales::kNone && !mxfp4;
   // The activations' dtype (GEMM outputs, the activation, the output): x's, or for 8-bit codes
   // the output's; `codes` is the operands' dtype (the weights': e4m3 or int8).
   const DType dtype = scaled ? args.output.dtype() : x.dtype();
@@ -238,8 +254,13 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   MOEKIT_CHECK(!scaled || is_8bit_codes(codes), "w1 holds {}, the experts take e4m3 or int8 codes",
                args.w1.describe());
   expect_dtype(x, "hidden_states", {codes});
-  expect_dtype(args.w1, "w1", {codes});
-  expect_dtype(args.w2, "w2", {codes});
+  if (mxfp4) {
+    expect_dtype(args.w1, "w1", {DType::kUInt8, DType::kFp4E2M1x2});
+    expect_dtype(args.w2, "w2", {DType::kUInt8, DType::kFp4E2M1x2});
+  } else {
+    expect_dtype(args.w1, "w1", {codes});
+    expect_dtype(args.w2, "w2", {codes});
+  }
   const size_t es = element_size(dtype);
   const Ws2Layout l = ws2_layout(M, N, K, topk, E, args.activation, es, quant.a2);
   MOEKIT_CHECK(args.workspace2.nbytes() >= l.bytes, "workspace2 holds {} bytes, needs {}",
@@ -300,6 +321,10 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   if (scaled) {
     set_scaled_operands(g1, state, codes, state.w1_scale, quant.a1, args.a1q_scale, dtype);
   }
+  if (mxfp4) {
+    g1.w_packing = cuda::WPacking::kMxfp4;
+    g1.w_group_scale = state.w1_scale.data_as<const uint8_t>();
+  }
   void* act = at<void>(ws2, l.act);
   if (sm90_fuses_activation(experts.moe_config())) {
     // 2+3. GEMM1 with the gated activation in its epilogue: (rows, N/2) straight into ws2.
@@ -335,6 +360,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);
     g2.a = a2q.data();
   }
+  if (mxfp4) g2.w_group_scale = state.w2_scale.data_as<const uint8_t>();
   g2.gather_rows = nullptr;
   g2.w = args.w2.data();
   g2.bias = b2.defined() ? b2.data() : nullptr;
@@ -443,8 +469,9 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
 }
 
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype) {
-  state.w1 = prepare(w1, act_dtype);
-  state.w2 = prepare(w2, act_dtype);
+  const bool mxfp4 = state.scales == LaunchState::WeightScales::kMxfp4;
+  state.w1 = prepare(w1, act_dtype, mxfp4);
+  state.w2 = prepare(w2, act_dtype, mxfp4);
 }
 
 void prepare_shared(SharedMlp& mlp) {

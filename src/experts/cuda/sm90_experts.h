@@ -20,7 +20,9 @@ struct LaunchState {
   // fp8 / int8 experts: how W is scaled and its scales in the kernel's layout (f32 on the device;
   // see cuda::WScale: (E,), (E, N) in w13's kernel row order, or (E, ceil(N / 32), ceil(K / 128)));
   // kNone for 16-bit weights. The codes' dtype is the weights' (kFp8E4M3 or kInt8).
-  enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock };
+  // kMxfp4: W packed as e2m1 pairs (bf16 activations); the scales are the e8m0 codes (E, N, K / 32)
+  // in the kernel row order (cuda::WPacking::kMxfp4).
+  enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock, kMxfp4 };
   WeightScales scales = WeightScales::kNone;
   Tensor w1_scale, w2_scale;
 };
@@ -38,6 +40,7 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
 
 // SM count, kernel attributes and W's tensor maps for w1 (E, N, K) and w2 (E, K, N'), on their
 // device (fp8 / int8 codes: for GEMMs writing act_dtype). Outside graph capture.
+// MXFP4-packed weights (state.scales kMxfp4) are prepared as such.
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype);
 
 // align -> GEMM1 (+ fused activation) -> (activation) -> GEMM2 -> weighted unpermute.

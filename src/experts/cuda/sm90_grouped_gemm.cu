@@ -1,7 +1,7 @@
 // The host side every dtype of the grouped GEMM shares (sm90_grouped_gemm.h): argument checks,
 // tile selection, dispatch to the operand family (sm90_bf16_grouped_gemm.cu,
-// sm90_fp8_grouped_gemm.cu, sm90_int8_grouped_gemm.cu), the gate/up weight reorder of the fused
-// epilogue.
+// sm90_fp8_grouped_gemm.cu, sm90_int8_grouped_gemm.cu, sm90_w4a16_grouped_gemm.cu), the gate/up
+// weight reorder of the fused epilogue.
 #include "experts/cuda/sm90_grouped_gemm.h"
 
 #include <algorithm>
@@ -113,6 +113,7 @@ std::string check_8bit_operands(const GroupedGemmArgs& args, const char* what) {
 }  // namespace detail
 
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args) {
+  if (args.w_packing == WPacking::kMxfp4) return sm90::TileFamily::kW4A16;
   if (args.dtype == ElemType::kS8) return sm90::TileFamily::kInt8;
   return elem_bytes(args.dtype) == 1 ? sm90::TileFamily::kFp8 : sm90::TileFamily::k16Bit;
 }
@@ -126,6 +127,9 @@ std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& 
     case sm90::TileFamily::kInt8:
       why = detail::can_implement_int8(args);
       break;
+    case sm90::TileFamily::kW4A16:
+      why = detail::can_implement_w4a16(args);
+      break;
     default:
       why = detail::can_implement_16bit(args);
       break;
@@ -138,7 +142,10 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
                                          sm90::WeightLaunchCache* cache) {
   *cache = sm90::WeightLaunchCache{};
   const sm90::TileFamily family = tile_family_of(args);
-  const bool scaled = family != sm90::TileFamily::k16Bit;
+  const bool scaled = family == sm90::TileFamily::kFp8 || family == sm90::TileFamily::kInt8;
+  if (family == sm90::TileFamily::kW4A16 && args.dtype != ElemType::kBF16) {
+    return cudaErrorInvalidValue;
+  }
   if (scaled ? (args.dtype != ElemType::kE4M3 && args.dtype != ElemType::kS8) ||
                    (args.out_dtype != ElemType::kBF16 && args.out_dtype != ElemType::kF16)
              : args.dtype != ElemType::kBF16 && args.dtype != ElemType::kF16) {
@@ -153,6 +160,9 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
       break;
     case sm90::TileFamily::kInt8:
       e = detail::prepare_int8(args, &c);
+      break;
+    case sm90::TileFamily::kW4A16:
+      e = detail::prepare_w4a16(args, &c);
       break;
     default:
       e = detail::prepare_16bit(args, &c);
@@ -178,6 +188,8 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
       return detail::run_fp8(args, row, params, stream);
     case sm90::TileFamily::kInt8:
       return detail::run_int8(args, row, params, stream);
+    case sm90::TileFamily::kW4A16:
+      return detail::run_w4a16(args, row, params, stream);
     default:
       return detail::run_16bit(args, row, params, stream);
   }

@@ -72,6 +72,14 @@ enum class WScale : uint8_t {
                  // blocks-of-32 reorder moves apart)
 };
 
+// How W is stored when it is not in the operand type:
+enum class WPacking : uint8_t {
+  kNone,   // W in dtype (bf16 / f16 / e4m3 / int8)
+  kMxfp4,  // OCP MXFP4: w (num_experts, n, k / 2) bytes of e2m1 pairs (element 2i in the low
+           // nibble of byte i), w_group_scale (num_experts, n, k / 32) e8m0 codes; dtype (A and
+           // C) bf16. Each 32-element group is converted exactly to bf16 (e2m1 x 2^(s - 127)).
+};
+
 // Row alignment the kernel requires of expert_offsets: none. Offsets need not be padded to the tile
 // height; partial tiles are predicated (loads zero-filled, stores masked).
 inline constexpr int kRowAlign = 1;
@@ -122,6 +130,9 @@ struct GroupedGemmArgs {
   int64_t a_scale_ld = 0;  // kRowBlock128: floats between rows (>= ceil(k / 128))
   WScale w_scale_kind = WScale::kNone;
   const float* w_scale = nullptr;
+  // Packed W (see WPacking); kNone: W is in dtype.
+  WPacking w_packing = WPacking::kNone;
+  const uint8_t* w_group_scale = nullptr;  // kMxfp4: (num_experts, n, k / 32) e8m0 codes
   // Fused gated activation (see above); kNone = plain GEMM (C has n columns).
   FusedActivation fused_act = FusedActivation::kNone;
   bool has_clamp_limit = false;  // kSiluMul only: clamp g above and u to [-L, L]
@@ -173,14 +184,15 @@ void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_
                              bool source_is_pairwise_interleaved);
 
 // The tile family that serves the operand type of `args` (k16Bit for bf16 / f16, kFp8 for e4m3,
-// kInt8 for int8).
+// kInt8 for int8, kW4A16 for MXFP4-packed W with bf16 A).
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args);
 
 namespace detail {
 // The checks every dtype of the grouped GEMM shares (can_implement adds the family's own).
 std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGemmParams& params);
 // Each family's own checks, W preparation and launch of table row `row` (one of its rows):
-// sm90_bf16_grouped_gemm.cu, sm90_fp8_grouped_gemm.cu and sm90_int8_grouped_gemm.cu.
+// sm90_bf16_grouped_gemm.cu, sm90_fp8_grouped_gemm.cu, sm90_int8_grouped_gemm.cu and
+// sm90_w4a16_grouped_gemm.cu.
 std::string can_implement_16bit(const GroupedGemmArgs& args);
 cudaError_t prepare_16bit(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_16bit(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
@@ -189,6 +201,10 @@ std::string can_implement_fp8(const GroupedGemmArgs& args);
 cudaError_t prepare_fp8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_fp8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
                     cudaStream_t stream);
+std::string can_implement_w4a16(const GroupedGemmArgs& args);
+cudaError_t prepare_w4a16(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
+cudaError_t run_w4a16(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
+                      cudaStream_t stream);
 std::string can_implement_int8(const GroupedGemmArgs& args);
 cudaError_t prepare_int8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_int8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,

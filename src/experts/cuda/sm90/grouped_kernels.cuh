@@ -334,6 +334,36 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
 // ---- kSingleRole --------------------------------------------------------------------------------
 
+// Single-role loaders: the source of each A row this thread copies (16-byte chunk `chunk` of the
+// item's rows row_in_pass + i * kRowsPerPass; null: padding, past the expert's rows or a gather
+// row < 0), and the copy of those chunks of K stage k_bytes into the stage at dst (zeros for null
+// sources and past K).
+template <typename Shape>
+__device__ __forceinline__ void gathered_a_sources(const KernelParams& p, const WorkItem& w,
+                                                   int row_in_pass, int chunk,
+                                                   const uint8_t* (&a_src)[Shape::kAPasses]) {
+#pragma unroll
+  for (int i = 0; i < Shape::kAPasses; ++i) {
+    const int row = w.m0 + row_in_pass + i * Shape::kRowsPerPass;
+    const uint8_t* src = nullptr;
+    if (row < w.row_end) {
+      const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+      if (s >= 0) src = p.a + static_cast<int64_t>(s) * p.lda_bytes + chunk * kChunkBytes;
+    }
+    a_src[i] = src;
+  }
+}
+template <typename Shape>
+__device__ __forceinline__ void copy_a_stage(const KernelParams& p,
+                                             const uint8_t* const (&a_src)[Shape::kAPasses],
+                                             uint32_t dst, bool k_ok, int64_t k_bytes) {
+#pragma unroll
+  for (int i = 0; i < Shape::kAPasses; ++i) {
+    const bool ok = k_ok && a_src[i] != nullptr;
+    cp_async_16(dst + i * Shape::kRowsPerPass * kRowBytes, ok ? a_src[i] + k_bytes : p.a, ok);
+  }
+}
+
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     single_role_kernel(const KernelParams p) {
@@ -373,16 +403,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
 
     const uint8_t* a_src[Shape::kAPasses];
-#pragma unroll
-    for (int i = 0; i < Shape::kAPasses; ++i) {
-      const int row = w.m0 + row_in_pass + i * Shape::kRowsPerPass;
-      const uint8_t* src = nullptr;
-      if (row < w.row_end) {
-        const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
-        if (s >= 0) src = p.a + static_cast<int64_t>(s) * p.lda_bytes + chunk * kChunkBytes;
-      }
-      a_src[i] = src;
-    }
+    gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
     const uint8_t* w_src[Shape::kBPasses];
 #pragma unroll
     for (int i = 0; i < Shape::kBPasses; ++i) {
@@ -398,12 +419,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         const uint32_t sb = sa + Shape::kStageABytes;
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
         const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes;
-#pragma unroll
-        for (int i = 0; i < Shape::kAPasses; ++i) {
-          const bool ok = k_ok && a_src[i] != nullptr;
-          cp_async_16(sa + swizzled + i * Shape::kRowsPerPass * kRowBytes,
-                      ok ? a_src[i] + k_bytes : p.a, ok);
-        }
+        copy_a_stage<Shape>(p, a_src, sa + swizzled, k_ok, k_bytes);
 #pragma unroll
         for (int i = 0; i < Shape::kBPasses; ++i) {
           const bool ok = k_ok && w_src[i] != nullptr;
@@ -446,6 +462,176 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   }
 }
 
+// ---- kW4A16: packed MXFP4 W converted in shared memory ------------------------------------------
+
+// Eight e2m1 codes (a 32-bit word of packed pairs, element 2i in the low nibble of byte i) times
+// 2^(s - 127) as bf16 pairs: out[j] holds elements 2j (low half) and 2j + 1. Exact: every e2m1
+// value times a power of two in bf16's range is a bf16. Each code's magnitude bits go to bits 6..8
+// and its sign to bit 15 of a bf16 whose value is then the e2m1 value times 2^-126 (a subnormal
+// for the codes 0 and 0.5, which bf16 arithmetic keeps); the multiply by `f1` (and `f2`) restores
+// the scale.
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t packed, uint32_t f1, uint32_t f2,
+                                               bool two_steps, uint32_t (&out)[4]) {
+  const uint32_t high = packed >> 4;  // element 2j + 1 in the low nibble of byte j
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    // Low half <- byte j of packed (element 2j), high half <- byte j of high (element 2j + 1).
+    const uint32_t t = __byte_perm(packed, high, 0x0400u + 0x0101u * j);
+    const uint32_t mag = (t << 6) & 0x01C001C0u;
+    const uint32_t sign = (t << 12) & 0x80008000u;
+    uint32_t v = mul_bf16x2(mag | sign, f1);
+    if (two_steps) v = mul_bf16x2(v, f2);
+    out[j] = v;
+  }
+}
+
+// The bf16x2 factors that turn the codes' 2^-126-scaled bf16 into e2m1 x 2^(s - 127): one
+// multiply by 2^(s - 1) while that is a bf16 normal (s <= 128), else 2^126 then 2^(s - 127);
+// s = 255 (NaN) gives NaN.
+struct W4Factors {
+  uint32_t f1, f2;
+  bool two_steps;
+};
+__device__ __forceinline__ W4Factors w4_factors(uint32_t s) {
+  auto pow2 = [](uint32_t biased) {  // 2^(biased - 127) as a bf16 pair
+    const uint32_t h = (biased & 0xFFu) << 7;
+    return h | (h << 16);
+  };
+  W4Factors f;
+  if (s == 255u) {
+    f.f1 = 0x7FC07FC0u;
+    f.f2 = f.f1;
+    f.two_steps = false;
+  } else if (s <= 128u) {
+    f.f1 = pow2(s + 126u);  // 2^(s - 1)
+    f.f2 = f.f1;
+    f.two_steps = false;
+  } else {
+    f.f1 = pow2(253u);  // 2^126
+    f.f2 = pow2(s);     // 2^(s - 127)
+    f.two_steps = true;
+  }
+  return f;
+}
+
+// Single-role mainloop of the kW4A16 rows. Every thread copies its part of a stage (gathered A
+// rows and packed W rows by cp.async into the ring); after the stage lands, thread t converts the
+// 32-element group (row t / 2, half t % 2) of the packed stage into one of two bf16 W tiles
+// (128-byte swizzled, the layout the 16-bit wgmma reads), and the warpgroups compute on it while
+// the next stage converts into the other tile. Two block barriers per K step: stage landed, tile
+// converted.
+template <typename T, typename OutT, int kTile>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    w4a16_kernel(const KernelParams p) {
+  using Shape = ShapeOf<T, kTile>;
+  static_assert(Shape::kPackedW4 && std::is_same_v<T, __nv_bfloat16>);
+  constexpr int kBM = Shape::kBM;
+  constexpr int kBN = Shape::kBN;
+  constexpr int kStages = Shape::kStages;
+  constexpr int kAcc = kBN / 2;
+  constexpr int kPackedRow = Shape::kPackedRowBytes;  // 32 bytes = 64 elements of K
+
+  extern __shared__ uint8_t smem_dynamic[];
+  __shared__ int s_tile_prefix[kMaxExperts + 1];  // m-tiles of experts [0, e)
+  const uint32_t converted_base = ring_base(smem_dynamic);
+  const uint32_t smem_base = converted_base + Shape::kConvertedBytes;
+  const uint8_t* smem_generic = smem_dynamic + (converted_base - smem_u32(smem_dynamic));
+
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < 32) tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
+  __syncthreads();
+
+  const int total_m_tiles = s_tile_prefix[p.num_experts];
+  const int total_items = total_m_tiles * p.n_tiles;
+  const int chunk = tid & 7;         // A: 16-byte column of the tile row this thread loads
+  const int row_in_pass = tid >> 3;  // A: tile row (mod kRowsPerPass) this thread loads
+  const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
+  const int w_row = tid >> 1;  // W: the packed row this thread loads and converts
+  const int w_half = tid & 1;  // W: its 32-element group of the stage
+  const int warpgroup = tid / 128;
+  const int64_t w_row_bytes = p.k / 2;
+  KStep<T, kBN> step;
+
+  for (int item = static_cast<int>(blockIdx.x); item < total_items;
+       item += static_cast<int>(gridDim.x)) {
+    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+    const uint8_t* a_src[Shape::kAPasses];
+    gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
+    const int n = w.n0 + w_row;
+    const int64_t w_index = static_cast<int64_t>(w.expert) * p.n + n;
+    const uint8_t* w_src = n < p.n ? p.w + w_index * w_row_bytes + w_half * kChunkBytes : nullptr;
+    const uint8_t* scale_src = n < p.n ? p.w_group_scale + w_index * p.k_groups + w_half : nullptr;
+
+    auto load_stage = [&](int kt) {
+      if (kt < p.k_tiles) {
+        const uint32_t sa = smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes);
+        const uint32_t sb = sa + Shape::kStageABytes;
+        const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
+        const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes;
+        copy_a_stage<Shape>(p, a_src, sa + swizzled, k_ok, k_bytes);
+        const bool w_ok = w_src != nullptr && kt * Shape::kBK + w_half * 32 < p.k;
+        cp_async_16(sb + w_row * kPackedRow + w_half * kChunkBytes,
+                    w_ok ? w_src + static_cast<int64_t>(kt) * kPackedRow : p.w, w_ok);
+      }
+      cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
+    };
+    // The e8m0 code of this thread's group in K step kt (127 = 1.0 past k or n: the codes are 0).
+    auto load_scale = [&](int kt) -> uint32_t {
+      const bool ok = scale_src != nullptr && kt < p.k_tiles && kt * 2 + w_half < p.k_groups;
+      return ok ? __ldg(scale_src + 2 * kt) : 127u;
+    };
+
+    typename KStep<T, kBN>::Acc acc[kAcc];
+    zero_accumulators(acc);
+
+    __syncthreads();  // every warpgroup is done with the ring and the converted tiles
+#pragma unroll
+    for (int s = 0; s < kStages - 2; ++s)
+      load_stage(s);
+    uint32_t next_scale = load_scale(0);
+
+    for (int kt = 0; kt < p.k_tiles; ++kt) {
+      cp_async_wait<kStages - 3>();  // this thread's copies of tile kt have landed
+      __syncthreads();               // ... and every thread's
+      // Refill the stage of tile kt - 2 (its wgmma completed before this barrier: wgmma_wait<1>
+      // after step kt - 1; its packed W was converted at step kt - 2).
+      load_stage(kt + kStages - 2);
+      const uint32_t scale = next_scale;
+      next_scale = load_scale(kt + 1);
+      const int stage_offset = (kt % kStages) * Shape::kStageBytes;
+      const uint32_t stage = smem_base + static_cast<uint32_t>(stage_offset);
+      // Convert this thread's group into tile kt % 2 (last read by the wgmma of step kt - 2).
+      const uint4 q = *reinterpret_cast<const uint4*>(smem_generic + Shape::kConvertedBytes +
+                                                      stage_offset + Shape::kStageABytes +
+                                                      w_row * kPackedRow + w_half * kChunkBytes);
+      const W4Factors f = w4_factors(scale);
+      const uint32_t tile = static_cast<uint32_t>((kt & 1) * kBN * kRowBytes);
+      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {  // 8 elements = one 16-byte chunk of the bf16 row
+        uint32_t v[4];
+        e2m1x8_to_bf16(words[c], f.f1, f.f2, f.two_steps, v);
+        st_shared_v4(converted_base + tile + swizzled_offset(w_row, 4 * w_half + c), v);
+      }
+      fence_proxy_async();  // the A copies and the converted tile, seen by the tensor cores
+      __syncthreads();
+      step.run(acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
+               converted_base + tile, p, w, FragmentRows{{-1, -1}}, kt);
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+
+    float out[kAcc];
+    step.finish(acc, out, p, w, FragmentRows{{-1, -1}}, tid & 31);
+    store_warpgroup_tile<OutT, kBN>(p, out, w, warpgroup, tid);
+  }
+}
+
 // ---- host side ----------------------------------------------------------------------------------
 
 // f(OutT{}) for the output type of a scaled (fp8 / int8) problem: bf16 or f16.
@@ -458,7 +644,9 @@ cudaError_t with_out_type(ElemType out, F&& f) {
 // The kernel of table row kTile for operand T and output OutT.
 template <typename T, typename OutT, int kTile>
 constexpr auto kernel_of() {
-  if constexpr (ShapeOf<T, kTile>::kTma) {
+  if constexpr (ShapeOf<T, kTile>::kPackedW4) {
+    return &w4a16_kernel<T, OutT, kTile>;
+  } else if constexpr (ShapeOf<T, kTile>::kTma) {
     return &ws_tma_kernel<T, OutT, kTile>;
   } else {
     return &single_role_kernel<T, OutT, kTile>;
@@ -520,6 +708,8 @@ KernelParams kernel_params(const GroupedGemmArgs& args) {
   p.w_scale_kind = args.w_scale_kind;
   p.w_scale = args.w_scale;
   p.w_scale_row_blocks = div_up(args.n, 32);
+  p.w_group_scale = args.w_group_scale;
+  p.k_groups = args.k / 32;
   return p;
 }
 

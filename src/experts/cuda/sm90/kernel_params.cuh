@@ -37,6 +37,9 @@ struct KernelParams {
   WScale w_scale_kind;
   const float* w_scale;
   int w_scale_row_blocks;  // ceil(n / 32): kBlock32x128's blocks of 32 rows per expert
+  // W4A16 (packed MXFP4 W): the e8m0 code of each 32-element K group, (E, n, k / 32).
+  const uint8_t* w_group_scale;
+  int k_groups;  // k / 32
 };
 
 }  // namespace moekit::cuda::sm90

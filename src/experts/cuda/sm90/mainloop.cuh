@@ -31,10 +31,15 @@ struct TileShape {
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kLoaderThreads = kTma ? 128 : kConsumerThreads;  // threads issuing cp.async
   static constexpr int kThreads = kConsumerThreads + (kTma ? 128 : 0);  // + the producer
+  // W4A16: the ring holds W packed (32 bytes of e2m1 pairs per row and stage); two bf16 W tiles
+  // (kConvertedBytes) in front of it receive the converted stages, alternately.
+  static constexpr bool kPackedW4 = kConfig.family == TileFamily::kW4A16;
+  static constexpr int kPackedRowBytes = kRowBytes / 4;
   static constexpr int kStageABytes = kBM * kRowBytes;
-  static constexpr int kStageBBytes = kBN * kRowBytes;
+  static constexpr int kStageBBytes = kBN * (kPackedW4 ? kPackedRowBytes : kRowBytes);
   static constexpr int kStageBytes = kStageABytes + kStageBBytes;
-  static constexpr int kDynamicSmem = kStages * kStageBytes + kSmemAlign;
+  static constexpr int kConvertedBytes = kPackedW4 ? 2 * kBN * kRowBytes : 0;
+  static constexpr int kDynamicSmem = kConvertedBytes + kStages * kStageBytes + kSmemAlign;
   static constexpr int kRowsPerPass = kLoaderThreads / (kRowBytes / kChunkBytes);
   static constexpr int kAPasses = kBM / kRowsPerPass;
   static constexpr int kBPasses = kBN / kRowsPerPass;  // single-role: W by cp.async too
@@ -43,6 +48,9 @@ struct TileShape {
   static constexpr int kProducerRegisters = 56;
   static constexpr int kConsumerRegisters = 224;
   static_assert(kAPasses * kRowsPerPass == kBM);
+  static_assert(kStageBytes % kSmemAlign == 0 && kConvertedBytes % kSmemAlign == 0,
+                "every stage starts on the swizzle period");
+  static_assert(!kPackedW4 || kConsumerThreads == 2 * kBN, "one thread per 32-value W group");
   static_assert(kTma || kBPasses * kRowsPerPass == kBN);
   static_assert(!kRebalanceRegisters ||
                 128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);

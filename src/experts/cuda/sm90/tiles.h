@@ -30,6 +30,8 @@ enum class TileFamily : uint8_t {
            // into the fp32 accumulator with its block scales (2x the accumulator registers)
   kInt8,   // int8 operands: an exact int32 accumulator, one wgmma group kept in flight; the
            // per-tensor / per-row / per-channel scales applied once, in the epilogue
+  kW4A16,  // MXFP4 weights (e2m1 + e8m0 per 32 of K) with bf16 activations: the packed weights
+           // stream into the ring and are converted to bf16 in shared memory each K step
 };
 
 struct TileConfig {
@@ -69,15 +71,24 @@ inline constexpr TileConfig kTileTable[] = {
      "more CTAs, 2 per SM; weight streaming"},
     {"128x256", TileFamily::kInt8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each W and A tile"},
+    // W4A16: single-role only (every thread loads, converts its 32-value group and computes); a
+    // stage holds 64 elements of K: 128 bytes of A per row, 32 bytes of packed W per row.
+    {"64x64", TileFamily::kW4A16, 64, 64, 8, 1, 2, MainloopKind::kSingleRole, 63,
+     "more CTAs, 2 per SM, 6 K steps of packed weights in flight"},
+    {"128x128", TileFamily::kW4A16, 128, 128, 5, 2, 1, MainloopKind::kSingleRole, INT64_MAX,
+     "4x the reuse of each converted W tile"},
 };
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
 
 // NOTE: the rows the kernels assume of every table row; fp8 rows promote per 128 columns of K
-// (one K stage) with one weight scale per 32 rows, and their bn divides 128.
+// (one K stage) with one weight scale per 32 rows, and their bn divides 128; W4A16 rows are
+// single-role with one thread per 32-value weight group of a stage (2 bn threads).
 constexpr bool valid_tile(const TileConfig& t) {
   return t.bm == 64 * t.consumers && t.stages >= 2 && t.bn % 64 == 0 && t.bn <= 256 &&
          (t.kind == MainloopKind::kWarpSpecializedTma || t.stages >= 3) &&
-         (t.family != TileFamily::kFp8 || 128 % t.bn == 0);
+         (t.family != TileFamily::kFp8 || 128 % t.bn == 0) &&
+         (t.family != TileFamily::kW4A16 ||
+          (t.kind == MainloopKind::kSingleRole && t.bn == 64 * t.consumers));
 }
 constexpr bool valid_table() {
   for (int i = 0; i < kNumTiles; ++i) {
@@ -91,7 +102,8 @@ constexpr bool valid_table() {
 }
 static_assert(valid_table(),
               "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (dividing 128 for "
-              "fp8), stages >= 3 for single-role rows; the last row of a family takes any size");
+              "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows; the last row of "
+              "a family takes any size");
 
 // The row of `family` named `name`, or -1.
 constexpr int find_tile(std::string_view name, TileFamily family = TileFamily::k16Bit) {
