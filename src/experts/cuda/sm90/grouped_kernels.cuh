@@ -520,11 +520,11 @@ __device__ __forceinline__ W4Factors w4_factors(uint32_t s) {
 }
 
 // Single-role mainloop of the kW4A16 rows. Every thread copies its part of a stage (gathered A
-// rows and packed W rows by cp.async into the ring); after the stage lands, thread t converts the
-// 32-element group (row t / 2, half t % 2) of the packed stage into one of two bf16 W tiles
-// (128-byte swizzled, the layout the 16-bit wgmma reads), and the warpgroups compute on it while
-// the next stage converts into the other tile. Two block barriers per K step: stage landed, tile
-// converted.
+// rows and packed W rows by cp.async into the ring); thread t converts the 32-element group
+// (row t / 2, half t % 2) of each packed stage into one of kConvertedTiles bf16 W tiles (128-byte
+// swizzled, the layout the 16-bit wgmma reads) one K step ahead: while the tensor cores run step
+// kt on tile kt % 3, the threads convert step kt + 1 into the tile step kt - 2 read. One block
+// barrier per K step.
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     w4a16_kernel(const KernelParams p) {
@@ -535,6 +535,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   constexpr int kStages = Shape::kStages;
   constexpr int kAcc = kBN / 2;
   constexpr int kPackedRow = Shape::kPackedRowBytes;  // 32 bytes = 64 elements of K
+  constexpr int kConvertedTiles = Shape::kConvertedTiles;
+  static_assert(kStages >= 4, "tile kt + 1 lands while kStages - 4 later tiles stay in flight");
 
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];  // m-tiles of experts [0, e)
@@ -589,28 +591,14 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     typename KStep<T, kBN>::Acc acc[kAcc];
     zero_accumulators(acc);
 
-    __syncthreads();  // every warpgroup is done with the ring and the converted tiles
-#pragma unroll
-    for (int s = 0; s < kStages - 2; ++s)
-      load_stage(s);
-    uint32_t next_scale = load_scale(0);
-
-    for (int kt = 0; kt < p.k_tiles; ++kt) {
-      cp_async_wait<kStages - 3>();  // this thread's copies of tile kt have landed
-      __syncthreads();               // ... and every thread's
-      // Refill the stage of tile kt - 2 (its wgmma completed before this barrier: wgmma_wait<1>
-      // after step kt - 1; its packed W was converted at step kt - 2).
-      load_stage(kt + kStages - 2);
-      const uint32_t scale = next_scale;
-      next_scale = load_scale(kt + 1);
-      const int stage_offset = (kt % kStages) * Shape::kStageBytes;
-      const uint32_t stage = smem_base + static_cast<uint32_t>(stage_offset);
-      // Convert this thread's group into tile kt % 2 (last read by the wgmma of step kt - 2).
-      const uint4 q = *reinterpret_cast<const uint4*>(smem_generic + Shape::kConvertedBytes +
-                                                      stage_offset + Shape::kStageABytes +
-                                                      w_row * kPackedRow + w_half * kChunkBytes);
+    // This thread's 32-element group of K step kt, converted with its scale code into converted
+    // tile kt % kConvertedTiles.
+    auto convert = [&](int kt, uint32_t scale) {
+      const uint4 q = *reinterpret_cast<const uint4*>(
+          smem_generic + Shape::kConvertedBytes + (kt % kStages) * Shape::kStageBytes +
+          Shape::kStageABytes + w_row * kPackedRow + w_half * kChunkBytes);
       const W4Factors f = w4_factors(scale);
-      const uint32_t tile = static_cast<uint32_t>((kt & 1) * kBN * kRowBytes);
+      const uint32_t tile = static_cast<uint32_t>((kt % kConvertedTiles) * kBN * kRowBytes);
       const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
       for (int c = 0; c < 4; ++c) {  // 8 elements = one 16-byte chunk of the bf16 row
@@ -618,10 +606,39 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         e2m1x8_to_bf16(words[c], f.f1, f.f2, f.two_steps, v);
         st_shared_v4(converted_base + tile + swizzled_offset(w_row, 4 * w_half + c), v);
       }
-      fence_proxy_async();  // the A copies and the converted tile, seen by the tensor cores
+    };
+
+    __syncthreads();  // every warpgroup is done with the ring and the converted tiles
+#pragma unroll
+    for (int s = 0; s < kStages - 2; ++s)
+      load_stage(s);
+    const uint32_t first_scale = load_scale(0);
+    uint32_t next_scale = load_scale(1);
+    cp_async_wait<kStages - 3>();  // tile 0 has landed (this thread's copies)
+    __syncthreads();               // ... every thread's
+    convert(0, first_scale);
+
+    for (int kt = 0; kt < p.k_tiles; ++kt) {
+      cp_async_wait<kStages - 4>();  // this thread's copies of tile kt + 1 have landed
+      fence_proxy_async();           // its conversion of tile kt, seen by the tensor cores
+      // Every thread's: tile kt converted, tile kt + 1 landed, the wgmma of step kt - 2 done
+      // (wgmma_wait<1> after issuing step kt - 1).
       __syncthreads();
-      step.run(acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
-               converted_base + tile, p, w, FragmentRows{{-1, -1}}, kt);
+      // Refill the stage of tile kt - 2 (its wgmma is done; its W was converted at step kt - 3).
+      load_stage(kt + kStages - 2);
+      mma_stage<T, kBN>(acc, smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes +
+                                                               warpgroup * 64 * kRowBytes),
+                        converted_base + static_cast<uint32_t>((kt % kConvertedTiles) * kBN *
+                                                               kRowBytes));
+      // While the tensor cores run step kt: convert tile kt + 1 into the tile the wgmma of step
+      // kt - 2 read.
+      if (kt + 1 < p.k_tiles) {
+        const uint32_t scale = next_scale;
+        next_scale = load_scale(kt + 2);
+        convert(kt + 1, scale);
+      }
+      wgmma_wait<1>();
+      fence_registers(acc);
     }
     wgmma_wait<0>();
     fence_registers(acc);

@@ -31,14 +31,15 @@ struct TileShape {
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kLoaderThreads = kTma ? 128 : kConsumerThreads;  // threads issuing cp.async
   static constexpr int kThreads = kConsumerThreads + (kTma ? 128 : 0);  // + the producer
-  // W4A16: the ring holds W packed (32 bytes of e2m1 pairs per row and stage); two bf16 W tiles
-  // (kConvertedBytes) in front of it receive the converted stages, alternately.
+  // W4A16: the ring holds W packed (32 bytes of e2m1 pairs per row and stage); three bf16 W tiles
+  // (kConvertedBytes) in front of it receive the converted stages in turn.
   static constexpr bool kPackedW4 = kConfig.family == TileFamily::kW4A16;
   static constexpr int kPackedRowBytes = kRowBytes / 4;
+  static constexpr int kConvertedTiles = 3;
   static constexpr int kStageABytes = kBM * kRowBytes;
   static constexpr int kStageBBytes = kBN * (kPackedW4 ? kPackedRowBytes : kRowBytes);
   static constexpr int kStageBytes = kStageABytes + kStageBBytes;
-  static constexpr int kConvertedBytes = kPackedW4 ? 2 * kBN * kRowBytes : 0;
+  static constexpr int kConvertedBytes = kPackedW4 ? kConvertedTiles * kBN * kRowBytes : 0;
   static constexpr int kDynamicSmem = kConvertedBytes + kStages * kStageBytes + kSmemAlign;
   static constexpr int kRowsPerPass = kLoaderThreads / (kRowBytes / kChunkBytes);
   static constexpr int kAPasses = kBM / kRowsPerPass;

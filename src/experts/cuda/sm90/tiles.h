@@ -75,7 +75,7 @@ inline constexpr TileConfig kTileTable[] = {
     // stage holds 64 elements of K: 128 bytes of A per row, 32 bytes of packed W per row.
     {"64x64", TileFamily::kW4A16, 64, 64, 8, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, 6 K steps of packed weights in flight"},
-    {"128x128", TileFamily::kW4A16, 128, 128, 5, 2, 1, MainloopKind::kSingleRole, INT64_MAX,
+    {"128x128", TileFamily::kW4A16, 128, 128, 8, 2, 1, MainloopKind::kSingleRole, INT64_MAX,
      "4x the reuse of each converted W tile"},
 };
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
