@@ -144,10 +144,11 @@ std::vector<float> bias_floats(const Tensor& b, const char* name, int64_t E, int
 }
 
 ExpertsCapabilities emulation_caps(const char* name, std::vector<QuantScheme> schemes,
-                                   bool deferred) {
+                                   bool deferred,
+                                   ActivationFormat format = ActivationFormat::kStandard) {
   ExpertsCapabilities caps;
   caps.name = name;
-  caps.format = ActivationFormat::kStandard;
+  caps.format = format;
   caps.monolithic = false;
   caps.device_types = {DeviceType::kCPU};
   caps.supports_no_act_and_mul = true;
@@ -564,6 +565,109 @@ const ExpertsClass& CpuW4A8Experts::klass() {
   return k;
 }
 
+// ---- CpuBatchedEmulationExperts ----------------------------------------------------------------
+
+CpuBatchedEmulationExperts::CpuBatchedEmulationExperts(const ExpertsClass& klass,
+                                                       const MoEConfig& moe,
+                                                       const QuantConfig& quant,
+                                                       std::optional<int64_t> max_num_tokens,
+                                                       std::optional<int> num_dispatchers)
+    : CpuEmulationExperts(klass, moe, quant, max_num_tokens, num_dispatchers) {
+  MOEKIT_CHECK(max_num_tokens && num_dispatchers,
+               "{}: max_num_tokens and num_dispatchers must be set for the BatchedExperts "
+               "activation format",
+               klass.name());
+}
+
+namespace {
+
+// The batched twin of a standard emulation class: its schemes, the batched format; `self` is the
+// accessor of the record being built (the experts it makes refer to it).
+ExpertsClass batched_emulation_class(const char* name, const ExpertsClass& standard,
+                                     const ExpertsClass& (*self)()) {
+  return ExpertsClass(
+      emulation_caps(name, standard.caps().quant_schemes, /*deferred=*/false,
+                     ActivationFormat::kBatchedExperts),
+      [self](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> mnt,
+             std::optional<int> nd) -> std::unique_ptr<Experts> {
+        return std::make_unique<CpuBatchedEmulationExperts>(self(), moe, quant, mnt, nd);
+      });
+}
+
+}  // namespace
+
+const ExpertsClass& CpuBatchedEmulationExperts::fp8_klass() {
+  static const ExpertsClass k = batched_emulation_class(
+      "CpuBatchedFp8Experts", CpuFp8Experts::klass(), &CpuBatchedEmulationExperts::fp8_klass);
+  return k;
+}
+
+const ExpertsClass& CpuBatchedEmulationExperts::int8_klass() {
+  static const ExpertsClass k = batched_emulation_class(
+      "CpuBatchedInt8Experts", CpuInt8Experts::klass(), &CpuBatchedEmulationExperts::int8_klass);
+  return k;
+}
+
+const ExpertsClass& CpuBatchedEmulationExperts::mxfp4_klass() {
+  static const ExpertsClass k = batched_emulation_class(
+      "CpuBatchedMxfp4Experts", CpuMxfp4Experts::klass(), &CpuBatchedEmulationExperts::mxfp4_klass);
+  return k;
+}
+
+ProblemSize CpuBatchedEmulationExperts::moe_problem_size(const Tensor& a1, const Tensor& w1,
+                                                         const Tensor& w2,
+                                                         const Tensor& topk_ids) const {
+  expect_dim(a1, "hidden_states", 3);
+  expect_dim(w1, "w1", 3);
+  expect_dim(w2, "w2", 3);
+  expect_dim(topk_ids, "topk_ids", 2);
+  MOEKIT_CHECK(a1.size(0) == w1.size(0), "batched hidden_states {} has {} experts but w1 {} has {}",
+               a1.describe(), a1.size(0), w1.describe(), w1.size(0));
+  return ProblemSize{w1.size(0), a1.size(1), w1.size(1), w2.size(1), topk_ids.size(1)};
+}
+
+WorkspaceShapes CpuBatchedEmulationExperts::workspace_shapes(int64_t, int64_t N, int64_t K, int64_t,
+                                                             int64_t, int64_t local_num_experts,
+                                                             const ExpertTokensMetadata*,
+                                                             Activation activation) const {
+  return batched_row_workspace_shapes(local_num_experts, N, K, activation);
+}
+
+std::shared_ptr<const TopKWeightAndReduce>
+CpuBatchedEmulationExperts::finalize_weight_and_reduce_impl() const {
+  return std::make_shared<TopKWeightAndReduceDelegate>();
+}
+
+void CpuBatchedEmulationExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
+  expect_dim(args.hidden_states, "hidden_states", 3);
+  expect_dim(args.output, "output", 3);
+  MOEKIT_CHECK(args.expert_tokens_meta != nullptr,
+               "{} needs expert_tokens_meta (tokens per local expert)", name());
+  const int64_t E = args.hidden_states.size(0), T = args.hidden_states.size(1);
+  const int64_t Kq = args.hidden_states.size(2), K = args.output.size(2);
+  expect_shape(args.output, "output", {E, T, K});
+  const std::vector<int64_t> counts = args.expert_tokens_meta->host_counts(E, T, name());
+  // Row (e, r) is a token of local expert e when r < count_e; the others compute nothing.
+  std::vector<int64_t> ids(static_cast<size_t>(E * T), -1);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < counts[static_cast<size_t>(e)]; ++r)
+      ids[static_cast<size_t>(e * T + r)] = e;
+  }
+  ExpertsApplyArgs flat = args;
+  flat.hidden_states = args.hidden_states.view({E * T, Kq});
+  flat.output = args.output.view({E * T, 1, K});
+  flat.topk_ids = Tensor::from_ints(ids, {E * T, 1}, DType::kInt32);
+  const std::vector<float> ones(static_cast<size_t>(E * T), 1.0f);
+  flat.topk_weights = Tensor::from_floats(ones, {E * T, 1}, DType::kF32);
+  flat.global_num_experts = E;
+  flat.expert_map = Tensor{};
+  flat.expert_tokens_meta = nullptr;
+  if (args.a1q_scale.defined() && args.a1q_scale.dim() == 3) {
+    flat.a1q_scale = args.a1q_scale.view({E * T, args.a1q_scale.size(2)});
+  }
+  CpuEmulationExperts::apply(flat, ctx);
+}
+
 // ---- backend registrations: the CPU emulation of each quantized oracle -----------------------
 
 namespace {
@@ -582,13 +686,17 @@ ExpertsBackend emulation_backend(QuantOracleKind oracle, std::string name,
 }  // namespace
 
 MOEKIT_REGISTER_EXPERTS_BACKEND(fp8_cpu, [] {
-  ExpertsBackend b = emulation_backend(QuantOracleKind::kFp8, "cpu", {&CpuFp8Experts::klass()});
+  ExpertsBackend b =
+      emulation_backend(QuantOracleKind::kFp8, "cpu",
+                        {&CpuFp8Experts::klass(), &CpuBatchedEmulationExperts::fp8_klass()});
   b.aliases = {"emulation"};
   return b;
 }());
 
-MOEKIT_REGISTER_EXPERTS_BACKEND(int8_cpu, emulation_backend(QuantOracleKind::kInt8, "cpu",
-                                                            {&CpuInt8Experts::klass()}));
+MOEKIT_REGISTER_EXPERTS_BACKEND(int8_cpu,
+                                emulation_backend(QuantOracleKind::kInt8, "cpu",
+                                                  {&CpuInt8Experts::klass(),
+                                                   &CpuBatchedEmulationExperts::int8_klass()}));
 
 MOEKIT_REGISTER_EXPERTS_BACKEND(w4a8_cpu, emulation_backend(QuantOracleKind::kW4A8, "cpu",
                                                             {&CpuW4A8Experts::klass()}));
@@ -619,7 +727,8 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(nvfp4_emulation, [] {
 // OCP MX emulation works on whole MX blocks (32).
 MOEKIT_REGISTER_EXPERTS_BACKEND(mxfp4_emulation, [] {
   ExpertsBackend b = emulation_backend(QuantOracleKind::kMxfp4, "emulation",
-                                       {&CpuMxfp4Experts::klass(), &CpuOcpMxExperts::klass()});
+                                       {&CpuMxfp4Experts::klass(), &CpuOcpMxExperts::klass(),
+                                        &CpuBatchedEmulationExperts::mxfp4_klass()});
   b.aliases = {"cpu"};
   b.traits.hidden_align = 32;
   b.traits.intermediate_align = 32;

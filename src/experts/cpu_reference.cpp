@@ -310,14 +310,11 @@ const ExpertsClass& CpuBatchedReferenceExperts::klass() {
   return k;
 }
 
-WorkspaceShapes CpuBatchedReferenceExperts::workspace_shapes(
-    int64_t M, int64_t N, int64_t K, int64_t topk, int64_t global_num_experts,
-    int64_t local_num_experts, const ExpertTokensMetadata* expert_tokens_meta,
-    Activation activation) const {
-  const int64_t T = *max_num_tokens() * *num_dispatchers();
-  const int64_t E = local_num_experts;
-  return WorkspaceShapes{
-      {E, T, std::max(N, K)}, {E, T, adjust_N_for_activation(N, activation)}, {E, T, K}};
+WorkspaceShapes CpuBatchedReferenceExperts::workspace_shapes(int64_t, int64_t N, int64_t K, int64_t,
+                                                             int64_t, int64_t local_num_experts,
+                                                             const ExpertTokensMetadata*,
+                                                             Activation activation) const {
+  return batched_row_workspace_shapes(local_num_experts, N, K, activation);
 }
 
 std::shared_ptr<const TopKWeightAndReduce>
@@ -341,27 +338,12 @@ void CpuBatchedReferenceExperts::apply(const ExpertsApplyArgs& args, RunContext 
   expect_shape(args.output, "output", {E, T, w.K});
   MOEKIT_CHECK(args.expert_tokens_meta != nullptr,
                "CpuBatchedReferenceExperts needs expert_tokens_meta (tokens per local expert)");
-  std::vector<int64_t> counts;
-  if (args.expert_tokens_meta->expert_num_tokens_cpu.has_value()) {
-    const auto& list = *args.expert_tokens_meta->expert_num_tokens_cpu;
-    counts.assign(list.begin(), list.end());
-  } else {
-    const Tensor& t = args.expert_tokens_meta->expert_num_tokens;
-    expect_defined(t, "expert_num_tokens");
-    counts = (t.device().is_cpu() ? t : t.to(Device::cpu())).to_int_vector();
-  }
-  MOEKIT_CHECK(
-      static_cast<int64_t>(counts.size()) == E,
-      "CpuBatchedReferenceExperts: expert_num_tokens has {} entries, expected E_local = {}",
-      counts.size(), E);
+  const std::vector<int64_t> counts =
+      args.expert_tokens_meta->host_counts(E, T, "CpuBatchedReferenceExperts");
   std::vector<RowJob> jobs;
   jobs.reserve(static_cast<size_t>(E * T));
   for (int64_t e = 0; e < E; ++e) {
     const int64_t count = counts[static_cast<size_t>(e)];
-    MOEKIT_CHECK(count >= 0 && count <= T,
-                 "CpuBatchedReferenceExperts: local expert {} has {} tokens, must be in [0, {}] "
-                 "(hidden_states {})",
-                 e, count, T, args.hidden_states.describe());
     for (int64_t r = 0; r < T; ++r) {
       const int64_t offset = (e * T + r) * w.K;
       jobs.push_back(RowJob{r < count ? e : -1, offset, offset});

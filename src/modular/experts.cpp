@@ -58,6 +58,28 @@ ExpertTokensMetadata ExpertTokensMetadata::make_from_list(const std::vector<int3
   return meta;
 }
 
+std::vector<int64_t> ExpertTokensMetadata::host_counts(int64_t num_experts, int64_t capacity,
+                                                       std::string_view who) const {
+  std::vector<int64_t> counts;
+  if (expert_num_tokens_cpu.has_value()) {
+    counts.assign(expert_num_tokens_cpu->begin(), expert_num_tokens_cpu->end());
+  } else {
+    expect_defined(expert_num_tokens, "expert_num_tokens");
+    counts = (expert_num_tokens.device().is_cpu() ? expert_num_tokens
+                                                  : expert_num_tokens.to(Device::cpu()))
+                 .to_int_vector();
+  }
+  MOEKIT_CHECK(static_cast<int64_t>(counts.size()) == num_experts,
+               "{}: expert_num_tokens has {} entries, expected E_local = {}", who, counts.size(),
+               num_experts);
+  for (size_t e = 0; e < counts.size(); ++e) {
+    MOEKIT_CHECK(counts[e] >= 0 && counts[e] <= capacity,
+                 "{}: local expert {} has {} tokens, must be in [0, {}]", who, e, counts[e],
+                 capacity);
+  }
+  return counts;
+}
+
 ExpertsClass::ExpertsClass(ExpertsCapabilities caps, Factory make, ShapeCheck shape_check)
     : caps_(std::move(caps)), make_(std::move(make)), shape_check_(std::move(shape_check)) {}
 
@@ -140,6 +162,17 @@ Experts::Experts(const ExpertsClass& klass, const MoEConfig& moe, const QuantCon
                  "activation format",
                  klass.name());
   }
+}
+
+WorkspaceShapes ExpertsModular::batched_row_workspace_shapes(int64_t local_num_experts, int64_t N,
+                                                             int64_t K,
+                                                             Activation activation) const {
+  MOEKIT_CHECK(max_num_tokens() && num_dispatchers(),
+               "{}: the batched format needs max_num_tokens and num_dispatchers", name());
+  const int64_t T = *max_num_tokens() * *num_dispatchers();
+  const int64_t E = local_num_experts;
+  return WorkspaceShapes{
+      {E, T, std::max(N, K)}, {E, T, adjust_N_for_activation(N, activation)}, {E, T, K}};
 }
 
 ProblemSize ExpertsModular::moe_problem_size(const Tensor& a1, const Tensor& w1, const Tensor& w2,

@@ -192,7 +192,13 @@ INSTANTIATE_TEST_SUITE_P(Schemes, EpQuantized,
                                            QuantCase{"fp8_block128", "nccl_all2all"},
                                            QuantCase{"fp8_per_tensor", "allgather_reducescatter"},
                                            QuantCase{"int8_w8a8", "nccl_all2all"},
-                                           QuantCase{"mxfp4_a4", "allgather_reducescatter"}),
+                                           QuantCase{"mxfp4_a4", "allgather_reducescatter"},
+                                           // Batched experts: codes + per-row scales in the
+                                           // fixed-capacity exchange.
+                                           QuantCase{"fp8_per_channel", "batched_low_latency"},
+                                           QuantCase{"fp8_block128", "batched_low_latency"},
+                                           QuantCase{"int8_w8a8", "batched_low_latency"},
+                                           QuantCase{"mxfp4_w4a16", "batched_low_latency"}),
                          [](const auto& info) {
                            return testing::param_name(std::string(info.param.scheme) + "_" +
                                                       info.param.backend);

@@ -139,6 +139,35 @@ class CpuW4A8Experts final : public CpuEmulationExperts {
   static const ExpertsClass& klass();
 };
 
+// The BatchedExperts-format twin of an emulation class (fp8, int8, mxfp4: the ones whose inputs
+// are quantized in prepare, or not at all): hidden_states (E_local, T, K) codes with their scales
+// (E_local, T, G) or a per-tensor (1,), per-expert token counts in ExpertTokensMetadata; the same
+// engine over the flattened rows (row r of expert e computed when r < count_e, zeros after), the
+// output (E_local, T, K) unweighted (finalize: Delegate, the prepare/finalize's combine weights).
+// Needs max_num_tokens and num_dispatchers. The low-latency prepare/finalize with quantized
+// dispatch runs on these.
+class CpuBatchedEmulationExperts final : public CpuEmulationExperts {
+ public:
+  CpuBatchedEmulationExperts(const ExpertsClass& klass, const MoEConfig& moe,
+                             const QuantConfig& quant, std::optional<int64_t> max_num_tokens,
+                             std::optional<int> num_dispatchers);
+  // "CpuBatchedFp8Experts", "CpuBatchedInt8Experts", "CpuBatchedMxfp4Experts": the schemes of
+  // CpuFp8Experts, CpuInt8Experts, CpuMxfp4Experts in the batched format.
+  static const ExpertsClass& fp8_klass();
+  static const ExpertsClass& int8_klass();
+  static const ExpertsClass& mxfp4_klass();
+
+  // (E, T, N, K, topk) with K = w2.size(1) and hidden_states (E, T, K codes).
+  ProblemSize moe_problem_size(const Tensor& a1, const Tensor& w1, const Tensor& w2,
+                               const Tensor& topk_ids) const override;
+  WorkspaceShapes workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
+                                   int64_t global_num_experts, int64_t local_num_experts,
+                                   const ExpertTokensMetadata* expert_tokens_meta,
+                                   Activation activation) const override;
+  std::shared_ptr<const TopKWeightAndReduce> finalize_weight_and_reduce_impl() const override;
+  void apply(const ExpertsApplyArgs& args, RunContext ctx) override;
+};
+
 // The dequantized (rows, cols) fp32 values of expert e's weight codes `w` ((E, rows, Kc), see
 // above; or just expert e's (rows, Kc)) under `desc` (quant_config().w1 or w2). `a_desc` is the
 // matching activation descriptor (a1 for w1, a2 for w2): NVFP4 derives the weight's global scale

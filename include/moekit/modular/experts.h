@@ -169,6 +169,12 @@ class ExpertsModular : public Experts {
                           RunContext ctx) const;
   virtual std::shared_ptr<const TopKWeightAndReduce> finalize_weight_and_reduce_impl() const = 0;
   virtual void apply(const ExpertsApplyArgs& args, RunContext ctx) = 0;
+
+ protected:
+  // The workspaces of a BatchedExperts-format class computing row by row: (E, T, max(N, K)),
+  // (E, T, N after the activation), output (E, T, K) with T = max_num_tokens * num_dispatchers.
+  WorkspaceShapes batched_row_workspace_shapes(int64_t local_num_experts, int64_t N, int64_t K,
+                                               Activation activation) const;
 };
 
 struct MonolithicApplyArgs {

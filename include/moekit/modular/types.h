@@ -25,6 +25,10 @@ struct ExpertTokensMetadata {
   std::optional<std::vector<int32_t>> expert_num_tokens_cpu;  // same counts on the host, if known
 
   static ExpertTokensMetadata make_from_list(const std::vector<int32_t>& counts, Device device);
+  // The counts on the host (expert_num_tokens_cpu, else a copy of expert_num_tokens), checked:
+  // `num_experts` of them, each in [0, capacity]; `who` names the caller in the errors.
+  std::vector<int64_t> host_counts(int64_t num_experts, int64_t capacity,
+                                   std::string_view who) const;
 };
 
 // Told when each stage of a forward has been queued (benchmarks record events here to time the
