@@ -118,12 +118,22 @@ inline QuantizedInput finish_dispatch(const Tensor& data, const Tensor& scale,
 
 // A host tensor of `rows` rows shaped like src's rows: row i = src row index[i], or zeros where
 // index[i] < 0. Any dtype (rows are copied as bytes).
-inline Tensor gather_rows(const Tensor& src, std::span<const int64_t> index) {
+// `slot` as an empty host tensor of `shape` and `dtype`, reallocated only when either differs.
+inline Tensor& reuse_host_tensor(Tensor& slot, const Shape& shape, DType dtype) {
+  if (!slot.defined() || slot.shape() != shape || slot.dtype() != dtype) {
+    slot = Tensor::empty(shape, dtype);
+  }
+  return slot;
+}
+
+// out[i] = src[index[i]] row by row (zeros where index[i] < 0); out is reused when it already
+// has the shape (index.size(), src's row) and src's dtype.
+inline Tensor& gather_rows_into(Tensor& out, const Tensor& src, std::span<const int64_t> index) {
   MOEKIT_CHECK(src.device().is_cpu(), "gather_rows: {} must be on the CPU", src.describe());
   const Tensor s = src.is_contiguous() ? src : src.clone();
   Shape shape = s.shape();
   shape[0] = static_cast<int64_t>(index.size());
-  Tensor out = Tensor::empty(shape, s.dtype());
+  reuse_host_tensor(out, shape, s.dtype());
   const int64_t rb = row_bytes(s);
   const char* from = static_cast<const char*>(s.data());
   char* to = static_cast<char*>(out.data());
@@ -134,6 +144,12 @@ inline Tensor gather_rows(const Tensor& src, std::span<const int64_t> index) {
       std::memcpy(to + static_cast<int64_t>(i) * rb, from + index[i] * rb, static_cast<size_t>(rb));
     }
   }
+  return out;
+}
+
+inline Tensor gather_rows(const Tensor& src, std::span<const int64_t> index) {
+  Tensor out;
+  gather_rows_into(out, src, index);
   return out;
 }
 

@@ -76,14 +76,17 @@ PrepareResult PrepareFinalizeLowLatency::prepare(const PrepareArgs& args, RunCon
 
   const detail::DispatchPayload payload =
       detail::make_dispatch_payload(a1, args.quant_config, args.defer_input_quant, ctx);
-  auto exchange = [&](const Tensor& src) {
-    const Tensor send = detail::gather_rows(src, send_src);
-    Tensor recv = detail::rows_like(send, W * block_rows);
+  auto exchange = [&](const Tensor& src, Tensor& send, Tensor& recv) -> const Tensor& {
+    detail::gather_rows_into(send, src, send_src);
+    Shape shape = send.shape();
+    shape[0] = W * block_rows;
+    detail::reuse_host_tensor(recv, shape, send.dtype());
     comm_->all_to_all_v(send, per_rank_rows, recv, per_rank_rows, Stream{});
     return recv;
   };
-  const Tensor data = exchange(payload.data);
-  const Tensor scale = payload.scale_has_rows ? exchange(payload.scale) : Tensor{};
+  const Tensor data = exchange(payload.data, send_, recv_);
+  const Tensor scale =
+      payload.scale_has_rows ? exchange(payload.scale, send_scale_, recv_scale_) : Tensor{};
 
   // Pack each local expert's rows: source 0's first, then source 1's, ...
   const int64_t T = W * C;
@@ -99,8 +102,8 @@ PrepareResult PrepareFinalizeLowLatency::prepare(const PrepareArgs& args, RunCon
     }
     counts[static_cast<size_t>(e)] = static_cast<int32_t>(offset);
   }
-  auto batched = [&](const Tensor& rows) {
-    const Tensor packed = detail::gather_rows(rows, pack);
+  auto batched = [&](const Tensor& rows, Tensor& packed) {
+    detail::gather_rows_into(packed, rows, pack);
     return packed.view({El, T, packed.size(1)});
   };
   PrepareResult result;
@@ -110,8 +113,8 @@ PrepareResult PrepareFinalizeLowLatency::prepare(const PrepareArgs& args, RunCon
     result.a1q = q.data.view({El, T, q.data.size(1)});
     result.a1q_scale = q.scale;  // one per-tensor scale for the whole batch
   } else {
-    result.a1q = batched(data);
-    result.a1q_scale = payload.scale_has_rows ? batched(scale) : payload.scale;
+    result.a1q = batched(data, packed_);
+    result.a1q_scale = payload.scale_has_rows ? batched(scale, packed_scale_) : payload.scale;
   }
   result.expert_tokens_meta = ExpertTokensMetadata::make_from_list(counts, Device::cpu());
   return result;
@@ -138,8 +141,10 @@ void PrepareFinalizeLowLatency::finalize(const FinalizeArgs& args, RunContext ct
   // The rows travel in the experts' output dtype: they are not summed before they arrive, so
   // nothing is lost (and bf16 halves the bytes of f32).
   const Tensor rows = args.fused_expert_output.view({El * T, K});
-  const Tensor send = detail::gather_rows(rows, back_src);
-  Tensor back = detail::rows_like(send, W * El * C);
+  const Tensor& send = detail::gather_rows_into(back_send_, rows, back_src);
+  Shape back_shape = send.shape();
+  back_shape[0] = W * El * C;
+  Tensor& back = detail::reuse_host_tensor(back_, back_shape, send.dtype());
   const std::vector<int64_t> per_rank_rows(static_cast<size_t>(W), El * C);
   comm_->all_to_all_v(send, per_rank_rows, back, per_rank_rows, Stream{});
 

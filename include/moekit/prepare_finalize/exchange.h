@@ -143,6 +143,10 @@ class PrepareFinalizeLowLatency final : public PrepareFinalizeExchange {
   // buffer it went to (-1: no expert); the counts received per (source rank, local expert).
   std::vector<int64_t> slot_row_;
   std::vector<int64_t> recv_counts_;
+  // Host buffers of the fixed-size exchanges, kept across forwards (their sizes depend only on
+  // the capacity and the row width): allocating them per forward costs page faults that dominate
+  // the exchange on the CPU.
+  Tensor send_, recv_, send_scale_, recv_scale_, packed_, packed_scale_, back_send_, back_;
   int64_t M_ = 0, topk_ = 0;
   bool weights_on_input_ = false;
 };
