@@ -468,8 +468,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // 2^(s - 127) as bf16 pairs: out[j] holds elements 2j (low half) and 2j + 1. Exact: every e2m1
 // value times a power of two in bf16's range is a bf16. Each code's magnitude bits go to bits 6..8
 // and its sign to bit 15 of a bf16 whose value is then the e2m1 value times 2^-126 (a subnormal
-// for the codes 0 and 0.5, which bf16 arithmetic keeps); the multiply by `f1` (and `f2`) restores
-// the scale.
+// for the code 0.5, which bf16 arithmetic keeps); the multiply by `f1` (and `f2`) restores the
+// scale.
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
@@ -480,7 +480,8 @@ __device__ __forceinline__ void e2m1x8_to_bf16(uint32_t packed, uint32_t f1, uin
   const uint32_t high = packed >> 4;  // element 2j + 1 in the low nibble of byte j
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    // Low half <- byte j of packed (element 2j), high half <- byte j of high (element 2j + 1).
+    // Low half <- byte j of packed (element 2j), high half <- byte j of high (element 2j + 1);
+    // bytes 1 and 3 (packed's byte 0) and the other nibbles land outside the masks below.
     const uint32_t t = __byte_perm(packed, high, 0x0400u + 0x0101u * j);
     const uint32_t mag = (t << 6) & 0x01C001C0u;
     const uint32_t sign = (t << 12) & 0x80008000u;
