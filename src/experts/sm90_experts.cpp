@@ -570,42 +570,42 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_batched, [] {
   return b;
 }());
 
-// ---- backend registration (the fp8 oracle) ----------------------------------------------------
+// ---- backend registrations (the quantized oracles) --------------------------------------------
 
-MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_fp8, [] {
-  ExpertsBackend b = sm90_backend("sm90_fp8", Sm90Fp8Experts::klass(), kPriorityNativeGpu);
-  b.oracle = QuantOracleKind::kFp8;
+namespace {
+
+// A Hopper backend of a quantized oracle: alias "cuda", native-GPU priority.
+ExpertsBackend sm90_quantized_backend(std::string name, const ExpertsClass& klass,
+                                      QuantOracleKind oracle, std::string description) {
+  ExpertsBackend b = sm90_backend(std::move(name), klass, kPriorityNativeGpu);
+  b.oracle = oracle;
   b.aliases = {"cuda"};
-  b.description =
-      "Hopper e4m3 wgmma grouped GEMMs: 128x128 block / per-tensor / per-channel weights, block "
-      "scales promoted per 128 of K";
+  b.description = std::move(description);
   return b;
-}());
+}
 
-// ---- backend registration (the mxfp4 oracle) --------------------------------------------------
+}  // namespace
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(
+    sm90_fp8, sm90_quantized_backend(
+                  "sm90_fp8", Sm90Fp8Experts::klass(), QuantOracleKind::kFp8,
+                  "Hopper e4m3 wgmma grouped GEMMs: 128x128 block / per-tensor / per-channel "
+                  "weights, block scales promoted per 128 of K"));
 
 MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4, [] {
-  ExpertsBackend b = sm90_backend("sm90_mxfp4", Sm90Mxfp4Experts::klass(), kPriorityNativeGpu);
-  b.oracle = QuantOracleKind::kMxfp4;
-  b.aliases = {"cuda"};
+  ExpertsBackend b = sm90_quantized_backend(
+      "sm90_mxfp4", Sm90Mxfp4Experts::klass(), QuantOracleKind::kMxfp4,
+      "Hopper bf16 wgmma grouped GEMMs on MXFP4 weights (gpt-oss W4A16): packed e2m1 streamed "
+      "and converted to bf16 in shared memory with its e8m0 scale per 32");
   b.traits.hidden_align = 32;
   b.traits.intermediate_align = 32;
-  b.description =
-      "Hopper bf16 wgmma grouped GEMMs on MXFP4 weights (gpt-oss W4A16): packed e2m1 streamed "
-      "and converted to bf16 in shared memory with its e8m0 scale per 32";
   return b;
 }());
 
-// ---- backend registration (the int8 oracle) ---------------------------------------------------
-
-MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_int8, [] {
-  ExpertsBackend b = sm90_backend("sm90_int8", Sm90Int8Experts::klass(), kPriorityNativeGpu);
-  b.oracle = QuantOracleKind::kInt8;
-  b.aliases = {"cuda"};
-  b.description =
-      "Hopper s8 wgmma grouped GEMMs: per-tensor / per-channel weights, per-token / per-tensor "
-      "activations, exact int32 accumulation";
-  return b;
-}());
+MOEKIT_REGISTER_EXPERTS_BACKEND(
+    sm90_int8, sm90_quantized_backend(
+                   "sm90_int8", Sm90Int8Experts::klass(), QuantOracleKind::kInt8,
+                   "Hopper s8 wgmma grouped GEMMs: per-tensor / per-channel weights, per-token / "
+                   "per-tensor activations, exact int32 accumulation"));
 
 }  // namespace moekit

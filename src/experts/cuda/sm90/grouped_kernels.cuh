@@ -627,10 +627,11 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       __syncthreads();
       // Refill the stage of tile kt - 2 (its wgmma is done; its W was converted at step kt - 3).
       load_stage(kt + kStages - 2);
-      mma_stage<T, kBN>(acc, smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes +
-                                                               warpgroup * 64 * kRowBytes),
-                        converted_base + static_cast<uint32_t>((kt % kConvertedTiles) * kBN *
-                                                               kRowBytes));
+      mma_stage<T, kBN>(
+          acc,
+          smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes +
+                                            warpgroup * 64 * kRowBytes),
+          converted_base + static_cast<uint32_t>((kt % kConvertedTiles) * kBN * kRowBytes));
       // While the tensor cores run step kt: convert tile kt + 1 into the tile the wgmma of step
       // kt - 2 read.
       if (kt + 1 < p.k_tiles) {
