@@ -331,7 +331,13 @@ Sm90Fp8Experts::Sm90Fp8Experts(const MoEConfig& moe, const QuantConfig& quant)
     : Sm90StandardExpertsBase(klass(), moe, with_device_activation_scales(quant, moe)) {
   MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp8E4M3 && quant.a1.dtype == QuantDType::kFp8E4M3,
                "Sm90Fp8Experts runs fp8 W8A8 layers only, got {}", quant.describe());
-  state_->tile = sm90::tile_from_config(moe, "Sm90Fp8Experts", cuda::sm90::TileFamily::kFp8);
+  // Block scales (1x128 activation groups, 128x128 weight blocks) vary along K and run the
+  // promoting rows; per-tensor / per-token / per-channel scales run the direct ones.
+  const bool block_scales = !(quant.w1.shape.is_per_tensor() || quant.w1.shape.is_per_channel()) ||
+                            !(quant.a1.shape.is_per_tensor() || quant.a1.shape.is_per_token());
+  state_->tile = sm90::tile_from_config(
+      moe, "Sm90Fp8Experts",
+      block_scales ? cuda::sm90::TileFamily::kFp8 : cuda::sm90::TileFamily::kFp8Direct);
   bind_weight_scales(*state_, moe, quant);
 }
 
@@ -590,7 +596,8 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(
     sm90_fp8, sm90_quantized_backend(
                   "sm90_fp8", Sm90Fp8Experts::klass(), QuantOracleKind::kFp8,
                   "Hopper e4m3 wgmma grouped GEMMs: 128x128 block / per-tensor / per-channel "
-                  "weights, block scales promoted per 128 of K"));
+                  "weights, block scales promoted per 128 of K, the others accumulated in the "
+                  "tensor cores"));
 
 MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4, [] {
   ExpertsBackend b = sm90_quantized_backend(

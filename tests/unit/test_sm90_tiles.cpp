@@ -26,6 +26,10 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
             sm90::TileFamily::kFp8);
   EXPECT_EQ(sm90::find_tile("128x256", sm90::TileFamily::kFp8), -1);
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8), "64x64, 64x128, 128x128");
+  // fp8 without block scales keeps no temporary accumulator: its prefill row is 128x256.
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct), "64x64, 128x256");
+  EXPECT_NE(sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct),
+            sm90::find_tile("64x64", sm90::TileFamily::kFp8));
 }
 
 // Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): below 64 rows per
@@ -44,6 +48,10 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
   EXPECT_EQ(fp8_small, sm90::find_tile("64x64", sm90::TileFamily::kFp8));
   EXPECT_EQ(fp8_large, sm90::find_tile("128x128", sm90::TileFamily::kFp8));
   EXPECT_TRUE(testing::contains_all(why, {"128x128", "promotion"}));
+  EXPECT_EQ(sm90::select_tile(1, &why, sm90::TileFamily::kFp8Direct),
+            sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct));
+  EXPECT_EQ(sm90::select_tile(64, &why, sm90::TileFamily::kFp8Direct),
+            sm90::find_tile("128x256", sm90::TileFamily::kFp8Direct));
 }
 
 TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {

@@ -1,7 +1,8 @@
-// The fp8 family of the Hopper grouped GEMM (sm90_grouped_gemm.h): e4m3 operands with per-tensor,
-// per-row / per-channel or 1x128 / 128x128 block scales, bf16 / f16 output, fp32 accumulation with
-// each 128-element K block promoted out of the tensor cores (sm90/grouped_kernels.cuh, KStep),
-// over the kFp8 rows of the tile table.
+// The fp8 families of the Hopper grouped GEMM (sm90_grouped_gemm.h): e4m3 operands with per-tensor,
+// per-row / per-channel or 1x128 / 128x128 block scales, bf16 / f16 output. Block scales run the
+// kFp8 rows (each 128-element K block promoted out of the tensor cores, sm90/grouped_kernels.cuh
+// KStep); scales that do not vary along K run the kFp8Direct rows (accumulated in the tensor cores
+// over all of K, the scales applied in the epilogue).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -31,10 +32,25 @@ std::string can_implement_fp8(const GroupedGemmArgs& args) {
   return "";
 }
 
+namespace {
+
+// f(std::integral_constant<TileFamily, family>) for the fp8 family of `args`.
+template <typename F>
+cudaError_t with_fp8_family(const GroupedGemmArgs& args, F&& f) {
+  if (tile_family_of(args) == TileFamily::kFp8) {
+    return f(std::integral_constant<TileFamily, TileFamily::kFp8>{});
+  }
+  return f(std::integral_constant<TileFamily, TileFamily::kFp8Direct>{});
+}
+
+}  // namespace
+
+// Both families' rows: W's launch state is prepared before the scales of a problem are known.
 cudaError_t prepare_fp8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache) {
   return with_out_type(args.out_dtype, [&](auto tag) {
     using OutT = decltype(tag);
-    return prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kFp8>(args, cache);
+    MOEKIT_CUDA_TRY((prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kFp8>(args, cache)));
+    return prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kFp8Direct>(args, cache);
   });
 }
 
@@ -42,8 +58,10 @@ cudaError_t run_fp8(const GroupedGemmArgs& args, int row, const GroupedGemmParam
                     cudaStream_t stream) {
   return with_out_type(args.out_dtype, [&](auto tag) {
     using OutT = decltype(tag);
-    return with_tile<TileFamily::kFp8>(row, [&](auto tile) {
-      return launch<__nv_fp8_e4m3, OutT, decltype(tile)::value>(args, params, stream);
+    return with_fp8_family(args, [&](auto family) {
+      return with_tile<decltype(family)::value>(row, [&](auto tile) {
+        return launch<__nv_fp8_e4m3, OutT, decltype(tile)::value>(args, params, stream);
+      });
     });
   });
 }

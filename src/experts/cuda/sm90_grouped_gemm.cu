@@ -85,6 +85,22 @@ std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGe
     return "tile=" + to_string(params.tile) + " is not a row of the tile table for " +
            elem_type_name(args.dtype) + " (" + sm90::tile_names(family) + ") or -1";
   }
+  if (params.tile >= 0) return tile_fits(args, params.tile);
+  return "";
+}
+
+std::string tile_fits(const GroupedGemmArgs& args, int row) {
+  using std::to_string;
+  const sm90::TileConfig& t = sm90::kTileTable[row];
+  if (t.kind == sm90::MainloopKind::kSwapAB) {
+    if (args.k % 64 != 0) {
+      return std::string("tile ") + t.name + ": k=" + to_string(args.k) +
+             " is not a multiple of 64 (whole K steps of packed weights)";
+    }
+    if (reinterpret_cast<uintptr_t>(args.w_group_scale) % 4 != 0) {
+      return std::string("tile ") + t.name + ": w_group_scale is not 4-byte aligned";
+    }
+  }
   return "";
 }
 
@@ -115,13 +131,17 @@ std::string check_8bit_operands(const GroupedGemmArgs& args, const char* what) {
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args) {
   if (args.w_packing == WPacking::kMxfp4) return sm90::TileFamily::kW4A16;
   if (args.dtype == ElemType::kS8) return sm90::TileFamily::kInt8;
-  return elem_bytes(args.dtype) == 1 ? sm90::TileFamily::kFp8 : sm90::TileFamily::k16Bit;
+  if (elem_bytes(args.dtype) != 1) return sm90::TileFamily::k16Bit;
+  const bool block_scales =
+      args.a_scale_kind == AScale::kRowBlock128 || args.w_scale_kind == WScale::kBlock32x128;
+  return block_scales ? sm90::TileFamily::kFp8 : sm90::TileFamily::kFp8Direct;
 }
 
 std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& params) {
   std::string why;
   switch (tile_family_of(args)) {
     case sm90::TileFamily::kFp8:
+    case sm90::TileFamily::kFp8Direct:
       why = detail::can_implement_fp8(args);
       break;
     case sm90::TileFamily::kInt8:
@@ -142,7 +162,8 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
                                          sm90::WeightLaunchCache* cache) {
   *cache = sm90::WeightLaunchCache{};
   const sm90::TileFamily family = tile_family_of(args);
-  const bool scaled = family == sm90::TileFamily::kFp8 || family == sm90::TileFamily::kInt8;
+  const bool scaled = family == sm90::TileFamily::kFp8 || family == sm90::TileFamily::kFp8Direct ||
+                      family == sm90::TileFamily::kInt8;
   if (family == sm90::TileFamily::kW4A16 && args.dtype != ElemType::kBF16) {
     return cudaErrorInvalidValue;
   }
@@ -156,6 +177,7 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
   cudaError_t e = cudaSuccess;
   switch (family) {
     case sm90::TileFamily::kFp8:
+    case sm90::TileFamily::kFp8Direct:
       e = detail::prepare_fp8(args, &c);
       break;
     case sm90::TileFamily::kInt8:
@@ -185,6 +207,7 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
   const int row = params.tile >= 0 ? params.tile : select_grouped_gemm_tile(args);
   switch (tile_family_of(args)) {
     case sm90::TileFamily::kFp8:
+    case sm90::TileFamily::kFp8Direct:
       return detail::run_fp8(args, row, params, stream);
     case sm90::TileFamily::kInt8:
       return detail::run_int8(args, row, params, stream);
@@ -201,8 +224,21 @@ size_t get_workspace_size(const GroupedGemmArgs&, const GroupedGemmParams&) {
 
 int select_grouped_gemm_tile(const GroupedGemmArgs& args, std::string* why) {
   const int64_t experts = std::max(1, args.num_experts);
-  return sm90::select_tile((args.num_rows_upper_bound + experts - 1) / experts, why,
-                           tile_family_of(args));
+  const sm90::TileFamily family = tile_family_of(args);
+  int row = sm90::select_tile((args.num_rows_upper_bound + experts - 1) / experts, why, family);
+  // A row that cannot take the problem's shape gives way to the next row of its family (the last
+  // row of a family takes every shape).
+  for (std::string unfit = detail::tile_fits(args, row); !unfit.empty();
+       unfit = detail::tile_fits(args, row)) {
+    int next = row + 1;
+    while (sm90::kTileTable[next].family != family)
+      ++next;
+    if (why != nullptr) {
+      *why += std::string("; ") + unfit + ", so " + sm90::kTileTable[next].name;
+    }
+    row = next;
+  }
+  return row;
 }
 
 void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_t n, int64_t k,

@@ -183,11 +183,15 @@ void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_
 void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_t n, int elem_bytes,
                              bool source_is_pairwise_interleaved);
 
-// The tile family that serves the operand type of `args` (k16Bit for bf16 / f16, kFp8 for e4m3,
-// kInt8 for int8, kW4A16 for MXFP4-packed W with bf16 A).
+// The tile family that serves the operand type of `args` (k16Bit for bf16 / f16; e4m3: kFp8 with
+// block scales on A or W, kFp8Direct otherwise; kInt8 for int8, kW4A16 for MXFP4-packed W with
+// bf16 A).
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args);
 
 namespace detail {
+// "" when table row `row` (of the problem's family) takes the problem's shape, else why not (the
+// swap-AB row needs k % 64 == 0 and 4-byte aligned group scales).
+std::string tile_fits(const GroupedGemmArgs& args, int row);
 // The checks every dtype of the grouped GEMM shares (can_implement adds the family's own).
 std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGemmParams& params);
 // Each family's own checks, W preparation and launch of table row `row` (one of its rows):

@@ -23,10 +23,11 @@
 //      (a stage refilled two K steps after it was consumed, one __syncthreads per K step) and the
 //      warpgroups compute; faster at few rows per expert.
 //   The K step of a family (KStep below): 16-bit operands keep one wgmma group in flight and
-//   accumulate straight into acc. fp8 operands write each 128-byte K block (= 128 elements, one
-//   scale block) into a temporary, wait for it, and add it to acc times the block's A and W scales
-//   (promotion): the other consumer warpgroup's wgmma keeps the tensor cores busy meanwhile.
-//   int8 operands accumulate exactly in int32 like the 16-bit ones (no scale inside the K loop).
+//   accumulate straight into acc. fp8 operands with block scales (kFp8 rows) write each 128-byte
+//   K block (= 128 elements, one scale block) into a temporary, wait for it, and add it to acc
+//   times the block's A and W scales (promotion): the other consumer warpgroup's wgmma keeps the
+//   tensor cores busy meanwhile. fp8 with K-invariant scales (kFp8Direct rows) accumulates in the
+//   tensor cores like the 16-bit operands, and int8 exactly in int32 (no scale inside the K loop).
 //   4. Epilogue (epilogue.cuh): the accumulator as fp32 (int8: converted), the per-tensor /
 //      per-row / per-channel scales of fp8 or int8 multiplied in; then
 //      + bias, rounded to OutT, stored straight from the accumulator fragment with row (expert
@@ -80,28 +81,30 @@ __device__ __forceinline__ FragmentRows fragment_rows(const KernelParams& p, con
   return f;
 }
 
-// The K step of one warpgroup on the stage at (sa, sb): acc += A_kt . W_kt^T (16-bit, int8), or
-// acc += sa(kt) sw(kt) (A_kt . W_kt^T) (fp8, via tmp). Returns once the stage may be released
-// (fp8: its wgmma are done; 16-bit / int8: the previous stage's are, see release_lag).
-template <typename T, int kBN>
+// The K step of one warpgroup on the stage at (sa, sb): acc += A_kt . W_kt^T (16-bit, int8, fp8
+// of the kFp8Direct rows), or, with kPromote (fp8 block scales, the kFp8 rows),
+// acc += sa(kt) sw(kt) (A_kt . W_kt^T) via tmp. Returns once the stage may be released
+// (kPromote: its wgmma are done; otherwise the previous stage's are, see release_lag).
+template <typename T, int kBN, bool kPromote>
 struct KStep {
+  static_assert(!kPromote || kIsFp8<T>, "only fp8 promotes K blocks");
   static constexpr int kAcc = kBN / 2;
   using Acc = typename MmaOperand<T>::Acc;  // float, or int32 for int8
-  // Stages a consumer holds before releasing: 16-bit and int8 release stage kt - 1 after kt's
-  // wgmma are issued; fp8 releases stage kt itself.
-  static constexpr int release_lag = kIsFp8<T> ? 0 : 1;
+  // Stages a consumer holds before releasing: one group in flight releases stage kt - 1 after
+  // kt's wgmma are issued; kPromote releases stage kt itself.
+  static constexpr int release_lag = kPromote ? 0 : 1;
 
   static constexpr int kScaleBlocks = kBN / 32;  // weight-scale row blocks of a tile
 
-  float tmp[kIsFp8<T> ? kAcc : 1];
+  float tmp[kPromote ? kAcc : 1];
   // fp8 block scales of the next K step, loaded one step ahead so that their latency hides
   // behind the current step's wgmma (A: this thread's two rows; W: the tile's row blocks).
-  float next_fa[kIsFp8<T> ? 2 : 1];
-  float next_fw[kIsFp8<T> ? kScaleBlocks : 1];
+  float next_fa[kPromote ? 2 : 1];
+  float next_fw[kPromote ? kScaleBlocks : 1];
 
   __device__ __forceinline__ void load_block_scales(const KernelParams& p, const WorkItem& w,
                                                     const FragmentRows& rows, int kt) {
-    if constexpr (kIsFp8<T>) {
+    if constexpr (kPromote) {
       if (kt >= p.k_tiles) return;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -135,7 +138,7 @@ struct KStep {
   __device__ __forceinline__ void run(Acc (&acc)[kAcc], uint32_t sa, uint32_t sb,
                                       const KernelParams& p, const WorkItem& w,
                                       const FragmentRows& rows, int kt) {
-    if constexpr (!kIsFp8<T>) {
+    if constexpr (!kPromote) {
       mma_stage<T, kBN>(acc, sa, sb);
       wgmma_wait<1>();
       fence_registers(acc);
@@ -295,15 +298,16 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   // ---- consumer warpgroups ----------------------------------------------------------------------
   if constexpr (Shape::kRebalanceRegisters) setmaxnreg_inc<Shape::kConsumerRegisters>();
   const int lane = tid & 31;
-  constexpr int kLag = KStep<T, kBN>::release_lag;
-  KStep<T, kBN> step;
+  using Step = KStep<T, kBN, Shape::kPromoteKBlocks>;
+  constexpr int kLag = Step::release_lag;
+  Step step;
   int it = 0;  // K steps consumed so far by this CTA (all items)
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
     const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
     FragmentRows rows{{-1, -1}};
     if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
-    typename KStep<T, kBN>::Acc acc[kAcc];
+    typename Step::Acc acc[kAcc];
     zero_accumulators(acc);
     step.begin(p, w, rows);
 
@@ -393,7 +397,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
   const int warpgroup = tid / 128;
   const int w_row_bytes = p.k * static_cast<int>(sizeof(T));
-  KStep<T, kBN> step;
+  using Step = KStep<T, kBN, Shape::kPromoteKBlocks>;
+  Step step;
 
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
@@ -430,7 +435,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
     };
 
-    typename KStep<T, kBN>::Acc acc[kAcc];
+    typename Step::Acc acc[kAcc];
     zero_accumulators(acc);
     step.begin(p, w, rows);
 
@@ -445,7 +450,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       fence_proxy_async();           // make them visible to the tensor cores (async proxy)
       __syncthreads();
       // Refill the stage of tile kt - 2 before computing: every warpgroup's wgmma on it completed
-      // before this barrier (16-bit: wgmma_wait<1> after step kt - 1; fp8: wgmma_wait<0>), and
+      // before this barrier (wgmma_wait<1> after step kt - 1; promoted fp8: wgmma_wait<0>), and
       // issuing the copies first keeps kStages - 2 tiles in flight during the wgmma.
       load_stage(kt + kStages - 2);
       const uint32_t stage = smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes);
@@ -475,17 +480,22 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
+// The e2m1 codes in the low nibbles of bytes 0 and 2 of t as a bf16 pair (low half <- byte 0)
+// whose values are the codes' times 2^-126; bytes 1 and 3 and the high nibbles land outside the
+// masks.
+__device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t t) {
+  const uint32_t mag = (t << 6) & 0x01C001C0u;
+  const uint32_t sign = (t << 12) & 0x80008000u;
+  return mag | sign;
+}
 __device__ __forceinline__ void e2m1x8_to_bf16(uint32_t packed, uint32_t f1, uint32_t f2,
                                                bool two_steps, uint32_t (&out)[4]) {
   const uint32_t high = packed >> 4;  // element 2j + 1 in the low nibble of byte j
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    // Low half <- byte j of packed (element 2j), high half <- byte j of high (element 2j + 1);
-    // bytes 1 and 3 (packed's byte 0) and the other nibbles land outside the masks below.
+    // Low half <- byte j of packed (element 2j), high half <- byte j of high (element 2j + 1).
     const uint32_t t = __byte_perm(packed, high, 0x0400u + 0x0101u * j);
-    const uint32_t mag = (t << 6) & 0x01C001C0u;
-    const uint32_t sign = (t << 12) & 0x80008000u;
-    uint32_t v = mul_bf16x2(mag | sign, f1);
+    uint32_t v = mul_bf16x2(e2m1_pair_bits(t), f1);
     if (two_steps) v = mul_bf16x2(v, f2);
     out[j] = v;
   }
@@ -558,7 +568,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int w_half = tid & 1;  // W: its 32-element group of the stage
   const int warpgroup = tid / 128;
   const int64_t w_row_bytes = p.k / 2;
-  KStep<T, kBN> step;
+  using Step = KStep<T, kBN, Shape::kPromoteKBlocks>;
+  Step step;
 
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
@@ -589,7 +600,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       return ok ? __ldg(scale_src + 2 * kt) : 127u;
     };
 
-    typename KStep<T, kBN>::Acc acc[kAcc];
+    typename Step::Acc acc[kAcc];
     zero_accumulators(acc);
 
     // This thread's 32-element group of K step kt, converted with its scale code into converted
@@ -651,6 +662,201 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   }
 }
 
+// ---- kSwapAB: W4A16 with the weights as the wgmma's A operand ---------------------------------
+
+// The two codes of byte `sel`'s pick of `word` (sel = 0x4400 + 0x1111 * b: byte b and its high
+// nibble) as the bf16 pair (element 2i, 2i + 1) times 2^(s - 127).
+__device__ __forceinline__ uint32_t e2m1_byte_to_bf16(uint32_t word, uint32_t sel,
+                                                      const W4Factors& f) {
+  uint32_t v = mul_bf16x2(e2m1_pair_bits(__byte_perm(word, word >> 4, sel)), f.f1);
+  if (f.two_steps) v = mul_bf16x2(v, f.f2);
+  return v;
+}
+
+// Swap-AB mainloop of the kW4A16 decode row: one warpgroup computes D^T = W_tile . A_tile^T for a
+// work item of kBM (16) tokens x kBN (64) weight rows, so that a few tokens per expert still fill
+// the wgmma's M with weights. Each K step (64 elements) every thread copies one 16-byte chunk of
+// the tokens (128-byte swizzled rows, the wgmma's B), one of the packed W rows and, for 64 threads,
+// the 4-byte word holding a W row's two e8m0 codes into a kStages ring (one cp.async group per
+// step, one 128-thread barrier). The consumer side reads its two fragment rows (32 packed bytes
+// each) from the ring, converts them straight into the A fragment registers (two sets, so that
+// step kt's conversion overlaps step kt - 1's wgmma) and issues 4 m64n16k16 wgmma. The epilogue
+// transposes the accumulator through shared memory into the 16-bit kernels' fragment layout, and
+// warp 0 stores it with store_tile (bias, fused activation). Needs k % 64 == 0 (whole K steps; the
+// two codes of a step in one aligned word) and a 4-byte aligned w_group_scale.
+template <typename T, typename OutT, int kTile>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    w4a16_swapab_kernel(const KernelParams p) {
+  using Shape = ShapeOf<T, kTile>;
+  static_assert(Shape::kSwapAB && std::is_same_v<T, __nv_bfloat16>);
+  constexpr int kBM = Shape::kBM;  // tokens of an item: the wgmma's N
+  constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
+  static_assert(kBM == 16 && kBN == 64 && Shape::kThreads == 128);
+  constexpr int kStages = Shape::kStages;
+  constexpr int kPackedRow = Shape::kPackedRowBytes;  // 32 bytes = 64 elements of K
+  constexpr int kSteps = kRowBytes / kMmaKBytes;      // wgmma (16 elements of K) per K step
+  constexpr int kOutLd = kBN + 4;                     // floats per token of the transposed tile
+
+  extern __shared__ uint8_t smem_dynamic[];
+  __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
+  __shared__ uint32_t s_scale_words[kStages][kBN];
+  const uint32_t ring = ring_base(smem_dynamic);
+  uint8_t* ring_generic = smem_dynamic + (ring - smem_u32(smem_dynamic));
+
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < 32) tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
+  __syncthreads();
+  const int total_m_tiles = s_tile_prefix[p.num_experts];
+  const int total_items = total_m_tiles * p.n_tiles;
+
+  // Loading roles: token row tid / 8, chunk tid % 8; packed W row tid / 2, half tid % 2; the codes
+  // word of W row tid (tid < kBN).
+  const int tok_row = tid >> 3;
+  const uint32_t tok_dst = swizzled_offset(tok_row, tid & 7);
+  const int w_row = tid >> 1;
+  const uint32_t w_dst = Shape::kStageABytes + w_row * kPackedRow + (tid & 1) * kChunkBytes;
+  // Fragment roles: rows r0 and r0 + 8 of the item's weight rows; byte q of every packed word.
+  const int lane = tid & 31;
+  const int r0 = (tid >> 5) * 16 + (lane >> 2);
+  const uint32_t sel = 0x4400u + 0x1111u * static_cast<uint32_t>(lane & 3);
+  const int64_t w_row_bytes = p.k / 2;
+
+  for (int item = static_cast<int>(blockIdx.x); item < total_items;
+       item += static_cast<int>(gridDim.x)) {
+    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+    const uint8_t* tok_src = nullptr;
+    if (const int row = w.m0 + tok_row; row < w.row_end) {
+      const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+      if (s >= 0) tok_src = p.a + static_cast<int64_t>(s) * p.lda_bytes + (tid & 7) * kChunkBytes;
+    }
+    const int64_t w_first = static_cast<int64_t>(w.expert) * p.n + w.n0;  // W row of item row 0
+    const uint8_t* w_src = w.n0 + w_row < p.n
+                               ? p.w + (w_first + w_row) * w_row_bytes + (tid & 1) * kChunkBytes
+                               : nullptr;
+    const uint8_t* scale_src =
+        tid < kBN && w.n0 + tid < p.n ? p.w_group_scale + (w_first + tid) * p.k_groups : nullptr;
+
+    auto load_stage = [&](int kt) {
+      if (kt < p.k_tiles) {
+        const int s = kt % kStages;
+        const uint32_t stage = ring + static_cast<uint32_t>(s * Shape::kStageBytes);
+        cp_async_16(stage + tok_dst,
+                    tok_src != nullptr ? tok_src + static_cast<int64_t>(kt) * kRowBytes : p.a,
+                    tok_src != nullptr);
+        cp_async_16(stage + w_dst,
+                    w_src != nullptr ? w_src + static_cast<int64_t>(kt) * kPackedRow : p.w,
+                    w_src != nullptr);
+        if (tid < kBN) {
+          // Codes 2kt and 2kt + 1 of the row: bytes 0-1 or 2-3 of their aligned word.
+          const uint8_t* word = p.w_group_scale;
+          if (scale_src != nullptr) {
+            const uint8_t* codes = scale_src + 2 * kt;
+            word = codes - (reinterpret_cast<uintptr_t>(codes) & 3u);
+          }
+          cp_async_4(smem_u32(&s_scale_words[s][tid]), word, scale_src != nullptr);
+        }
+      }
+      cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
+    };
+
+    float acc[kBM / 2];
+    zero_accumulators(acc);
+    uint32_t frag[2][kSteps][4];  // two sets of A fragments (K steps kt and kt - 1)
+    // Byte offset parity (0 or 2 within the word) of the codes of rows r0, r0 + 8 at K step 0;
+    // each step adds 2 bytes.
+    const uint32_t par0 = static_cast<uint32_t>(((w_first + r0) * p.k_groups) & 2);
+    const uint32_t par1 = static_cast<uint32_t>(((w_first + r0 + 8) * p.k_groups) & 2);
+
+    auto step = [&](int kt, auto set_tag) {
+      constexpr int kSet = decltype(set_tag)::value;
+      cp_async_wait<kStages - 3>();  // this thread's copies of step kt have landed
+      fence_proxy_async();           // the tokens, seen by the tensor cores
+      // Every thread's copies of step kt landed; every wgmma of step kt - 2 is done (waited at
+      // the end of step kt - 1), so its stage and its fragment set are free.
+      __syncthreads();
+      load_stage(kt + kStages - 2);
+      const int s = kt % kStages;
+      const uint8_t* packed = ring_generic + s * Shape::kStageBytes + Shape::kStageABytes;
+      const uint4 a0 = *reinterpret_cast<const uint4*>(packed + r0 * kPackedRow);
+      const uint4 b0 = *reinterpret_cast<const uint4*>(packed + r0 * kPackedRow + 16);
+      const uint4 a1 = *reinterpret_cast<const uint4*>(packed + (r0 + 8) * kPackedRow);
+      const uint4 b1 = *reinterpret_cast<const uint4*>(packed + (r0 + 8) * kPackedRow + 16);
+      const uint32_t shift = static_cast<uint32_t>(kt & 1) * 2;  // 2 bytes per step
+      const uint32_t c0 = s_scale_words[s][r0] >> (((par0 + shift) & 2) * 8);
+      const uint32_t c1 = s_scale_words[s][r0 + 8] >> (((par1 + shift) & 2) * 8);
+      // Groups 2kt (wgmma 0, 1) and 2kt + 1 (wgmma 2, 3) of each row.
+      const W4Factors f0[2] = {w4_factors(c0 & 0xFFu), w4_factors((c0 >> 8) & 0xFFu)};
+      const W4Factors f1[2] = {w4_factors(c1 & 0xFFu), w4_factors((c1 >> 8) & 0xFFu)};
+      const uint32_t row0[8] = {a0.x, a0.y, a0.z, a0.w, b0.x, b0.y, b0.z, b0.w};
+      const uint32_t row1[8] = {a1.x, a1.y, a1.z, a1.w, b1.x, b1.y, b1.z, b1.w};
+      uint32_t(&a)[kSteps][4] = frag[kSet];
+#pragma unroll
+      for (int j = 0; j < kSteps; ++j) {
+        // Word 2j holds K elements 16j .. 16j + 7, word 2j + 1 the next 8: byte q of each is the
+        // pair (2q, 2q + 1) of this thread's fragment columns.
+        a[j][0] = e2m1_byte_to_bf16(row0[2 * j], sel, f0[j / 2]);
+        a[j][1] = e2m1_byte_to_bf16(row1[2 * j], sel, f1[j / 2]);
+        a[j][2] = e2m1_byte_to_bf16(row0[2 * j + 1], sel, f0[j / 2]);
+        a[j][3] = e2m1_byte_to_bf16(row1[2 * j + 1], sel, f1[j / 2]);
+      }
+      const uint32_t tokens = ring + static_cast<uint32_t>(s * Shape::kStageBytes);
+      fence_registers(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kSteps; ++j)
+        wgmma_bf16_m64n16_rs(acc, a[j], sw128_desc(tokens + j * kMmaKBytes));
+      wgmma_commit();
+      wgmma_wait<1>();  // step kt - 1's wgmma are done: its fragment set may be rewritten
+      fence_registers(acc);
+      fence_registers(frag[kSet ^ 1]);
+    };
+
+    __syncthreads();  // every thread is done with the ring of the previous item
+#pragma unroll
+    for (int s = 0; s < kStages - 2; ++s)
+      load_stage(s);
+    for (int kt = 0; kt < p.k_tiles; kt += 2) {
+      step(kt, std::integral_constant<int, 0>{});
+      if (kt + 1 < p.k_tiles) step(kt + 1, std::integral_constant<int, 1>{});
+    }
+    wgmma_wait<0>();
+    fence_registers(acc);
+    fence_registers(frag[0]);
+    fence_registers(frag[1]);
+
+    // Epilogue: acc[4j + 2h + v] is (weight row r0 + 8h, token 8j + 2 (lane % 4) + v). Every copy
+    // into the ring has landed (the last real step was waited for), so it holds the transpose.
+    __syncthreads();  // every thread is done reading the ring
+    float* s_out = reinterpret_cast<float*>(ring_generic);
+    const int q2 = (lane & 3) * 2;
+#pragma unroll
+    for (int j = 0; j < kBM / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v)
+          s_out[(8 * j + q2 + v) * kOutLd + r0 + 8 * h] = acc[4 * j + 2 * h + v];
+      }
+    }
+    __syncthreads();
+    if (tid < 32) {
+      // The 16-bit kernels' fragment of warp 0: (token lane / 4 + 8h, column 8j + q2 + v).
+      float out[kBN / 2];
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int v = 0; v < 2; ++v)
+            out[4 * j + 2 * h + v] = s_out[((lane >> 2) + 8 * h) * kOutLd + 8 * j + q2 + v];
+        }
+      }
+      store_tile<OutT, kBN>(p, out, w.expert, w.m0 + (lane >> 2), min(w.row_end, w.m0 + kBM), w.n0,
+                            lane);
+    }
+  }
+}
+
 // ---- host side ----------------------------------------------------------------------------------
 
 // f(OutT{}) for the output type of a scaled (fp8 / int8) problem: bf16 or f16.
@@ -660,10 +866,23 @@ cudaError_t with_out_type(ElemType out, F&& f) {
   return f(__half{});
 }
 
+// A kernel's dynamic shared memory, and the whole unified L1 / shared memory as shared memory, so
+// that min_blocks CTAs fit on an SM (the driver's default split may hold fewer: the swap-AB row's
+// four CTAs of ~48 KB need it).
+template <typename Kernel>
+cudaError_t set_kernel_attributes(Kernel kernel, int dynamic_smem) {
+  MOEKIT_CUDA_TRY(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_smem));
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                              cudaSharedmemCarveoutMaxShared);
+}
+
 // The kernel of table row kTile for operand T and output OutT.
 template <typename T, typename OutT, int kTile>
 constexpr auto kernel_of() {
-  if constexpr (ShapeOf<T, kTile>::kPackedW4) {
+  if constexpr (ShapeOf<T, kTile>::kSwapAB) {
+    return &w4a16_swapab_kernel<T, OutT, kTile>;
+  } else if constexpr (ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kTma) {
     return &ws_tma_kernel<T, OutT, kTile>;
@@ -750,8 +969,7 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
     sms = cache->sms;
   } else {
     MOEKIT_CUDA_TRY(current_device_sms(&sms));
-    MOEKIT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Shape::kDynamicSmem));
+    MOEKIT_CUDA_TRY(set_kernel_attributes(kernel, Shape::kDynamicSmem));
   }
   const int grid = grid_size(args, Shape::kConfig, p.n_tiles, sms, params.max_ctas);
   if constexpr (Shape::kTma) {
@@ -780,9 +998,7 @@ cudaError_t prepare_rows(const GroupedGemmArgs& args, WeightLaunchCache* c) {
     MOEKIT_CUDA_TRY(with_tile<kFamily>(row, [&](auto tile) {
       constexpr int kRow = decltype(tile)::value;
       using Shape = ShapeOf<T, kRow>;
-      MOEKIT_CUDA_TRY(cudaFuncSetAttribute(kernel_of<T, OutT, kRow>(),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           Shape::kDynamicSmem));
+      MOEKIT_CUDA_TRY(set_kernel_attributes(kernel_of<T, OutT, kRow>(), Shape::kDynamicSmem));
       if constexpr (Shape::kTma) {
         return encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype, Shape::kBK,
                             Shape::kBN, &c->tma[kRow]);

@@ -26,16 +26,20 @@ struct TileShape {
   static constexpr int kStages = kConfig.stages;
   static constexpr int kMinBlocks = kConfig.min_blocks;
   static constexpr int kConsumers = kConfig.consumers;
+  // fp8 block scales: each K stage promoted out of the tensor cores (KStep).
+  static constexpr bool kPromoteKBlocks = kConfig.family == TileFamily::kFp8;
   static constexpr int kBK = kRowBytes / kElemBytes;            // K elements per stage
   static constexpr int kChunkElems = kChunkBytes / kElemBytes;  // K elements per 16-byte chunk
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kLoaderThreads = kTma ? 128 : kConsumerThreads;  // threads issuing cp.async
   static constexpr int kThreads = kConsumerThreads + (kTma ? 128 : 0);  // + the producer
-  // W4A16: the ring holds W packed (32 bytes of e2m1 pairs per row and stage); three bf16 W tiles
-  // (kConvertedBytes) in front of it receive the converted stages in turn.
+  // W4A16: the ring holds W packed (32 bytes of e2m1 pairs per row and stage); single-role rows
+  // convert each stage into one of three bf16 W tiles (kConvertedBytes) in front of the ring,
+  // swap-AB rows into registers (A holds the item's tokens, bm rows of 128 bytes per stage).
   static constexpr bool kPackedW4 = kConfig.family == TileFamily::kW4A16;
+  static constexpr bool kSwapAB = kConfig.kind == MainloopKind::kSwapAB;  // converts to registers
   static constexpr int kPackedRowBytes = kRowBytes / 4;
-  static constexpr int kConvertedTiles = 3;
+  static constexpr int kConvertedTiles = kSwapAB ? 0 : 3;
   static constexpr int kStageABytes = kBM * kRowBytes;
   static constexpr int kStageBBytes = kBN * (kPackedW4 ? kPackedRowBytes : kRowBytes);
   static constexpr int kStageBytes = kStageABytes + kStageBBytes;

@@ -42,6 +42,12 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(src_bytes)
                : "memory");
 }
+// 4 bytes global -> shared (through L1), zero-filled when pred is false.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool pred) {
+  const int src_bytes = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -143,6 +149,16 @@ __device__ __forceinline__ void fence_registers(int32_t (&d)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
     asm volatile("" : "+r"(d[i])::"memory");
+}
+// The registers of a wgmma's A operand (register form), kept live and unmoved until here.
+template <int kSteps>
+__device__ __forceinline__ void fence_registers(uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      asm volatile("" : "+r"(a[s][i])::"memory");
+  }
 }
 
 // Shared-memory matrix descriptor, K-major, 128-byte swizzle: rows of 128 bytes, 8-row groups
@@ -264,6 +280,21 @@ MOEKIT_WGMMA_ALL_N(__half, "k16", "f32.f16.f16", ", 1, 1, 0, 0", F)
 MOEKIT_WGMMA_ALL_N(__nv_fp8_e4m3, "k32", "f32.e4m3.e4m3", ", 1, 1", F)
 MOEKIT_WGMMA_ALL_N(__nv_fp8_e5m2, "k32", "f32.e5m2.e5m2", ", 1, 1", F)
 MOEKIT_WGMMA_ALL_N(int8_t, "k32", "s32.s8.s8", "", I)
+
+// d (64 x 16 fragment) += A (64 x 16 bf16, registers: the m64k16 A fragment, a[0] = (row, k..k+1),
+// a[1] = (row + 8, k..k+1), a[2] = (row, k+8..k+9), a[3] = (row + 8, k+8..k+9) with row = 16 *
+// warp + lane / 4 and k = 2 * (lane % 4)) * B^T (16 x 16 bf16, K-major in shared memory). A's
+// registers must not change until the wgmma group has completed.
+__device__ __forceinline__ void wgmma_bf16_m64n16_rs(float (&d)[8], const uint32_t (&a)[4],
+                                                     uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
 
 #undef MOEKIT_WGMMA_ALL_N
 #undef MOEKIT_WGMMA_SPEC

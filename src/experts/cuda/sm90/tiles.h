@@ -1,6 +1,7 @@
 // The tile table of the Hopper grouped GEMMs: every tile configuration the kernels are compiled
-// for, as data. Each row belongs to one mainloop family (16-bit operands, or fp8 with block-scale
-// promotion) and is instantiated once per element type of its family; auto-selection walks the
+// for, as data. Each row belongs to one mainloop family (16-bit operands, fp8 with block-scale
+// promotion, fp8 / int8 accumulated over all of K, packed MXFP4 W) and is instantiated once per
+// element type of its family; auto-selection walks the
 // rows of the problem's family in order and takes the first whose rows-per-expert bound holds;
 // MoEConfig::tile_config forces a row by name (names are unique within a family). Plain data, no
 // CUDA headers.
@@ -21,17 +22,28 @@ enum class MainloopKind : uint8_t {
   // A producer warpgroup fills the ring (W by TMA, gathered A rows by cp.async) and signals
   // mbarriers; the consumer warpgroups compute and run the epilogue while it loads ahead.
   kWarpSpecializedTma,
+  // Swap-AB for a few rows per expert (W4A16): the weights are the wgmma's A operand, converted
+  // from the packed ring into registers; the item's bm tokens are its N. One warpgroup per CTA,
+  // no temporary tile in shared memory, one 128-thread barrier per K step.
+  kSwapAB,
 };
 
 // The mainloop family a row serves.
 enum class TileFamily : uint8_t {
   k16Bit,  // bf16 / f16 operands: one accumulator, one wgmma group kept in flight
-  kFp8,    // e4m3 operands: each 128-byte K block into a temporary accumulator, then promoted
-           // into the fp32 accumulator with its block scales (2x the accumulator registers)
-  kInt8,   // int8 operands: an exact int32 accumulator, one wgmma group kept in flight; the
-           // per-tensor / per-row / per-channel scales applied once, in the epilogue
-  kW4A16,  // MXFP4 weights (e2m1 + e8m0 per 32 of K) with bf16 activations: the packed weights
-           // stream into the ring and are converted to bf16 in shared memory each K step
+  kFp8,    // e4m3 operands with block scales (1x128 A and / or 128x128 W): each 128-byte K block
+           // into a temporary accumulator, then promoted into the fp32 accumulator with its block
+           // scales (2x the accumulator registers, the wgmma drained every K block)
+  kFp8Direct,  // e4m3 operands whose scales do not vary along K (per-tensor / per-row A,
+               // per-expert / per-channel W): accumulated by the tensor cores over all of K like
+               // the 16-bit rows, one wgmma group kept in flight, the scales applied once in the
+               // epilogue (the fast accumulation of CUTLASS's FP8FastAccum kernels and of Triton's
+               // fp8 dot on Hopper; its error is measured by GroupedGemmFp8 in
+               // tests/gpu/test_grouped_gemm.cpp)
+  kInt8,       // int8 operands: an exact int32 accumulator, one wgmma group kept in flight; the
+               // per-tensor / per-row / per-channel scales applied once, in the epilogue
+  kW4A16,      // MXFP4 weights (e2m1 + e8m0 per 32 of K) with bf16 activations: the packed weights
+               // stream into the ring and are converted to bf16 in shared memory each K step
 };
 
 struct TileConfig {
@@ -65,14 +77,23 @@ inline constexpr TileConfig kTileTable[] = {
      "weights by TMA, 8 stages, the producer running ahead across work items"},
     {"128x128", TileFamily::kFp8, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "2 consumer warpgroups alternate wgmma and block-scale promotion"},
+    // fp8 with K-invariant scales: the int8 rows' shapes (no temporary accumulator, so 128x256
+    // fits); a stage holds 128 elements of K.
+    {"64x64", TileFamily::kFp8Direct, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
+     "more CTAs, 2 per SM; weight streaming"},
+    {"128x256", TileFamily::kFp8Direct, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "4x the reuse of each W and A tile"},
     // int8: the 16-bit rows' shapes (the int32 accumulator takes the registers of the fp32 one);
     // a stage holds 128 elements of K.
     {"64x64", TileFamily::kInt8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
     {"128x256", TileFamily::kInt8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each W and A tile"},
-    // W4A16: single-role only (every thread loads, converts its 32-value group and computes); a
-    // stage holds 64 elements of K: 128 bytes of A per row, 32 bytes of packed W per row.
+    // W4A16: swap-AB at a few rows per expert (16 tokens x 64 weight rows per item), then
+    // single-role (every thread loads, converts its 32-value group and computes); a stage holds 64
+    // elements of K: 128 bytes of A per row, 32 bytes of packed W per row.
+    {"16x64", TileFamily::kW4A16, 16, 64, 10, 1, 4, MainloopKind::kSwapAB, 16,
+     "swap-AB: weights converted in registers, 4 CTAs per SM, 8 K steps in flight"},
     {"64x64", TileFamily::kW4A16, 64, 64, 8, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, 6 K steps of packed weights in flight"},
     {"128x128", TileFamily::kW4A16, 128, 128, 8, 2, 1, MainloopKind::kSingleRole, INT64_MAX,
@@ -82,8 +103,13 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 
 // NOTE: the rows the kernels assume of every table row; fp8 rows promote per 128 columns of K
 // (one K stage) with one weight scale per 32 rows, and their bn divides 128; W4A16 rows are
-// single-role with one thread per 32-value weight group of a stage (2 bn threads).
+// single-role with one thread per 32-value weight group of a stage (2 bn threads), or swap-AB:
+// one warpgroup, 16 tokens (one cp.async per thread and stage) x 64 weight rows.
 constexpr bool valid_tile(const TileConfig& t) {
+  if (t.kind == MainloopKind::kSwapAB) {
+    return t.family == TileFamily::kW4A16 && t.bm == 16 && t.bn == 64 && t.consumers == 1 &&
+           t.stages >= 3;
+  }
   return t.bm == 64 * t.consumers && t.stages >= 2 && t.bn % 64 == 0 && t.bn <= 256 &&
          (t.kind == MainloopKind::kWarpSpecializedTma || t.stages >= 3) &&
          (t.family != TileFamily::kFp8 || 128 % t.bn == 0) &&
@@ -102,8 +128,8 @@ constexpr bool valid_table() {
 }
 static_assert(valid_table(),
               "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (dividing 128 for "
-              "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows; the last row of "
-              "a family takes any size");
+              "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows (swap-AB: 16x64, "
+              "one warpgroup); the last row of a family takes any size");
 
 // The row of `family` named `name`, or -1.
 constexpr int find_tile(std::string_view name, TileFamily family = TileFamily::k16Bit) {

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Device call for the fp8 direct-accumulation rows and the W4A16 swap-AB decode row: every GPU
+# test, compute-sanitizer on the new kernels, moekit bench --quant for fp8 per-tensor /
+# per-channel (mixtral-8x7b, qwen3-30b-a3b) and MXFP4 W4A16 (gpt-oss-120b), the Triton peer in
+# fp8tensor on the same shapes; everything packed into $OUT/all.tgz (the device tool returns few
+# files). Parts (arguments, in order): tests w4a16 fp8 ncu (the swap-AB kernel at M=64).
+set -u
+out=${OUT:-/tmp/out}
+log=$out/logs
+mkdir -p "$log"
+if [ ! -x build/moekit ]; then tar -xJf .carry/moekit-bins.tar.xz || exit 1; fi
+export LD_LIBRARY_PATH=$PWD/build/runtime:${LD_LIBRARY_PATH:-}
+tokens="1 16 64 256 1024 4096 16384"
+for part in "$@"; do
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  if [ "$part" = tests ]; then
+  timeout 170 bash bench/h200_session.sh tests
+  mv "$out"/test_*.log "$out"/summary.txt "$log"/ 2>/dev/null
+  grep -h "fp8 accumulation" "$log"/test_grouped_gemm.log
+  for tool in memcheck racecheck; do
+    timeout 60 compute-sanitizer --tool $tool build/tests/test_grouped_gemm --gtest_brief=1 \
+      --gtest_filter='GroupedGemmW4A16.*:GroupedGemmFp8.*'
+  done >"$log/sanitizer.log" 2>&1
+  grep -h "SUMMARY" "$log/sanitizer.log"
+  fi
+  if [ "$part" = w4a16 ]; then
+  timeout 150 build/moekit bench --quant mxfp4_w4a16 --models gpt-oss-120b --tokens $tokens \
+    --json "$log/bench_mxfp4_w4a16.json" >"$log/bench_mxfp4_w4a16.log" 2>&1
+  grep -E "^ +[0-9]+ " "$log/bench_mxfp4_w4a16.log"
+  fi
+  if [ "$part" = fp8 ]; then
+  for q in fp8_per_tensor fp8_per_channel; do
+    timeout 100 build/moekit bench --quant $q --models mixtral-8x7b qwen3-30b-a3b \
+      --tokens $tokens --json "$log/bench_$q.json" >"$log/bench_$q.log" 2>&1
+    grep -E "^ +[0-9]+ " "$log/bench_$q.log"
+  done
+  PYTHONUNBUFFERED=1 timeout 120 python3 .carry/triton_peer.py --dtype fp8tensor \
+    --shapes mixtral-8x7b,qwen3-30b-a3b --tokens ${tokens// /,} \
+    --json "$log/peer_fp8tensor.json" >"$log/peer_fp8tensor.log" 2>&1
+  python3 bench/compare_peer.py "$log/bench_fp8_per_tensor.json" "$log/peer_fp8tensor.json" \
+    --dtype fp8tensor >"$log/ratio_fp8tensor.md" 2>&1
+  tail -n 30 "$log/ratio_fp8tensor.md"
+  fi
+  if [ "$part" = ncu ]; then
+  timeout 200 ncu --clock-control none -k regex:w4a16_swapab --launch-skip 3 --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis \
+    build/moekit bench --quant mxfp4_w4a16 --models gpt-oss-120b --tokens 64 \
+    >"$log/ncu_swapab.log" 2>&1
+  grep -E "Duration|Throughput|Occupancy|Block Limit|Registers|Stall|Issued Ipc|Eligible|Active Warps|No Eligible|One or More|DRAM|L2 Hit|L1/TEX Hit" \
+    "$log/ncu_swapab.log" | head -70
+  fi
+} 2>&1 | tee -a "$log/session.log"
+done
+rm -f "$out"/memory_invariance.txt "$out"/device.txt
+tar czf "$out/all.tgz" -C "$out" logs && rm -rf "$log"
