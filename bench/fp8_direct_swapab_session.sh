@@ -3,7 +3,8 @@
 # test, compute-sanitizer on the new kernels, moekit bench --quant for fp8 per-tensor /
 # per-channel (mixtral-8x7b, qwen3-30b-a3b) and MXFP4 W4A16 (gpt-oss-120b), the Triton peer in
 # fp8tensor on the same shapes; everything packed into $OUT/all.tgz (the device tool returns few
-# files). Parts (arguments, in order): tests w4a16 fp8 ncu (the swap-AB kernel at M=64).
+# files). Parts (arguments, in order): tests w4a16 fp8 ncu (the swap-AB kernel at M=64) bf16
+# (moekit bench on gpt-oss-120b, the W4A16 comparison).
 set -u
 out=${OUT:-/tmp/out}
 log=$out/logs
@@ -41,6 +42,11 @@ for part in "$@"; do
   python3 bench/compare_peer.py "$log/bench_fp8_per_tensor.json" "$log/peer_fp8tensor.json" \
     --dtype fp8tensor >"$log/ratio_fp8tensor.md" 2>&1
   tail -n 30 "$log/ratio_fp8tensor.md"
+  fi
+  if [ "$part" = bf16 ]; then
+  timeout 60 build/moekit bench --models gpt-oss-120b --tokens $tokens --json "$log/bench_bf16.json" \
+    >"$log/bench_bf16.log" 2>&1
+  grep -E "^ +[0-9]+ " "$log/bench_bf16.log"
   fi
   if [ "$part" = ncu ]; then
   timeout 200 ncu --clock-control none -k regex:w4a16_swapab --launch-skip 3 --launch-count 2 \

@@ -9,6 +9,7 @@
 
 #include "core/cuda_seam.h"
 #include "core/elementwise.h"
+#include "experts/cuda/sm90/mxfp4_layout.h"
 #include "experts/cuda/sm90_experts.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
@@ -548,6 +549,41 @@ std::optional<WeightLayout> sm90_weight_layout(const MoEConfig& moe) {
   return layout;
 }
 
+// MXFP4 codes (uint8 pairs) between the standard and the kernel nibble order, in place: on the
+// device by a kernel, on the host by the same permutation (sm90/mxfp4_layout.h).
+void reorder_mxfp4_in_place(Tensor& t, bool to_kernel, Stream stream) {
+  if (!t.defined()) return;
+  if (t.device().is_cuda()) {
+    if constexpr (kCudaBuild) sm90::reorder_mxfp4_codes(t, to_kernel, stream);
+    return;
+  }
+  MOEKIT_CHECK(t.is_contiguous() && element_size(t.dtype()) == 1 &&
+                   t.numel() % cuda::sm90::kMxfp4GroupBytes == 0,
+               "MXFP4 weight {}: not contiguous whole 16-byte groups", t.describe());
+  cuda::sm90::mxfp4_reorder_groups(t.data_as<uint8_t>(), t.numel() / cuda::sm90::kMxfp4GroupBytes,
+                                   to_kernel);
+}
+
+// sm90_mxfp4: the 16-bit backends' gate/up row blocks (when the activation is fused) and every
+// group's codes in the W4A16 kernels' nibble order.
+std::optional<WeightLayout> sm90_mxfp4_weight_layout(const MoEConfig& moe) {
+  std::optional<WeightLayout> rows = sm90_weight_layout(moe);
+  WeightLayout layout;
+  layout.name = (rows ? rows->name + "; " : std::string()) +
+                "MXFP4 codes of each group of 32 in the W4A16 kernels' nibble order";
+  layout.to_kernel = [rows](ExpertWeights& w, const MoEConfig& m, Stream stream) {
+    if (rows) rows->to_kernel(w, m, stream);
+    reorder_mxfp4_in_place(w.w13, true, stream);
+    reorder_mxfp4_in_place(w.w2, true, stream);
+  };
+  layout.to_standard = [rows](ExpertWeights& w, const MoEConfig& m) {
+    reorder_mxfp4_in_place(w.w13, false, Stream{});
+    reorder_mxfp4_in_place(w.w2, false, Stream{});
+    if (rows) rows->to_standard(w, m);
+  };
+  return layout;
+}
+
 ExpertsBackend sm90_backend(std::string name, const ExpertsClass& klass, int priority) {
   ExpertsBackend b;
   b.oracle = QuantOracleKind::kUnquantized;
@@ -603,7 +639,9 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4, [] {
   ExpertsBackend b = sm90_quantized_backend(
       "sm90_mxfp4", Sm90Mxfp4Experts::klass(), QuantOracleKind::kMxfp4,
       "Hopper bf16 wgmma grouped GEMMs on MXFP4 weights (gpt-oss W4A16): packed e2m1 streamed "
-      "and converted to bf16 in shared memory with its e8m0 scale per 32");
+      "and converted to bf16 with its e8m0 scale per 32, into registers (swap-AB, a few rows "
+      "per expert) or shared memory");
+  b.layout = sm90_mxfp4_weight_layout;
   b.traits.hidden_align = 32;
   b.traits.intermediate_align = 32;
   return b;

@@ -908,7 +908,11 @@ void build_w4(W4Problem& p, std::vector<int> counts, int n, int k, std::vector<u
   p.w = std::move(w);
   p.scale = std::move(scale);
   p.d_a = upload(p.a);
-  p.d_w = upload(p.w);
+  // The kernels read each group's codes in their nibble order.
+  std::vector<uint8_t> kernel_w = p.w;
+  sm90::mxfp4_reorder_groups(kernel_w.data(),
+                             static_cast<int64_t>(kernel_w.size()) / sm90::kMxfp4GroupBytes, true);
+  p.d_w = upload(kernel_w);
   p.d_scale = upload(p.scale);
   p.d_offsets = upload(p.offsets);
   p.d_c = DeviceBuffer(static_cast<size_t>(std::max(1, p.rows)) * n * 2);
@@ -1057,6 +1061,42 @@ TEST(GroupedGemmW4A16, RandomProblemMatchesFloat64AndPropagatesNaNScale) {
       EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name << " k=" << k;
     }
   }
+}
+
+// The device reorder of MXFP4 codes is the host one, both ways, and the kernel order is a
+// permutation of each group (one-hot nibbles land where mxfp4_kernel_element says).
+TEST(GroupedGemmW4A16, DeviceReorderMatchesHostBothWays) {
+  REQUIRE_GPU();
+  std::mt19937 rng(3);
+  std::vector<uint8_t> standard(16 * 1000 + 16 * 37);
+  for (auto& b : standard)
+    b = static_cast<uint8_t>(rng() & 0xFF);
+  const int64_t groups = static_cast<int64_t>(standard.size()) / sm90::kMxfp4GroupBytes;
+  std::vector<uint8_t> host = standard;
+  sm90::mxfp4_reorder_groups(host.data(), groups, true);
+  EXPECT_NE(host, standard);
+  DeviceBuffer d = upload(standard);
+  CUDA_OK(moekit::cuda::reorder_mxfp4_groups(d.get(), groups, true, nullptr));
+  std::vector<uint8_t> got(standard.size());
+  CUDA_OK(cudaMemcpy(got.data(), d.get(), got.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, host);
+  CUDA_OK(moekit::cuda::reorder_mxfp4_groups(d.get(), groups, false, nullptr));
+  CUDA_OK(cudaMemcpy(got.data(), d.get(), got.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, standard);
+  for (int e = 0; e < 32; ++e) {
+    std::vector<uint8_t> one(16, 0);
+    one[e / 2] = static_cast<uint8_t>(0x7 << (4 * (e % 2)));
+    sm90::mxfp4_reorder_groups(one.data(), 1, true);
+    int found = -1;
+    for (int n = 0; n < 32; ++n) {
+      if (((one[n / 2] >> (4 * (n % 2))) & 0xF) != 0) found = found == -1 ? n : 99;
+    }
+    ASSERT_GE(found, 0) << e;
+    EXPECT_EQ(sm90::mxfp4_kernel_element(found), e);
+  }
+  EXPECT_EQ(
+      moekit::cuda::reorder_mxfp4_groups(static_cast<uint8_t*>(d.get()) + 4, 1, true, nullptr),
+      cudaErrorInvalidValue);
 }
 
 // Host-only: needs no GPU.

@@ -474,6 +474,15 @@ void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType 
   state.w2 = prepare(w2, act_dtype, mxfp4);
 }
 
+void reorder_mxfp4_codes(Tensor& w, bool to_kernel, Stream stream) {
+  MOEKIT_CHECK(w.device().is_cuda() && w.is_contiguous() && element_size(w.dtype()) == 1 &&
+                   w.numel() % cuda::sm90::kMxfp4GroupBytes == 0,
+               "reorder_mxfp4_codes: {} is not a contiguous CUDA tensor of whole 16-byte groups",
+               w.describe());
+  MOEKIT_CUDA_CHECK(cuda::reorder_mxfp4_groups(w.data(), w.numel() / cuda::sm90::kMxfp4GroupBytes,
+                                               to_kernel, to_cuda(stream)));
+}
+
 void prepare_shared(SharedMlp& mlp) {
   mlp.w13_cache = prepare(mlp.w13, mlp.w13.dtype());
   mlp.w2_cache = prepare(mlp.w2, mlp.w2.dtype());

@@ -43,6 +43,10 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
 // MXFP4-packed weights (state.scales kMxfp4) are prepared as such.
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype);
 
+// MXFP4 codes on the device, in place: every 16-byte group between the standard and the kernel's
+// nibble order (sm90/mxfp4_layout.h), asynchronously on `stream`.
+void reorder_mxfp4_codes(Tensor& w, bool to_kernel, Stream stream);
+
 // align -> GEMM1 (+ fused activation) -> (activation) -> GEMM2 -> weighted unpermute.
 void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
                    const ExpertsApplyArgs& args, RunContext ctx);

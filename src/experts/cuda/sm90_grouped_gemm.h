@@ -26,6 +26,7 @@
 
 #include "core/cuda/elem_type.h"
 #include "experts/cuda/sm90/launch_cache.h"
+#include "experts/cuda/sm90/mxfp4_layout.h"
 #include "experts/cuda/sm90/tiles.h"
 
 namespace moekit::cuda {
@@ -75,9 +76,11 @@ enum class WScale : uint8_t {
 // How W is stored when it is not in the operand type:
 enum class WPacking : uint8_t {
   kNone,   // W in dtype (bf16 / f16 / e4m3 / int8)
-  kMxfp4,  // OCP MXFP4: w (num_experts, n, k / 2) bytes of e2m1 pairs (element 2i in the low
-           // nibble of byte i), w_group_scale (num_experts, n, k / 32) e8m0 codes; dtype (A and
-           // C) bf16. Each 32-element group is converted exactly to bf16 (e2m1 x 2^(s - 127)).
+  kMxfp4,  // OCP MXFP4: w (num_experts, n, k / 2) bytes of e2m1 codes, each 32-element group's
+           // 16 bytes in the kernel nibble order (sm90/mxfp4_layout.h; reorder_mxfp4_groups
+           // converts the standard order, element 2i in the low nibble of byte i),
+           // w_group_scale (num_experts, n, k / 32) e8m0 codes; dtype (A and C) bf16. Each
+           // 32-element group is converted exactly to bf16 (e2m1 x 2^(s - 127)).
 };
 
 // Row alignment the kernel requires of expert_offsets: none. Offsets need not be padded to the tile
@@ -182,6 +185,10 @@ void interleave_gate_up_rows(const void* src, void* dst, int64_t experts, int64_
 // The same permutation for a bias (experts, n).
 void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_t n, int elem_bytes,
                              bool source_is_pairwise_interleaved);
+
+// Rewrites `groups` 16-byte MXFP4 groups at device address w in place from the standard into the
+// kernel nibble order (to_kernel) or back (sm90/mxfp4_layout.h); w 16-byte aligned.
+cudaError_t reorder_mxfp4_groups(void* w, int64_t groups, bool to_kernel, cudaStream_t stream);
 
 // The tile family that serves the operand type of `args` (k16Bit for bf16 / f16; e4m3: kFp8 with
 // block scales on A or W, kFp8Direct otherwise; kInt8 for int8, kW4A16 for MXFP4-packed W with

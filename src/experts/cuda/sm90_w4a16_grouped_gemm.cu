@@ -1,9 +1,12 @@
-// The W4A16 family of the Hopper grouped GEMM (sm90_grouped_gemm.h): MXFP4-packed W (e2m1 pairs
-// + one e8m0 scale per 32 of K) with bf16 A and C, fp32 accumulation on the bf16 wgmma. The packed
-// weights stream from memory at 4.25 bits per element and are converted to bf16 in shared memory
-// each K step (sm90/grouped_kernels.cuh, w4a16_kernel), over the kW4A16 rows of the tile table.
+// The W4A16 family of the Hopper grouped GEMM (sm90_grouped_gemm.h): MXFP4-packed W (e2m1 codes in
+// the kernel nibble order + one e8m0 scale per 32 of K) with bf16 A and C, fp32 accumulation on
+// the bf16 wgmma. The packed weights stream from memory at 4.25 bits per element and are converted
+// to bf16 each K step, into registers (the swap-AB decode row, w4a16_swapab_kernel) or into shared
+// memory (w4a16_kernel), over the kW4A16 rows of the tile table; and the in-place reorder of
+// standard MXFP4 codes into the kernel order.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <string>
 
 #include "experts/cuda/sm90/grouped_kernels.cuh"
@@ -45,4 +48,35 @@ cudaError_t run_w4a16(const GroupedGemmArgs& args, int row, const GroupedGemmPar
 }
 
 }  // namespace detail
+
+namespace {
+
+// One 16-byte group per thread, in place (the permutation stays inside the group).
+__global__ void reorder_mxfp4_kernel(uint4* w, int64_t groups, bool to_kernel) {
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = w[g];
+    const uint32_t src[4] = {v.x, v.y, v.z, v.w};
+    uint32_t dst[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      const int e = sm90::mxfp4_kernel_element(n);
+      const int from = to_kernel ? e : n, to = to_kernel ? n : e;
+      dst[to / 8] |= ((src[from / 8] >> (4 * (from % 8))) & 0xFu) << (4 * (to % 8));
+    }
+    w[g] = make_uint4(dst[0], dst[1], dst[2], dst[3]);
+  }
+}
+
+}  // namespace
+
+cudaError_t reorder_mxfp4_groups(void* w, int64_t groups, bool to_kernel, cudaStream_t stream) {
+  if (groups <= 0) return cudaSuccess;
+  if (w == nullptr || reinterpret_cast<uintptr_t>(w) % 16 != 0) return cudaErrorInvalidValue;
+  const int64_t blocks = std::min<int64_t>((groups + 255) / 256, 4096);
+  reorder_mxfp4_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(static_cast<uint4*>(w),
+                                                                          groups, to_kernel);
+  return cudaGetLastError();
+}
+
 }  // namespace moekit::cuda

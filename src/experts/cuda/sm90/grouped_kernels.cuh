@@ -469,64 +469,44 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
 // ---- kW4A16: packed MXFP4 W converted in shared memory ------------------------------------------
 
-// Eight e2m1 codes (a 32-bit word of packed pairs, element 2i in the low nibble of byte i) times
-// 2^(s - 127) as bf16 pairs: out[j] holds elements 2j (low half) and 2j + 1. Exact: every e2m1
-// value times a power of two in bf16's range is a bf16. Each code's magnitude bits go to bits 6..8
-// and its sign to bit 15 of a bf16 whose value is then the e2m1 value times 2^-126 (a subnormal
-// for the code 0.5, which bf16 arithmetic keeps); the multiply by `f1` (and `f2`) restores the
-// scale.
+// MXFP4 codes to bf16. A 32-bit word of a group in the kernel nibble order (sm90/mxfp4_layout.h)
+// holds 4 pairs of codes at nibbles (p, p + 4). Pair p becomes a bf16 pair (nibble p low, p + 4
+// high) by moving each code's magnitude bits to bits 6..8 and its sign to bit 15 of its half: the
+// bf16 value is then the e2m1 value times 2^-126 (a subnormal for the code 0.5, which bf16
+// arithmetic keeps), and the multiply by the group's factors restores 2^(s - 127). Exact: every
+// e2m1 value times a power of two in bf16's range is a bf16. Two shifts, an AND, a LOP3 and a
+// multiply per pair.
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
-// The e2m1 codes in the low nibbles of bytes 0 and 2 of t as a bf16 pair (low half <- byte 0)
-// whose values are the codes' times 2^-126; bytes 1 and 3 and the high nibbles land outside the
-// masks.
-__device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t t) {
-  const uint32_t mag = (t << 6) & 0x01C001C0u;
-  const uint32_t sign = (t << 12) & 0x80008000u;
-  return mag | sign;
-}
-__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t packed, uint32_t f1, uint32_t f2,
-                                               bool two_steps, uint32_t (&out)[4]) {
-  const uint32_t high = packed >> 4;  // element 2j + 1 in the low nibble of byte j
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    // Low half <- byte j of packed (element 2j), high half <- byte j of high (element 2j + 1).
-    const uint32_t t = __byte_perm(packed, high, 0x0400u + 0x0101u * j);
-    uint32_t v = mul_bf16x2(e2m1_pair_bits(t), f1);
-    if (two_steps) v = mul_bf16x2(v, f2);
-    out[j] = v;
-  }
+template <int kP>
+__device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t word) {
+  static_assert(kP >= 0 && kP < 4);
+  constexpr int kMag = 6 - 4 * kP;    // nibble bits 0..2 -> 6..8 (and 16.. -> 22..24)
+  constexpr int kSign = 12 - 4 * kP;  // nibble bit 3 -> 15 (and 19 -> 31)
+  const uint32_t mag = kMag >= 0 ? word << kMag : word >> -kMag;
+  const uint32_t sign = word << kSign;
+  return (mag & 0x01C001C0u) | (sign & 0x80008000u);
 }
 
-// The bf16x2 factors that turn the codes' 2^-126-scaled bf16 into e2m1 x 2^(s - 127): one
-// multiply by 2^(s - 1) while that is a bf16 normal (s <= 128), else 2^126 then 2^(s - 127);
-// s = 255 (NaN) gives NaN.
+// The bf16x2 factors that turn the codes' 2^-126-scaled bf16 into e2m1 x 2^(s - 127), without
+// branches: f1 = 2^(min(s, 128) - 1) (a bf16 normal), f2 = 2^(max(s, 128) - 128), which is 1
+// unless s > 128 (two_steps: the only case that needs the second multiply); s = 255 (NaN) gives
+// f1 = NaN.
 struct W4Factors {
   uint32_t f1, f2;
   bool two_steps;
 };
 __device__ __forceinline__ W4Factors w4_factors(uint32_t s) {
-  auto pow2 = [](uint32_t biased) {  // 2^(biased - 127) as a bf16 pair
-    const uint32_t h = (biased & 0xFFu) << 7;
-    return h | (h << 16);
+  auto pow2 = [](uint32_t biased) {  // 2^(biased - 127) as a bf16 pair, biased in [1, 254]
+    return (biased << 7) | (biased << 23);
   };
   W4Factors f;
-  if (s == 255u) {
-    f.f1 = 0x7FC07FC0u;
-    f.f2 = f.f1;
-    f.two_steps = false;
-  } else if (s <= 128u) {
-    f.f1 = pow2(s + 126u);  // 2^(s - 1)
-    f.f2 = f.f1;
-    f.two_steps = false;
-  } else {
-    f.f1 = pow2(253u);  // 2^126
-    f.f2 = pow2(s);     // 2^(s - 127)
-    f.two_steps = true;
-  }
+  f.f1 = s == 255u ? 0x7FC07FC0u : pow2(min(s, 128u) + 126u);
+  f.f2 = pow2(max(s, 128u) - 1u);
+  f.two_steps = s > 128u;
   return f;
 }
 
@@ -604,7 +584,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     zero_accumulators(acc);
 
     // This thread's 32-element group of K step kt, converted with its scale code into converted
-    // tile kt % kConvertedTiles.
+    // tile kt % kConvertedTiles: pair p of the group's four words is elements 8p .. 8p + 7 of the
+    // group, one 16-byte chunk of the bf16 row.
     auto convert = [&](int kt, uint32_t scale) {
       const uint4 q = *reinterpret_cast<const uint4*>(
           smem_generic + Shape::kConvertedBytes + (kt % kStages) * Shape::kStageBytes +
@@ -612,12 +593,26 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       const W4Factors f = w4_factors(scale);
       const uint32_t tile = static_cast<uint32_t>((kt % kConvertedTiles) * kBN * kRowBytes);
       const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {  // 8 elements = one 16-byte chunk of the bf16 row
-        uint32_t v[4];
-        e2m1x8_to_bf16(words[c], f.f1, f.f2, f.two_steps, v);
-        st_shared_v4(converted_base + tile + swizzled_offset(w_row, 4 * w_half + c), v);
+      uint32_t v[4][4];
+      [&]<int... kP>(std::integer_sequence<int, kP...>) {
+        ((v[kP][0] = mul_bf16x2(e2m1_pair_bits<kP>(words[0]), f.f1),
+          v[kP][1] = mul_bf16x2(e2m1_pair_bits<kP>(words[1]), f.f1),
+          v[kP][2] = mul_bf16x2(e2m1_pair_bits<kP>(words[2]), f.f1),
+          v[kP][3] = mul_bf16x2(e2m1_pair_bits<kP>(words[3]), f.f1)),
+         ...);
       }
+      (std::make_integer_sequence<int, 4>{});
+      if (f.two_steps) {  // scales above 2: one branch per group
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            v[c][i] = mul_bf16x2(v[c][i], f.f2);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        st_shared_v4(converted_base + tile + swizzled_offset(w_row, 4 * w_half + c), v[c]);
     };
 
     __syncthreads();  // every warpgroup is done with the ring and the converted tiles
@@ -664,15 +659,6 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
 // ---- kSwapAB: W4A16 with the weights as the wgmma's A operand ---------------------------------
 
-// The two codes of byte `sel`'s pick of `word` (sel = 0x4400 + 0x1111 * b: byte b and its high
-// nibble) as the bf16 pair (element 2i, 2i + 1) times 2^(s - 127).
-__device__ __forceinline__ uint32_t e2m1_byte_to_bf16(uint32_t word, uint32_t sel,
-                                                      const W4Factors& f) {
-  uint32_t v = mul_bf16x2(e2m1_pair_bits(__byte_perm(word, word >> 4, sel)), f.f1);
-  if (f.two_steps) v = mul_bf16x2(v, f.f2);
-  return v;
-}
-
 // Swap-AB mainloop of the kW4A16 decode row: one warpgroup computes D^T = W_tile . A_tile^T for a
 // work item of kBM (16) tokens x kBN (64) weight rows, so that a few tokens per expert still fill
 // the wgmma's M with weights. Each K step (64 elements) every thread copies one 16-byte chunk of
@@ -715,10 +701,11 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const uint32_t tok_dst = swizzled_offset(tok_row, tid & 7);
   const int w_row = tid >> 1;
   const uint32_t w_dst = Shape::kStageABytes + w_row * kPackedRow + (tid & 1) * kChunkBytes;
-  // Fragment roles: rows r0 and r0 + 8 of the item's weight rows; byte q of every packed word.
+  // Fragment roles: rows r0 and r0 + 8 of the item's weight rows; word q = lane % 4 of each
+  // 16-byte group holds this thread's codes (sm90/mxfp4_layout.h).
   const int lane = tid & 31;
   const int r0 = (tid >> 5) * 16 + (lane >> 2);
-  const uint32_t sel = 0x4400u + 0x1111u * static_cast<uint32_t>(lane & 3);
+  const int word_offset = (lane & 3) * 4;
   const int64_t w_row_bytes = p.k / 2;
 
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
@@ -777,27 +764,50 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       load_stage(kt + kStages - 2);
       const int s = kt % kStages;
       const uint8_t* packed = ring_generic + s * Shape::kStageBytes + Shape::kStageABytes;
-      const uint4 a0 = *reinterpret_cast<const uint4*>(packed + r0 * kPackedRow);
-      const uint4 b0 = *reinterpret_cast<const uint4*>(packed + r0 * kPackedRow + 16);
-      const uint4 a1 = *reinterpret_cast<const uint4*>(packed + (r0 + 8) * kPackedRow);
-      const uint4 b1 = *reinterpret_cast<const uint4*>(packed + (r0 + 8) * kPackedRow + 16);
-      const uint32_t shift = static_cast<uint32_t>(kt & 1) * 2;  // 2 bytes per step
-      const uint32_t c0 = s_scale_words[s][r0] >> (((par0 + shift) & 2) * 8);
-      const uint32_t c1 = s_scale_words[s][r0 + 8] >> (((par1 + shift) & 2) * 8);
-      // Groups 2kt (wgmma 0, 1) and 2kt + 1 (wgmma 2, 3) of each row.
-      const W4Factors f0[2] = {w4_factors(c0 & 0xFFu), w4_factors((c0 >> 8) & 0xFFu)};
-      const W4Factors f1[2] = {w4_factors(c1 & 0xFFu), w4_factors((c1 >> 8) & 0xFFu)};
-      const uint32_t row0[8] = {a0.x, a0.y, a0.z, a0.w, b0.x, b0.y, b0.z, b0.w};
-      const uint32_t row1[8] = {a1.x, a1.y, a1.z, a1.w, b1.x, b1.y, b1.z, b1.w};
-      uint32_t(&a)[kSteps][4] = frag[kSet];
+      // word[r][g]: this thread's word of group g (2kt + g) of fragment row r0 + 8r.
+      uint32_t word[2][2];
 #pragma unroll
-      for (int j = 0; j < kSteps; ++j) {
-        // Word 2j holds K elements 16j .. 16j + 7, word 2j + 1 the next 8: byte q of each is the
-        // pair (2q, 2q + 1) of this thread's fragment columns.
-        a[j][0] = e2m1_byte_to_bf16(row0[2 * j], sel, f0[j / 2]);
-        a[j][1] = e2m1_byte_to_bf16(row1[2 * j], sel, f1[j / 2]);
-        a[j][2] = e2m1_byte_to_bf16(row0[2 * j + 1], sel, f0[j / 2]);
-        a[j][3] = e2m1_byte_to_bf16(row1[2 * j + 1], sel, f1[j / 2]);
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g)
+          word[r][g] = *reinterpret_cast<const uint32_t*>(packed + (r0 + 8 * r) * kPackedRow +
+                                                          g * kMxfp4GroupBytes + word_offset);
+      }
+      const uint32_t shift = static_cast<uint32_t>(kt & 1) * 2;  // 2 bytes per step
+      const uint32_t codes[2] = {s_scale_words[s][r0] >> (((par0 + shift) & 2) * 8),
+                                 s_scale_words[s][r0 + 8] >> (((par1 + shift) & 2) * 8)};
+      W4Factors f[2][2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g)
+          f[r][g] = w4_factors((codes[r] >> (8 * g)) & 0xFFu);
+      }
+      // Pair p of group g's word is K elements 16 (2g + p / 2) + 8 (p % 2) + 2q (+1): wgmma
+      // 2g + p / 2, register 2 (p % 2) + r of the A fragment.
+      uint32_t(&a)[kSteps][4] = frag[kSet];
+      [&]<int... kP>(std::integer_sequence<int, kP...>) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            ((a[2 * g + kP / 2][2 * (kP % 2) + r] =
+                  mul_bf16x2(e2m1_pair_bits<kP>(word[r][g]), f[r][g].f1)),
+             ...);
+          }
+        }
+      }
+      (std::make_integer_sequence<int, 4>{});
+      // Scales above 2 need a second multiply (f2 = 1 elsewhere): one warp-uniform branch.
+      const bool two_steps =
+          f[0][0].two_steps || f[0][1].two_steps || f[1][0].two_steps || f[1][1].two_steps;
+      if (__any_sync(0xFFFFFFFFu, two_steps)) {
+#pragma unroll
+        for (int j = 0; j < kSteps; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            a[j][i] = mul_bf16x2(a[j][i], f[i % 2][j / 2].f2);
+        }
       }
       const uint32_t tokens = ring + static_cast<uint32_t>(s * Shape::kStageBytes);
       fence_registers(acc);

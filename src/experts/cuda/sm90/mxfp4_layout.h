@@ -1,0 +1,47 @@
+// The order of the e2m1 codes inside each 32-element MXFP4 group of W as the Hopper W4A16 kernels
+// read it. Plain data and host code, no CUDA headers; the same function serves the device kernels
+// (constexpr) and the weight layout of the sm90_mxfp4 backend.
+//
+// Standard layout (the checkpoint's, cuda::WPacking::kMxfp4 before this reorder): element 2i of a
+// row in the low nibble of byte i. Kernel layout: each group's 16 bytes are 4 words; word q holds
+// the 8 codes that lane q (lane % 4) of a wgmma fragment needs, nibble p of the word (bits 4p ..
+// 4p + 3) being element mxfp4_kernel_element(8q + p) of the group:
+//   p = 0..3 and p + 4 form the pair (e, e + 1), e = 16 * (p / 2) + 8 * (p % 2) + 2q,
+// so one shift per half gives a bf16 pair (element e low, e + 1 high) straight from the word, and
+// the four words of a group converted pair by pair give 8 consecutive elements per p.
+#pragma once
+
+#include <cstdint>
+
+namespace moekit::cuda::sm90 {
+
+inline constexpr int kMxfp4GroupBytes = 16;  // 32 elements, one e8m0 scale
+
+// The element of a group held by nibble `nibble` (0..31) of the group in the kernel layout.
+constexpr int mxfp4_kernel_element(int nibble) {
+  const int q = nibble / 8, p = nibble % 8;
+  return 16 * ((p % 4) / 2) + 8 * (p % 2) + 2 * q + p / 4;
+}
+
+// Rewrites `groups` consecutive 16-byte groups at `bytes` from the standard layout into the kernel
+// layout (to_kernel) or back.
+inline void mxfp4_reorder_groups(uint8_t* bytes, int64_t groups, bool to_kernel) {
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* b = bytes + g * kMxfp4GroupBytes;
+    uint8_t src[kMxfp4GroupBytes];
+    for (int i = 0; i < kMxfp4GroupBytes; ++i)
+      src[i] = b[i];
+    auto nibble = [&](int n) { return (src[n / 2] >> (4 * (n % 2))) & 0xF; };
+    uint8_t dst[kMxfp4GroupBytes] = {};
+    for (int n = 0; n < 2 * kMxfp4GroupBytes; ++n) {
+      const int e = mxfp4_kernel_element(n);
+      // to_kernel: nibble n <- element e; back: element e <- nibble n.
+      const int from = to_kernel ? e : n, to = to_kernel ? n : e;
+      dst[to / 2] = static_cast<uint8_t>(dst[to / 2] | (nibble(from) << (4 * (to % 2))));
+    }
+    for (int i = 0; i < kMxfp4GroupBytes; ++i)
+      b[i] = dst[i];
+  }
+}
+
+}  // namespace moekit::cuda::sm90
