@@ -492,22 +492,21 @@ __device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t word) {
 }
 
 // The bf16x2 factors that turn the codes' 2^-126-scaled bf16 into e2m1 x 2^(s - 127), without
-// branches: f1 = 2^(min(s, 128) - 1) (a bf16 normal), f2 = 2^(max(s, 128) - 128), which is 1
+// branches: f1 = 2^(min(s, 128) - 1) (a bf16 normal); f2 = 2^(max(s, 128) - 128), which is 1
 // unless s > 128 (two_steps: the only case that needs the second multiply); s = 255 (NaN) gives
-// f1 = NaN.
+// f2 = NaN. 2^(b - 127) as a bf16 pair is b * 0x00800080 for b in [1, 254].
+__device__ __forceinline__ uint32_t w4_first_factor(uint32_t s) {
+  return min(s + 126u, 254u) * 0x00800080u;
+}
+__device__ __forceinline__ uint32_t w4_second_factor(uint32_t s) {
+  return s == 255u ? 0x7FC07FC0u : (max(s, 128u) - 1u) * 0x00800080u;
+}
 struct W4Factors {
   uint32_t f1, f2;
   bool two_steps;
 };
 __device__ __forceinline__ W4Factors w4_factors(uint32_t s) {
-  auto pow2 = [](uint32_t biased) {  // 2^(biased - 127) as a bf16 pair, biased in [1, 254]
-    return (biased << 7) | (biased << 23);
-  };
-  W4Factors f;
-  f.f1 = s == 255u ? 0x7FC07FC0u : pow2(min(s, 128u) + 126u);
-  f.f2 = pow2(max(s, 128u) - 1u);
-  f.two_steps = s > 128u;
-  return f;
+  return {w4_first_factor(s), w4_second_factor(s), s > 128u};
 }
 
 // Single-role mainloop of the kW4A16 rows. Every thread copies its part of a stage (gathered A
@@ -664,9 +663,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // the wgmma's M with weights. Each K step (64 elements) every thread copies one 16-byte chunk of
 // the tokens (128-byte swizzled rows, the wgmma's B), one of the packed W rows and, for 64 threads,
 // the 4-byte word holding a W row's two e8m0 codes into a kStages ring (one cp.async group per
-// step, one 128-thread barrier). The consumer side reads its two fragment rows (32 packed bytes
-// each) from the ring, converts them straight into the A fragment registers (two sets, so that
-// step kt's conversion overlaps step kt - 1's wgmma) and issues 4 m64n16k16 wgmma. The epilogue
+// step, kStages - 3 steps ahead; one 128-thread barrier per pair of steps). The consumer side
+// reads its two fragment rows (a word of each 16-byte group, in the kernel nibble order) from the
+// ring, converts them straight into the A fragment registers (two sets, so that step kt's
+// conversion overlaps step kt - 1's wgmma) and issues 4 m64n16k16 wgmma. The epilogue
 // transposes the accumulator through shared memory into the 16-bit kernels' fragment layout, and
 // warp 0 stores it with store_tile (bias, fused activation). Needs k % 64 == 0 (whole K steps; the
 // two codes of a step in one aligned word) and a 4-byte aligned w_group_scale.
@@ -679,6 +679,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
   static_assert(kBM == 16 && kBN == 64 && Shape::kThreads == 128);
   constexpr int kStages = Shape::kStages;
+  static_assert(kStages >= 5 && kStages % 2 == 0,
+                "a pair of steps lands while the refills of the previous pair stay in flight");
   constexpr int kPackedRow = Shape::kPackedRowBytes;  // 32 bytes = 64 elements of K
   constexpr int kSteps = kRowBytes / kMmaKBytes;      // wgmma (16 elements of K) per K step
   constexpr int kOutLd = kBN + 4;                     // floats per token of the transposed tile
@@ -754,14 +756,23 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     const uint32_t par0 = static_cast<uint32_t>(((w_first + r0) * p.k_groups) & 2);
     const uint32_t par1 = static_cast<uint32_t>(((w_first + r0 + 8) * p.k_groups) & 2);
 
+    // The byte offset (0 or 16 bits) of a step's two codes in their word, by step parity: the
+    // loop below runs even steps with fragment set 0 and odd ones with set 1.
+    const uint32_t code_shift[2][2] = {{(par0 & 2) * 8, ((par0 + 2) & 2) * 8},
+                                       {(par1 & 2) * 8, ((par1 + 2) & 2) * 8}};
+
+    // K step kt into fragment set kSet (= kt % 2). Even steps open a pair of steps: they wait
+    // for both steps' copies, pass the one barrier of the pair and refill the stages of steps
+    // kt - 3 and kt - 2 (their wgmma are done: each step waits for its predecessor's).
     auto step = [&](int kt, auto set_tag) {
       constexpr int kSet = decltype(set_tag)::value;
-      cp_async_wait<kStages - 3>();  // this thread's copies of step kt have landed
-      fence_proxy_async();           // the tokens, seen by the tensor cores
-      // Every thread's copies of step kt landed; every wgmma of step kt - 2 is done (waited at
-      // the end of step kt - 1), so its stage and its fragment set are free.
-      __syncthreads();
-      load_stage(kt + kStages - 2);
+      if constexpr (kSet == 0) {
+        cp_async_wait<kStages - 5>();  // this thread's copies of steps kt and kt + 1 have landed
+        fence_proxy_async();           // the tokens, seen by the tensor cores
+        __syncthreads();
+        load_stage(kt + kStages - 3);
+        load_stage(kt + kStages - 2);
+      }
       const int s = kt % kStages;
       const uint8_t* packed = ring_generic + s * Shape::kStageBytes + Shape::kStageABytes;
       // word[r][g]: this thread's word of group g (2kt + g) of fragment row r0 + 8r.
@@ -773,16 +784,9 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
           word[r][g] = *reinterpret_cast<const uint32_t*>(packed + (r0 + 8 * r) * kPackedRow +
                                                           g * kMxfp4GroupBytes + word_offset);
       }
-      const uint32_t shift = static_cast<uint32_t>(kt & 1) * 2;  // 2 bytes per step
-      const uint32_t codes[2] = {s_scale_words[s][r0] >> (((par0 + shift) & 2) * 8),
-                                 s_scale_words[s][r0 + 8] >> (((par1 + shift) & 2) * 8)};
-      W4Factors f[2][2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-#pragma unroll
-        for (int g = 0; g < 2; ++g)
-          f[r][g] = w4_factors((codes[r] >> (8 * g)) & 0xFFu);
-      }
+      // codes[r]: the e8m0 codes of groups 2kt (byte 0) and 2kt + 1 (byte 1) of row r0 + 8r.
+      const uint32_t codes[2] = {(s_scale_words[s][r0] >> code_shift[0][kSet]) & 0xFFFFu,
+                                 (s_scale_words[s][r0 + 8] >> code_shift[1][kSet]) & 0xFFFFu};
       // Pair p of group g's word is K elements 16 (2g + p / 2) + 8 (p % 2) + 2q (+1): wgmma
       // 2g + p / 2, register 2 (p % 2) + r of the A fragment.
       uint32_t(&a)[kSteps][4] = frag[kSet];
@@ -791,22 +795,23 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         for (int g = 0; g < 2; ++g) {
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            ((a[2 * g + kP / 2][2 * (kP % 2) + r] =
-                  mul_bf16x2(e2m1_pair_bits<kP>(word[r][g]), f[r][g].f1)),
+            const uint32_t f1 = w4_first_factor((codes[r] >> (8 * g)) & 0xFFu);
+            ((a[2 * g + kP / 2][2 * (kP % 2) + r] = mul_bf16x2(e2m1_pair_bits<kP>(word[r][g]), f1)),
              ...);
           }
         }
       }
       (std::make_integer_sequence<int, 4>{});
-      // Scales above 2 need a second multiply (f2 = 1 elsewhere): one warp-uniform branch.
-      const bool two_steps =
-          f[0][0].two_steps || f[0][1].two_steps || f[1][0].two_steps || f[1][1].two_steps;
-      if (__any_sync(0xFFFFFFFFu, two_steps)) {
+      // Codes above 128 (scales above 2, and NaN) need the second multiply: one warp-uniform
+      // branch, rarely taken.
+      const uint32_t above = __vcmpgtu4(codes[0], 0x8080u) | __vcmpgtu4(codes[1], 0x8080u);
+      if (__any_sync(0xFFFFFFFFu, above != 0)) {
 #pragma unroll
         for (int j = 0; j < kSteps; ++j) {
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            a[j][i] = mul_bf16x2(a[j][i], f[i % 2][j / 2].f2);
+            a[j][i] =
+                mul_bf16x2(a[j][i], w4_second_factor((codes[i % 2] >> (8 * (j / 2))) & 0xFFu));
         }
       }
       const uint32_t tokens = ring + static_cast<uint32_t>(s * Shape::kStageBytes);
@@ -823,7 +828,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
     __syncthreads();  // every thread is done with the ring of the previous item
 #pragma unroll
-    for (int s = 0; s < kStages - 2; ++s)
+    for (int s = 0; s < kStages - 3; ++s)
       load_stage(s);
     for (int kt = 0; kt < p.k_tiles; kt += 2) {
       step(kt, std::integral_constant<int, 0>{});

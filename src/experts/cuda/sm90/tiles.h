@@ -93,7 +93,7 @@ inline constexpr TileConfig kTileTable[] = {
     // single-role (every thread loads, converts its 32-value group and computes); a stage holds 64
     // elements of K: 128 bytes of A per row, 32 bytes of packed W per row.
     {"16x64", TileFamily::kW4A16, 16, 64, 10, 1, 4, MainloopKind::kSwapAB, 16,
-     "swap-AB: weights converted in registers, 4 CTAs per SM, 8 K steps in flight"},
+     "swap-AB: weights converted in registers, 4 CTAs per SM, 7 K steps in flight"},
     {"64x64", TileFamily::kW4A16, 64, 64, 8, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, 6 K steps of packed weights in flight"},
     {"128x128", TileFamily::kW4A16, 128, 128, 8, 2, 1, MainloopKind::kSingleRole, INT64_MAX,
