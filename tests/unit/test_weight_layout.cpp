@@ -2,17 +2,21 @@
 // sm90 backends' WeightLayout that applies it (in place) and inverts it.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "core/elementwise.h"
+#include "experts/cuda/sm90/mxfp4_layout.h"
 #include "moekit/core/error.h"
 #include "moekit/experts/cpu_reference.h"
 #include "moekit/experts/sm90_experts.h"
 #include "moekit/modular/expert_weights.h"
 #include "moekit/oracle/backend.h"
+#include "moekit/oracle/mxfp4.h"
 #include "moekit/oracle/plan.h"
 #include "moekit/oracle/unquantized.h"
 
@@ -240,6 +244,58 @@ TEST(WeightLayout, PlanCarriesTheChosenBackendsLayout) {
   plan = plan_moe(gated, QuantConfig::unquantized(), PlanOptions{.log = false});
   EXPECT_EQ(plan.backend->name, "cpu");
   EXPECT_FALSE(plan.weight_layout.has_value());
+}
+
+// sm90_mxfp4 (host tensors): the fused gate/up row blocks and every 16-byte group's codes in the
+// kernel nibble order, w2's codes too; to_standard on single experts gives the bytes back. The
+// kernel order is a permutation of each group (mxfp4_kernel_element).
+TEST(WeightLayout, Sm90Mxfp4ReordersCodesOfBothWeightsAndInverts) {
+  std::vector<int> seen(32, 0);
+  for (int n = 0; n < 32; ++n)
+    ++seen[static_cast<size_t>(cuda::sm90::mxfp4_kernel_element(n))];
+  EXPECT_EQ(seen, std::vector<int>(32, 1));
+  EXPECT_EQ(cuda::sm90::mxfp4_kernel_element(0), 0);  // pair (0, 1) at nibbles 0 and 4
+  EXPECT_EQ(cuda::sm90::mxfp4_kernel_element(4), 1);
+  EXPECT_EQ(cuda::sm90::mxfp4_kernel_element(1), 8);  // pair (8, 9) at nibbles 1 and 5
+  EXPECT_EQ(cuda::sm90::mxfp4_kernel_element(8), 2);  // word 1 starts with lane 1's pair
+
+  MoEConfig moe = small_moe(Activation::kSwigluOai);
+  moe.hidden_dim = 64;
+  moe.intermediate_size = 64;
+  const std::optional<WeightLayout> layout =
+      Mxfp4MoEKernelOracle(moe).backend("sm90_mxfp4").layout_for(moe);
+  ASSERT_TRUE(layout.has_value());
+  EXPECT_NE(layout->name.find("nibble order"), std::string::npos) << layout->name;
+  const int64_t E = moe.num_local_experts, N = 2 * moe.intermediate_size, H = moe.hidden_dim;
+  std::mt19937 rng(7);
+  auto random_bytes = [&](Shape shape) {
+    Tensor t = Tensor::empty(shape, DType::kUInt8);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.data_as<uint8_t>()[i] = static_cast<uint8_t>(rng() & 0xFF);
+    return t;
+  };
+  ExpertWeights w;
+  w.w13 = random_bytes({E, N, H / 2});
+  w.w2 = random_bytes({E, H, moe.intermediate_size / 2});
+  const Tensor w13_standard = w.w13.clone(), w2_standard = w.w2.clone();
+  layout->to_kernel(w, moe, Stream{});
+  // w2 has no row reorder: its groups are the standard ones permuted.
+  Tensor w2_expect = w2_standard.clone();
+  cuda::sm90::mxfp4_reorder_groups(w2_expect.data_as<uint8_t>(), w2_expect.numel() / 16, true);
+  EXPECT_EQ(std::memcmp(w.w2.data(), w2_expect.data(), static_cast<size_t>(w.w2.numel())), 0);
+  EXPECT_NE(std::memcmp(w.w13.data(), w13_standard.data(), static_cast<size_t>(w.w13.numel())), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertWeights one;
+    one.w13 = w.w13.slice(0, e, e + 1).clone();
+    one.w2 = w.w2.slice(0, e, e + 1).clone();
+    layout->to_standard(one, moe);
+    const Tensor want13 = w13_standard.slice(0, e, e + 1).clone();
+    const Tensor want2 = w2_standard.slice(0, e, e + 1).clone();
+    EXPECT_EQ(std::memcmp(one.w13.data(), want13.data(), static_cast<size_t>(want13.numel())), 0)
+        << "expert " << e;
+    EXPECT_EQ(std::memcmp(one.w2.data(), want2.data(), static_cast<size_t>(want2.numel())), 0)
+        << "expert " << e;
+  }
 }
 
 }  // namespace
