@@ -210,6 +210,8 @@ ExpertWeights kernel_weights(FunctionalKernel& f, const Call& c, Stream stream) 
     if (c.w13_bias.defined())
       f.scratch.w13_bias = Tensor::empty(c.w13_bias.shape(), c.w13_bias.dtype(), c.w13.device());
   }
+  // NOTE: fused_experts is unquantized, and the unquantized layouts rewrite w13 and its bias
+  // only (the quantized sm90_mxfp4 layout also rewrites w2: it never reaches this path).
   f.scratch.w2 = c.w2;
   f.scratch.w2_bias = c.w2_bias;
   f.scratch.w13.copy_from_async(c.w13, stream);
