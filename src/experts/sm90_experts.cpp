@@ -584,6 +584,13 @@ std::optional<WeightLayout> sm90_mxfp4_weight_layout(const MoEConfig& moe) {
   return layout;
 }
 
+// The Standard-format backends' GEMM tiles by batch size (`moekit explain`).
+std::string describe_sm90_grouped_tiles(const MoEConfig& moe, const std::optional<QuantKey>& weight,
+                                        const std::optional<QuantKey>& activation) {
+  if constexpr (kCudaBuild) return sm90::describe_grouped_tiles(moe, weight, activation);
+  return {};
+}
+
 ExpertsBackend sm90_backend(std::string name, const ExpertsClass& klass, int priority) {
   ExpertsBackend b;
   b.oracle = QuantOracleKind::kUnquantized;
@@ -602,6 +609,7 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_grouped, [] {
   b.aliases = {"cuda"};
   b.batched_variant = "sm90_batched";
   b.description = "Hopper wgmma grouped GEMMs, standard format";
+  b.describe_kernels = describe_sm90_grouped_tiles;
   return b;
 }());
 
@@ -620,6 +628,7 @@ namespace {
 ExpertsBackend sm90_quantized_backend(std::string name, const ExpertsClass& klass,
                                       QuantOracleKind oracle, std::string description) {
   ExpertsBackend b = sm90_backend(std::move(name), klass, kPriorityNativeGpu);
+  b.describe_kernels = describe_sm90_grouped_tiles;
   b.oracle = oracle;
   b.aliases = {"cuda"};
   b.description = std::move(description);

@@ -33,6 +33,7 @@ std::string MoEPlan::to_string() const {
     out += fmt::format("\nweights: {}\n",
                        weight_layout ? weight_layout->name : std::string("standard layout"));
   }
+  if (!kernel_notes.empty()) out += "\nkernels:\n" + kernel_notes;
   return out;
 }
 
@@ -79,6 +80,9 @@ MoEPlan plan_moe(const MoEConfig& moe, QuantOracleKind kind,
   plan.backend = decision.selection->backend;
   plan.experts = decision.selection->experts;
   plan.weight_layout = plan.backend->layout_for(moe);
+  if (plan.backend->describe_kernels) {
+    plan.kernel_notes = plan.backend->describe_kernels(moe, weight_key, activation_key);
+  }
   // The quant config is only consulted by checks that care about it; the keys decided above.
   static const QuantConfig kUnquantized = QuantConfig::unquantized();
   const PrepareFinalizeRequest request{&moe, &kUnquantized, plan.experts, options.comm,

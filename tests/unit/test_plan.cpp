@@ -5,7 +5,9 @@
 
 #include <numeric>
 
+#include "core/cuda_seam.h"
 #include "moekit/comm/communicator.h"
+#include "moekit/config/quant_key.h"
 #include "moekit/experts/cpu_reference.h"
 #include "moekit/layer/moe_layer.h"
 #include "moekit/oracle/plan.h"
@@ -269,6 +271,52 @@ TEST(Communicator, SingleRankCollectivesAreLocalCopies) {
   EXPECT_TRUE(contains_all(error_of([&] { comm.all_gather(send, wrong, {}); }), {"bf16", "f32"}));
   Tensor small = Tensor::empty({3, 4}, DType::kF32);
   EXPECT_TRUE(contains_all(error_of([&] { comm.all_gather(send, small, {}); }), {"shape"}));
+}
+
+// ---- kernel notes ---------------------------------------------------------------------------
+
+// The Standard-format Hopper backends describe their GEMM tiles by batch size (`moekit explain`):
+// the decode and prefill rows of each family, and why the swap-AB row gives way when K does not
+// divide into its steps. Planned for a previewed H200, so it runs on a CPU-only machine.
+TEST(KernelNotes, Sm90BackendsNameTheirTilesByBatchSize) {
+  if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA: no Hopper backends";
+  PlanOptions preview;
+  preview.preview = true;
+  preview.log = false;
+  MoELayerOptions o;
+  o.device = device_info_by_name("h200");
+  o.device.preview = true;  // decide as on an H200 (`moekit explain --device h200`)
+  const MoEPlan bf16 = plan_moe(config_of("small", o), QuantConfig::unquantized(), preview);
+  ASSERT_TRUE(bf16.ok()) << bf16.error();
+  EXPECT_EQ(bf16.backend->name, "sm90_grouped");
+  EXPECT_TRUE(contains_all(bf16.to_string(),
+                           {"kernels:", "M=1      gemm1 64x64    gemm2 64x64",
+                            "M=16384  gemm1 128x256  gemm2 128x256", "rows per expert <= "}))
+      << bf16.to_string();
+  // gpt-oss's MXFP4 layer: swap-AB at decode; the tiny preset's I = 96 keeps GEMM2 off it.
+  for (const char* preset : {"small-gpt-oss", "tiny"}) {
+    SCOPED_TRACE(preset);
+    const MoEConfig moe = config_of(preset, o);
+    const MoEPlan plan =
+        plan_moe(moe, QuantOracleKind::kMxfp4, quant_keys::kMxfp4Static, std::nullopt, preview);
+    ASSERT_TRUE(plan.ok()) << plan.error();
+    const std::string text = plan.to_string();
+    EXPECT_TRUE(contains_all(text, {"M=1      gemm1 16x64", "swap-AB", "M=16384  gemm1 128x128"}))
+        << text;
+    const bool k96 = std::string(preset) == "tiny";
+    EXPECT_EQ(
+        text.find("k=96 is not a multiple of 64 (whole K steps of packed weights), so 64x64") !=
+            std::string::npos,
+        k96)
+        << text;
+  }
+  // A forced tile is named as such.
+  o.tile_config = "128x256";
+  const MoEPlan forced = plan_moe(config_of("small", o), QuantConfig::unquantized(), preview);
+  ASSERT_TRUE(forced.ok()) << forced.error();
+  EXPECT_TRUE(
+      contains_all(forced.to_string(), {"every GEMM: tile 128x256 (MoEConfig::tile_config"}))
+      << forced.to_string();
 }
 
 // ---- weight layouts ---------------------------------------------------------------------------

@@ -27,6 +27,8 @@
 #include <string_view>
 #include <vector>
 
+#include "moekit/config/moe_config.h"
+#include "moekit/config/quant_key.h"
 #include "moekit/core/device.h"
 #include "moekit/modular/expert_weights.h"
 #include "moekit/modular/experts.h"
@@ -67,6 +69,11 @@ struct ExpertsBackend {
   std::function<std::optional<WeightLayout>(const MoEConfig&)> layout;
   BackendTraits traits;
   std::string description;  // one line for `moekit explain`, optional
+  // Optional: what the backend's kernels will do for this deployment (e.g. the GEMM tiles by
+  // batch size, with the reasons), as lines for `moekit explain`.
+  std::function<std::string(const MoEConfig&, const std::optional<QuantKey>& weight,
+                            const std::optional<QuantKey>& activation)>
+      describe_kernels;
 
   std::optional<WeightLayout> layout_for(const MoEConfig& moe) const {
     return layout ? layout(moe) : std::nullopt;

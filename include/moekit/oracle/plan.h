@@ -31,13 +31,14 @@ struct MoEPlan {
   const ExpertsClass* experts = nullptr;  // its chosen class
   std::optional<PrepareFinalizeFactory> prepare_finalize;
   std::optional<WeightLayout> weight_layout;  // nullopt: the standard layout
+  std::string kernel_notes;  // the backend's describe_kernels for the deployment, or ""
 
   bool ok() const { return experts != nullptr && prepare_finalize.has_value(); }
   // The experts selection's error, else the prepare/finalize's, else "".
   std::string error() const;
   // Throws UnsupportedError(error()) unless ok().
   void check() const;
-  // Both tables and the weight layout line.
+  // Both tables, the weight layout line and the kernel notes.
   std::string to_string() const;
 };
 

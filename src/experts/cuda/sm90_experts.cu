@@ -5,6 +5,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <string>
+
 #include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/moe_activation.h"
 #include "experts/cuda/moe_permute.h"
@@ -472,6 +475,57 @@ void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType 
   const bool mxfp4 = state.scales == LaunchState::WeightScales::kMxfp4;
   state.w1 = prepare(w1, act_dtype, mxfp4);
   state.w2 = prepare(w2, act_dtype, mxfp4);
+}
+
+std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<QuantKey>& weight,
+                                   const std::optional<QuantKey>& activation) {
+  const int64_t H = moe.hidden_dim, I = moe.intermediate_size_per_partition();
+  const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
+  cuda::GroupedGemmArgs g;
+  g.num_experts = static_cast<int>(moe.num_local_experts);
+  g.dtype = gemm_dtype_of(moe.in_dtype);
+  const QuantDType wd = weight ? weight->dtype : QuantDType::kNone;
+  if (wd == QuantDType::kFp4E2M1) {
+    g.w_packing = cuda::WPacking::kMxfp4;
+  } else if (wd == QuantDType::kFp8E4M3 || wd == QuantDType::kInt8) {
+    g.dtype = wd == QuantDType::kInt8 ? cuda::ElemType::kS8 : cuda::ElemType::kE4M3;
+    g.out_dtype = gemm_dtype_of(moe.in_dtype);
+    const GroupShape ws = weight->scale.group_shape;
+    g.w_scale_kind = ws.is_per_tensor()    ? cuda::WScale::kExpert
+                     : ws.is_per_channel() ? cuda::WScale::kChannel
+                                           : cuda::WScale::kBlock32x128;
+    const GroupShape as = activation ? activation->scale.group_shape : GroupShape::per_tensor();
+    g.a_scale_kind = as.is_per_tensor()  ? cuda::AScale::kTensor
+                     : as.is_per_token() ? cuda::AScale::kRow
+                                         : cuda::AScale::kRowBlock128;
+  }
+  cuda::GroupedGemmArgs g1 = g, g2 = g;
+  g1.n = static_cast<int>(N);
+  g1.k = static_cast<int>(H);
+  g2.n = static_cast<int>(H);
+  g2.k = static_cast<int>(I);
+  const cuda::sm90::TileFamily family = cuda::tile_family_of(g1);
+  if (moe.tile_config != "auto") {
+    return "  every GEMM: tile " + moe.tile_config +
+           " (MoEConfig::tile_config; this scheme's rows: " + cuda::sm90::tile_names(family) +
+           ")\n";
+  }
+  auto padded = [](std::string v, size_t width) {
+    v.resize(std::max(width, v.size()), ' ');
+    return v;
+  };
+  std::string out;
+  for (const int64_t M : {1, 16, 64, 256, 1024, 4096, 16384}) {
+    g1.num_rows_upper_bound = g2.num_rows_upper_bound = M * moe.experts_per_token;
+    std::string why1, why2;
+    const int t1 = cuda::select_grouped_gemm_tile(g1, &why1);
+    const int t2 = cuda::select_grouped_gemm_tile(g2, &why2);
+    out += "  " + padded("M=" + std::to_string(M), 8) + " gemm1 " +
+           padded(cuda::sm90::kTileTable[t1].name, 8) + " gemm2 " +
+           padded(cuda::sm90::kTileTable[t2].name, 8) + " " + why1 +
+           (why2 == why1 ? std::string() : "; gemm2: " + why2) + "\n";
+  }
+  return out;
 }
 
 void reorder_mxfp4_codes(Tensor& w, bool to_kernel, Stream stream) {

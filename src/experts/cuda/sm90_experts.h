@@ -5,8 +5,12 @@
 // points through the seam of core/cuda_seam.h.
 #pragma once
 
+#include <optional>
+#include <string>
 #include "experts/cuda/sm90/launch_cache.h"
 #include "experts/cuda/sm90/tiles.h"
+
+#include "moekit/config/quant_key.h"
 #include "moekit/experts/sm90_experts.h"
 
 namespace moekit::sm90 {
@@ -42,6 +46,12 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
 // device (fp8 / int8 codes: for GEMMs writing act_dtype). Outside graph capture.
 // MXFP4-packed weights (state.scales kMxfp4) are prepared as such.
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype);
+
+// The grouped GEMMs' tile for GEMM1 and GEMM2 at a few batch sizes, with the auto-selection's
+// reasons, as grouped_apply would launch them for this deployment (`moekit explain`); weight /
+// activation: the scheme's keys (none: unquantized). Host code only.
+std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<QuantKey>& weight,
+                                   const std::optional<QuantKey>& activation);
 
 // MXFP4 codes on the device, in place: every 16-byte group between the standard and the kernel's
 // nibble order (sm90/mxfp4_layout.h), asynchronously on `stream`.
