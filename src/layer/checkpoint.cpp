@@ -451,6 +451,7 @@ MoELayer random_quantized_layer(const ModelPreset& model, const std::string& sch
   const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();
   quark::ExpertParams params;
+  params.zero_fill = false;  // fill_random_parameters writes every parameter
   method->create_weights(params, E, H, I, options.dtype);
   params.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
   quark::fill_random_parameters(

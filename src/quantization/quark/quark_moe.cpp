@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -251,7 +252,7 @@ std::string hint_text(const TensorHint& h) {
 
 Tensor& ExpertParams::register_parameter(const std::string& name, Shape shape, DType dtype,
                                          double init) {
-  Tensor t = Tensor::zeros(shape, dtype);
+  Tensor t = zero_fill || init != 0.0 ? Tensor::zeros(shape, dtype) : Tensor::empty(shape, dtype);
   if (init != 0.0) {
     if (dtype == DType::kUInt8 || dtype == DType::kUE8M0) {
       // The seed's torch.ones on uint8 codes: byte value 1.
@@ -1065,7 +1066,9 @@ void fill_random_parameters(ExpertParams& layer, const QuarkMoEMethod& method, i
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 11);
   std::uniform_real_distribution<float> jitter(0.75f, 1.25f);
   for (const std::string& name : layer.names()) {
-    Tensor t = layer.get(name).clone();
+    // Every rule below writes every element: a fresh tensor replaces the parameter (no copy of
+    // the zeros create_weights allocated, no copy back: a deepseek-v3 layer is 11 GB of codes).
+    Tensor t = Tensor::empty(layer.get(name).shape(), layer.get(name).dtype());
     const bool w13 = name.rfind("w13_", 0) == 0;
     // Dequantized weights of about 2/sqrt(K); GEMM inputs of about 1 (x) and 4 (intermediate).
     const float target = 2.0f / std::sqrt(static_cast<float>(w13 ? hidden : intermediate));
@@ -1073,15 +1076,19 @@ void fill_random_parameters(ExpertParams& layer, const QuarkMoEMethod& method, i
     const int64_t n = t.numel();
     auto* bytes = static_cast<uint8_t*>(t.data());
     if (ends_with_name(name, "_weight")) {
-      // Eight random bytes per draw: a deepseek-v3 layer holds 11 GB of fp8 codes.
+      // Eight random bytes per draw, stored as one word (a deepseek-v3 layer holds 11 GB of fp8
+      // codes); e4m3 NaN codes (low 7 bits all set) become 0x7E / 0xFE: t + 1 carries into bit 7
+      // of exactly those bytes (t <= 0x7F, so no carry crosses a byte).
+      const bool fp8 = t.dtype() == DType::kFp8E4M3;
       const int64_t nbytes = static_cast<int64_t>(t.nbytes());
       for (int64_t i = 0; i < nbytes; i += 8) {
         uint64_t r = rng();
-        for (int64_t j = i; j < std::min(nbytes, i + 8); ++j, r >>= 8) {
-          uint8_t b = static_cast<uint8_t>(r);
-          if (t.dtype() == DType::kFp8E4M3 && (b & 0x7F) == 0x7F) b ^= 0x01;  // NaN codes
-          bytes[j] = b;
+        if (fp8) {
+          const uint64_t low7 = r & 0x7F7F7F7F7F7F7F7Full;
+          r ^= ((low7 + 0x0101010101010101ull) & 0x8080808080808080ull) >> 7;
         }
+        static_assert(std::endian::native == std::endian::little, "byte j = bits 8j .. 8j + 7");
+        std::memcpy(bytes + i, &r, static_cast<size_t>(std::min<int64_t>(8, nbytes - i)));
       }
     } else if (ends_with_name(name, "_weight_scale")) {
       for (int64_t i = 0; i < n; ++i) {
@@ -1112,7 +1119,7 @@ void fill_random_parameters(ExpertParams& layer, const QuarkMoEMethod& method, i
       throw Error(fmt::format("fill_random_parameters: no rule for parameter {} of {}", name,
                               method.name()));
     }
-    layer.load(name, t);
+    layer.replace(name, std::move(t));
   }
 }
 

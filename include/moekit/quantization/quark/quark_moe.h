@@ -100,6 +100,9 @@ class ExpertParams {
 
   // gpt-oss swiglu parameters of the layer (the seed's layer.swiglu_*).
   SwigluParams swiglu;
+  // false: register_parameter leaves parameters of init 0 uninitialized, for a caller that
+  // writes every one (fill_random_parameters; a deepseek-v3 layer is 11 GB of codes).
+  bool zero_fill = true;
 
  private:
   struct Entry {
