@@ -1081,14 +1081,23 @@ void fill_random_parameters(ExpertParams& layer, const QuarkMoEMethod& method, i
       // of exactly those bytes (t <= 0x7F, so no carry crosses a byte).
       const bool fp8 = t.dtype() == DType::kFp8E4M3;
       const int64_t nbytes = static_cast<int64_t>(t.nbytes());
-      for (int64_t i = 0; i < nbytes; i += 8) {
+      auto draw = [&] {
         uint64_t r = rng();
         if (fp8) {
           const uint64_t low7 = r & 0x7F7F7F7F7F7F7F7Full;
           r ^= ((low7 + 0x0101010101010101ull) & 0x8080808080808080ull) >> 7;
         }
-        static_assert(std::endian::native == std::endian::little, "byte j = bits 8j .. 8j + 7");
-        std::memcpy(bytes + i, &r, static_cast<size_t>(std::min<int64_t>(8, nbytes - i)));
+        return r;
+      };
+      static_assert(std::endian::native == std::endian::little, "byte j = bits 8j .. 8j + 7");
+      int64_t i = 0;
+      for (; i + 8 <= nbytes; i += 8) {
+        const uint64_t r = draw();
+        std::memcpy(bytes + i, &r, 8);
+      }
+      if (i < nbytes) {
+        const uint64_t r = draw();
+        std::memcpy(bytes + i, &r, static_cast<size_t>(nbytes - i));
       }
     } else if (ends_with_name(name, "_weight_scale")) {
       for (int64_t i = 0; i < n; ++i) {
