@@ -2,6 +2,7 @@
 // sm90 backends' WeightLayout that applies it (in place) and inverts it.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "core/elementwise.h"
 #include "experts/cuda/sm90/mxfp4_layout.h"
 #include "moekit/core/error.h"
+#include "moekit/core/half.h"
 #include "moekit/experts/cpu_reference.h"
 #include "moekit/experts/sm90_experts.h"
 #include "moekit/modular/expert_weights.h"
@@ -19,6 +21,7 @@
 #include "moekit/oracle/mxfp4.h"
 #include "moekit/oracle/plan.h"
 #include "moekit/oracle/unquantized.h"
+#include "moekit/quant/formats.h"
 
 namespace moekit {
 namespace {
@@ -296,6 +299,57 @@ TEST(WeightLayout, Sm90Mxfp4ReordersCodesOfBothWeightsAndInverts) {
     EXPECT_EQ(std::memcmp(one.w2.data(), want2.data(), static_cast<size_t>(want2.numel())), 0)
         << "expert " << e;
   }
+}
+
+// The W4A16 kernels' conversion (sm90/mxfp4_layout.h) on the host, with bf16 multiplies emulated
+// in float (exact: every product is a power-of-two multiple of an e2m1 value): every pair of every
+// byte pattern, every e8m0 scale the GPU tests cover (2^-119 .. 2^127) and NaN, gives the decoded
+// value exactly.
+TEST(WeightLayout, Mxfp4PairConversionIsExact) {
+  auto mul = [](uint32_t a, uint32_t b) {  // mul.rn.bf16x2
+    uint32_t out = 0;
+    for (int h = 0; h < 2; ++h) {
+      const float x = bf16_bits_to_float(static_cast<uint16_t>(a >> (16 * h)));
+      const float y = bf16_bits_to_float(static_cast<uint16_t>(b >> (16 * h)));
+      out |= static_cast<uint32_t>(float_to_bf16_bits(x * y)) << (16 * h);
+    }
+    return out;
+  };
+  auto pair = [](int p, uint32_t word) {
+    switch (p) {
+      case 0:
+        return cuda::sm90::e2m1_pair_bits<0>(word);
+      case 1:
+        return cuda::sm90::e2m1_pair_bits<1>(word);
+      case 2:
+        return cuda::sm90::e2m1_pair_bits<2>(word);
+      default:
+        return cuda::sm90::e2m1_pair_bits<3>(word);
+    }
+  };
+  int wrong = 0;
+  for (uint32_t s = 8; s <= 255; ++s) {
+    for (uint32_t codes = 0; codes < 256; ++codes) {  // (low, high) code of a pair
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t word = ((codes & 0xFu) << (4 * p)) | ((codes >> 4) << (4 * (p + 4))) |
+                              (0x5A5A5A5Au & ~((0xFu << (4 * p)) | (0xFu << (4 * (p + 4)))));
+        uint32_t v = mul(pair(p, word), cuda::sm90::w4_first_factor(s));
+        if (s > 128) v = mul(v, cuda::sm90::w4_second_factor(s));
+        for (int h = 0; h < 2; ++h) {
+          const float got = bf16_bits_to_float(static_cast<uint16_t>(v >> (16 * h)));
+          const float want =
+              quant::decode_fp4_e2m1(static_cast<uint8_t>((codes >> (4 * h)) & 0xFu)) *
+              quant::decode_e8m0(static_cast<uint8_t>(s));
+          const bool ok = s == 255 ? std::isnan(got) : got == want && !std::isnan(got);
+          if (!ok && wrong++ < 5) {
+            ADD_FAILURE() << "s=" << s << " codes=" << codes << " p=" << p << " h=" << h << ": got "
+                          << got << ", want " << want;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
 }  // namespace

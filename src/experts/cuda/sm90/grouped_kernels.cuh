@@ -469,37 +469,12 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
 // ---- kW4A16: packed MXFP4 W converted in shared memory ------------------------------------------
 
-// MXFP4 codes to bf16. A 32-bit word of a group in the kernel nibble order (sm90/mxfp4_layout.h)
-// holds 4 pairs of codes at nibbles (p, p + 4). Pair p becomes a bf16 pair (nibble p low, p + 4
-// high) by moving each code's magnitude bits to bits 6..8 and its sign to bit 15 of its half: the
-// bf16 value is then the e2m1 value times 2^-126 (a subnormal for the code 0.5, which bf16
-// arithmetic keeps), and the multiply by the group's factors restores 2^(s - 127). Exact: every
-// e2m1 value times a power of two in bf16's range is a bf16. Two shifts, an AND, a LOP3 and a
-// multiply per pair.
+// MXFP4 codes to bf16: e2m1_pair_bits, w4_first_factor and w4_second_factor (sm90/mxfp4_layout.h,
+// plain functions tested on the host) and the bf16 pair multiply.
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
-}
-template <int kP>
-__device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t word) {
-  static_assert(kP >= 0 && kP < 4);
-  constexpr int kMag = 6 - 4 * kP;    // nibble bits 0..2 -> 6..8 (and 16.. -> 22..24)
-  constexpr int kSign = 12 - 4 * kP;  // nibble bit 3 -> 15 (and 19 -> 31)
-  const uint32_t mag = kMag >= 0 ? word << kMag : word >> -kMag;
-  const uint32_t sign = word << kSign;
-  return (mag & 0x01C001C0u) | (sign & 0x80008000u);
-}
-
-// The bf16x2 factors that turn the codes' 2^-126-scaled bf16 into e2m1 x 2^(s - 127), without
-// branches: f1 = 2^(min(s, 128) - 1) (a bf16 normal); f2 = 2^(max(s, 128) - 128), which is 1
-// unless s > 128 (two_steps: the only case that needs the second multiply); s = 255 (NaN) gives
-// f2 = NaN. 2^(b - 127) as a bf16 pair is b * 0x00800080 for b in [1, 254].
-__device__ __forceinline__ uint32_t w4_first_factor(uint32_t s) {
-  return min(s + 126u, 254u) * 0x00800080u;
-}
-__device__ __forceinline__ uint32_t w4_second_factor(uint32_t s) {
-  return s == 255u ? 0x7FC07FC0u : (max(s, 128u) - 1u) * 0x00800080u;
 }
 struct W4Factors {
   uint32_t f1, f2;

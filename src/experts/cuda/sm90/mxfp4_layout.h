@@ -23,6 +23,31 @@ constexpr int mxfp4_kernel_element(int nibble) {
   return 16 * ((p % 4) / 2) + 8 * (p % 2) + 2 * q + p / 4;
 }
 
+// The W4A16 kernels' conversion. Pair p (0..3) of a kernel-order word as a bf16 pair (nibble p
+// low, nibble p + 4 high): each code's magnitude bits go to bits 6..8 and its sign to bit 15 of
+// its half, so the bf16 value is the e2m1 value times 2^-126 (a subnormal for the code 0.5, which
+// bf16 arithmetic keeps); multiplying by w4_first_factor(s), and for s > 128 by
+// w4_second_factor(s), gives e2m1 x 2^(s - 127) exactly (every such value is a bf16). Two shifts,
+// an AND and a LOP3 per pair.
+template <int kP>
+constexpr uint32_t e2m1_pair_bits(uint32_t word) {
+  static_assert(kP >= 0 && kP < 4);
+  constexpr int kMag = 6 - 4 * kP;    // nibble bits 0..2 -> 6..8 (and 16.. -> 22..24)
+  constexpr int kSign = 12 - 4 * kP;  // nibble bit 3 -> 15 (and 19 -> 31)
+  const uint32_t mag = kMag >= 0 ? word << kMag : word >> -kMag;
+  const uint32_t sign = word << kSign;
+  return (mag & 0x01C001C0u) | (sign & 0x80008000u);
+}
+// The bf16x2 factors, without branches: f1 = 2^(min(s, 128) - 1) (a bf16 normal); f2 =
+// 2^(max(s, 128) - 128), which is 1 unless s > 128 (the only case that needs the second
+// multiply); s = 255 (NaN) gives f2 = NaN. 2^(b - 127) as a bf16 pair is b * 0x00800080.
+constexpr uint32_t w4_first_factor(uint32_t s) {
+  return (s + 126u < 254u ? s + 126u : 254u) * 0x00800080u;
+}
+constexpr uint32_t w4_second_factor(uint32_t s) {
+  return s == 255u ? 0x7FC07FC0u : ((s > 128u ? s : 128u) - 1u) * 0x00800080u;
+}
+
 // Rewrites `groups` consecutive 16-byte groups at `bytes` from the standard layout into the kernel
 // layout (to_kernel) or back.
 inline void mxfp4_reorder_groups(uint8_t* bytes, int64_t groups, bool to_kernel) {
