@@ -5,12 +5,8 @@
 # fp8tensor on the same shapes; everything packed into $OUT/all.tgz (the device tool returns few
 # files). Parts (arguments, in order): tests w4a16 fp8 ncu (the swap-AB kernel at M=64) bf16
 # (moekit bench on gpt-oss-120b, the W4A16 comparison).
-set -u
-out=${OUT:-/tmp/out}
-log=$out/logs
-mkdir -p "$log"
-if [ ! -x build/moekit ]; then tar -xJf .carry/moekit-bins.tar.xz || exit 1; fi
-export LD_LIBRARY_PATH=$PWD/build/runtime:${LD_LIBRARY_PATH:-}
+# shellcheck source=bench/device_prelude.sh
+. bench/device_prelude.sh
 tokens="1 16 64 256 1024 4096 16384"
 for part in "$@"; do
 {
