@@ -1,10 +1,10 @@
 // The tile table of the Hopper grouped GEMMs: every tile configuration the kernels are compiled
 // for, as data. Each row belongs to one mainloop family (16-bit operands, fp8 with block-scale
 // promotion, fp8 / int8 accumulated over all of K, packed MXFP4 W) and is instantiated once per
-// element type of its family; auto-selection walks the
-// rows of the problem's family in order and takes the first whose rows-per-expert bound holds;
-// MoEConfig::tile_config forces a row by name (names are unique within a family). Plain data, no
-// CUDA headers.
+// element type of its family; auto-selection walks the rows of the problem's family in order and
+// takes the first whose rows-per-expert bound holds (and whose shape constraints the problem
+// meets, detail::tile_fits); MoEConfig::tile_config forces a row by name (names are unique within
+// a family). Plain data, no CUDA headers.
 #pragma once
 
 #include <climits>
@@ -24,7 +24,7 @@ enum class MainloopKind : uint8_t {
   kWarpSpecializedTma,
   // Swap-AB for a few rows per expert (W4A16): the weights are the wgmma's A operand, converted
   // from the packed ring into registers; the item's bm tokens are its N. One warpgroup per CTA,
-  // no temporary tile in shared memory, one 128-thread barrier per K step.
+  // no temporary tile in shared memory, one 128-thread barrier per two K steps; k % 64 == 0.
   kSwapAB,
 };
 
@@ -42,8 +42,9 @@ enum class TileFamily : uint8_t {
                // tests/gpu/test_grouped_gemm.cpp)
   kInt8,       // int8 operands: an exact int32 accumulator, one wgmma group kept in flight; the
                // per-tensor / per-row / per-channel scales applied once, in the epilogue
-  kW4A16,      // MXFP4 weights (e2m1 + e8m0 per 32 of K) with bf16 activations: the packed weights
-               // stream into the ring and are converted to bf16 in shared memory each K step
+  kW4A16,      // MXFP4 weights (e2m1 + e8m0 per 32 of K, codes in the kernel nibble order) with
+               // bf16 activations: the packed weights stream into the ring and are converted to
+               // bf16 each K step, into registers (swap-AB) or shared memory (single-role)
 };
 
 struct TileConfig {
