@@ -97,6 +97,8 @@ std::string tile_fits(const GroupedGemmArgs& args, int row) {
       return std::string("tile ") + t.name + ": k=" + to_string(args.k) +
              " is not a multiple of 64 (whole K steps of packed weights)";
     }
+    // NOTE: the kernel reads each K step's two codes as their aligned 4-byte word; n % 8 == 0
+    // (check_grouped_gemm_args) and an even k / 32 keep the last word inside the scales.
     if (reinterpret_cast<uintptr_t>(args.w_group_scale) % 4 != 0) {
       return std::string("tile ") + t.name + ": w_group_scale is not 4-byte aligned";
     }
