@@ -332,13 +332,11 @@ Sm90Fp8Experts::Sm90Fp8Experts(const MoEConfig& moe, const QuantConfig& quant)
     : Sm90StandardExpertsBase(klass(), moe, with_device_activation_scales(quant, moe)) {
   MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp8E4M3 && quant.a1.dtype == QuantDType::kFp8E4M3,
                "Sm90Fp8Experts runs fp8 W8A8 layers only, got {}", quant.describe());
-  // Block scales (1x128 activation groups, 128x128 weight blocks) vary along K and run the
-  // promoting rows; per-tensor / per-token / per-channel scales run the direct ones.
-  const bool block_scales = !(quant.w1.shape.is_per_tensor() || quant.w1.shape.is_per_channel()) ||
-                            !(quant.a1.shape.is_per_tensor() || quant.a1.shape.is_per_token());
-  state_->tile = sm90::tile_from_config(
-      moe, "Sm90Fp8Experts",
-      block_scales ? cuda::sm90::TileFamily::kFp8 : cuda::sm90::TileFamily::kFp8Direct);
+  // Block scales vary along K and run the promoting rows; the others the direct ones.
+  if constexpr (kCudaBuild) {
+    state_->tile = sm90::tile_from_config(moe, "Sm90Fp8Experts",
+                                          sm90::fp8_tile_family(quant.w1.shape, quant.a1.shape));
+  }
   bind_weight_scales(*state_, moe, quant);
 }
 

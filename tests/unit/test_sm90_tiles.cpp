@@ -4,6 +4,7 @@
 
 #include "core/cuda_seam.h"
 #include "experts/cuda/sm90/tiles.h"
+#include "experts/cuda/sm90_experts.h"
 #include "moekit/experts/sm90_experts.h"
 #include "testing.h"
 
@@ -52,6 +53,22 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
             sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct));
   EXPECT_EQ(sm90::select_tile(64, &why, sm90::TileFamily::kFp8Direct),
             sm90::find_tile("128x256", sm90::TileFamily::kFp8Direct));
+}
+
+// fp8 layers pick their family from the scales' group shapes, by the launch's own rule
+// (cuda::tile_family_of): block scales on either operand promote, the others accumulate directly.
+TEST(Sm90Tiles, Fp8FamilyFollowsTheScaleShapes) {
+  if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA";
+  const GroupShape block{128, 128}, group{1, 128};
+  EXPECT_EQ(::moekit::sm90::fp8_tile_family(GroupShape::per_channel(), GroupShape::per_token()),
+            sm90::TileFamily::kFp8Direct);
+  EXPECT_EQ(::moekit::sm90::fp8_tile_family(GroupShape::per_tensor(), GroupShape::per_tensor()),
+            sm90::TileFamily::kFp8Direct);
+  EXPECT_EQ(::moekit::sm90::fp8_tile_family(block, group), sm90::TileFamily::kFp8);
+  EXPECT_EQ(::moekit::sm90::fp8_tile_family(GroupShape::per_channel(), group),
+            sm90::TileFamily::kFp8);
+  EXPECT_EQ(::moekit::sm90::fp8_tile_family(block, GroupShape::per_token()),
+            sm90::TileFamily::kFp8);
 }
 
 TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {

@@ -123,6 +123,19 @@ void set_fused_activation(cuda::GroupedGemmArgs& g, Activation act,
   g.alpha = params.alpha;
 }
 
+// The GEMM's scale kinds for these group shapes: activations per tensor, per token or in 1x128
+// groups; weights per expert tensor, per channel or in 128x128 blocks.
+cuda::AScale activation_scale_kind(const GroupShape& g) {
+  return g.is_per_tensor()  ? cuda::AScale::kTensor
+         : g.is_per_token() ? cuda::AScale::kRow
+                            : cuda::AScale::kRowBlock128;
+}
+cuda::WScale weight_scale_kind(const GroupShape& g) {
+  return g.is_per_tensor()    ? cuda::WScale::kExpert
+         : g.is_per_channel() ? cuda::WScale::kChannel
+                              : cuda::WScale::kBlock32x128;
+}
+
 // The 8-bit operands of a GEMM: `codes` (e4m3 or int8) A and W, out in `out`, A's scales
 // (a_scale, laid out per the activation descriptor `a`) and W's (the kernel-layout scales of
 // LaunchState).
@@ -136,14 +149,10 @@ void set_scaled_operands(cuda::GroupedGemmArgs& g, const sm90::LaunchState& stat
                "missing; the prepare must quantize a1",
                dtype_name(codes));
   g.a_scale = a_scale.data_as<const float>();
-  if (a.shape.is_per_tensor()) {
-    g.a_scale_kind = cuda::AScale::kTensor;
-  } else if (a.shape.is_per_token()) {
-    g.a_scale_kind = cuda::AScale::kRow;
-  } else {
+  g.a_scale_kind = activation_scale_kind(a.shape);
+  if (g.a_scale_kind == cuda::AScale::kRowBlock128) {
     MOEKIT_CHECK(a.shape.col == 128, "{} experts: activation groups of {} (the GEMM takes 128)",
                  dtype_name(codes), a.shape.col);
-    g.a_scale_kind = cuda::AScale::kRowBlock128;
     g.a_scale_ld = a_scale.size(a_scale.dim() - 1);
   }
   g.w_scale = w_scale.data_as<const float>();
@@ -477,6 +486,14 @@ void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType 
   state.w2 = prepare(w2, act_dtype, mxfp4);
 }
 
+cuda::sm90::TileFamily fp8_tile_family(const GroupShape& weight, const GroupShape& activation) {
+  cuda::GroupedGemmArgs g;
+  g.dtype = cuda::ElemType::kE4M3;
+  g.w_scale_kind = weight_scale_kind(weight);
+  g.a_scale_kind = activation_scale_kind(activation);
+  return cuda::tile_family_of(g);
+}
+
 std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<QuantKey>& weight,
                                    const std::optional<QuantKey>& activation) {
   const int64_t H = moe.hidden_dim, I = moe.intermediate_size_per_partition();
@@ -490,14 +507,9 @@ std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<Qua
   } else if (wd == QuantDType::kFp8E4M3 || wd == QuantDType::kInt8) {
     g.dtype = wd == QuantDType::kInt8 ? cuda::ElemType::kS8 : cuda::ElemType::kE4M3;
     g.out_dtype = gemm_dtype_of(moe.in_dtype);
-    const GroupShape ws = weight->scale.group_shape;
-    g.w_scale_kind = ws.is_per_tensor()    ? cuda::WScale::kExpert
-                     : ws.is_per_channel() ? cuda::WScale::kChannel
-                                           : cuda::WScale::kBlock32x128;
-    const GroupShape as = activation ? activation->scale.group_shape : GroupShape::per_tensor();
-    g.a_scale_kind = as.is_per_tensor()  ? cuda::AScale::kTensor
-                     : as.is_per_token() ? cuda::AScale::kRow
-                                         : cuda::AScale::kRowBlock128;
+    g.w_scale_kind = weight_scale_kind(weight->scale.group_shape);
+    g.a_scale_kind = activation_scale_kind(activation ? activation->scale.group_shape
+                                                      : GroupShape::per_tensor());
   }
   cuda::GroupedGemmArgs g1 = g, g2 = g;
   g1.n = static_cast<int>(N);

@@ -47,6 +47,10 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
 // MXFP4-packed weights (state.scales kMxfp4) are prepared as such.
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype);
 
+// The tile family of an fp8 layer with these weight / activation group shapes: the promoting
+// rows for block scales, the direct ones otherwise (cuda::tile_family_of's rule, from the shapes).
+cuda::sm90::TileFamily fp8_tile_family(const GroupShape& weight, const GroupShape& activation);
+
 // The grouped GEMMs' tile for GEMM1 and GEMM2 at a few batch sizes, with the auto-selection's
 // reasons, as grouped_apply would launch them for this deployment (`moekit explain`); weight /
 // activation: the scheme's keys (none: unquantized). Host code only.
