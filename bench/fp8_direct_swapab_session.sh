@@ -4,7 +4,9 @@
 # per-channel (mixtral-8x7b, qwen3-30b-a3b) and MXFP4 W4A16 (gpt-oss-120b), the Triton peer in
 # fp8tensor on the same shapes; everything packed into $OUT/all.tgz (the device tool returns few
 # files). Parts (arguments, in order): tests w4a16 fp8 ncu (the swap-AB kernel at M=64) bf16
-# (moekit bench on gpt-oss-120b, the W4A16 comparison).
+# (moekit bench on gpt-oss-120b, the W4A16 comparison) fp8block (block-128 on deepseek-v3,
+# qwen3-30b-a3b and mixtral-8x7b with plain top-k routing, auto and forced 128x256 tiles, and the
+# peer's fp8block on the same shapes).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 tokens="1 16 64 256 1024 4096 16384"
@@ -38,6 +40,24 @@ for part in "$@"; do
   python3 bench/compare_peer.py "$log/bench_fp8_per_tensor.json" "$log/peer_fp8tensor.json" \
     --dtype fp8tensor >"$log/ratio_fp8tensor.md" 2>&1
   tail -n 30 "$log/ratio_fp8tensor.md"
+  fi
+  if [ "$part" = fp8block ]; then
+  block_models="deepseek-v3 qwen3-30b-a3b mixtral-8x7b"
+  timeout 200 build/moekit bench --quant fp8_block128 --plain-topk --models $block_models \
+    --tokens $tokens --json "$log/bench_fp8_block128.json" >"$log/bench_fp8_block128.log" 2>&1
+  grep -E "^ +[0-9]+ " "$log/bench_fp8_block128.log"
+  for tile in 128x256 128x128; do
+    timeout 120 build/moekit bench --quant fp8_block128 --plain-topk --models $block_models \
+      --tokens 1024 4096 16384 --tile $tile --json "$log/bench_fp8_block128_$tile.json" \
+      >"$log/bench_fp8_block128_$tile.log" 2>&1
+    grep -E "^ +[0-9]+ " "$log/bench_fp8_block128_$tile.log"
+  done
+  PYTHONUNBUFFERED=1 timeout 200 python3 .carry/triton_peer.py --dtype fp8block \
+    --shapes ${block_models// /,} --tokens 1,64,1024,16384 \
+    --json "$log/peer_fp8block.json" >"$log/peer_fp8block.log" 2>&1
+  python3 bench/compare_peer.py "$log/bench_fp8_block128.json" "$log/peer_fp8block.json" \
+    --dtype fp8block >"$log/ratio_fp8block.md" 2>&1
+  tail -n 30 "$log/ratio_fp8block.md"
   fi
   if [ "$part" = bf16 ]; then
   timeout 60 build/moekit bench --models gpt-oss-120b --tokens $tokens --json "$log/bench_bf16.json" \

@@ -81,44 +81,48 @@ __device__ __forceinline__ FragmentRows fragment_rows(const KernelParams& p, con
   return f;
 }
 
-// The K step of one warpgroup on the stage at (sa, sb): acc += A_kt . W_kt^T (16-bit, int8, fp8
-// of the kFp8Direct rows), or, with kPromote (fp8 block scales, the kFp8 rows),
-// acc += sa(kt) sw(kt) (A_kt . W_kt^T) via tmp. Returns once the stage may be released
-// (kPromote: its wgmma are done; otherwise the previous stage's are, see release_lag).
-template <typename T, int kBN, bool kPromote>
+// The K step of one warpgroup on the stage at (sa, sb): acc += A_kt . W_kt^T, or with block scales
+// acc += sa(kt) sw(kt) (A_kt . W_kt^T) through a temporary (Promotion above). run<parity> is
+// called with the parity of kt (kOverlapped picks its temporary by it at compile time: ptxas
+// serializes wgmma whose accumulator registers are chosen at run time); end() once after the last
+// step. A stage may be released release_lag steps after its run: then its wgmma are done.
+template <typename T, int kBN, Promotion kPromotion>
 struct KStep {
-  static_assert(!kPromote || kIsFp8<T>, "only fp8 promotes K blocks");
+  static_assert(kPromotion == Promotion::kNone || kIsFp8<T>, "only fp8 promotes K blocks");
+  static_assert(kPromotion != Promotion::kOverlapped || kBN <= 128, "3 * bn / 2 registers");
+  static_assert(kPromotion != Promotion::kChunked || kBN % 128 == 0, "128-column chunks");
   static constexpr int kAcc = kBN / 2;
   using Acc = typename MmaOperand<T>::Acc;  // float, or int32 for int8
-  // Stages a consumer holds before releasing: one group in flight releases stage kt - 1 after
-  // kt's wgmma are issued; kPromote releases stage kt itself.
-  static constexpr int release_lag = kPromote ? 0 : 1;
+  static constexpr int release_lag = kPromotion == Promotion::kChunked ? 0 : 1;
 
   static constexpr int kScaleBlocks = kBN / 32;  // weight-scale row blocks of a tile
+  static constexpr int kChunkCols = kPromotion == Promotion::kChunked ? 128 : kBN;
+  static constexpr int kTmps = kPromotion == Promotion::kOverlapped ? 2 : 1;
 
-  float tmp[kPromote ? kAcc : 1];
-  // fp8 block scales of the next K step, loaded one step ahead so that their latency hides
-  // behind the current step's wgmma (A: this thread's two rows; W: the tile's row blocks).
-  float next_fa[kPromote ? 2 : 1];
-  float next_fw[kPromote ? kScaleBlocks : 1];
+  float tmp[kTmps][kPromotion == Promotion::kNone ? 1 : kChunkCols / 2];
+  // Block scales (A: this thread's two rows; W: the tile's row blocks), loaded one step before
+  // they are used so that their latency hides behind a step of wgmma. kOverlapped: those of the
+  // step whose temporary is in flight; kChunked: those of the next step.
+  float fa[kPromotion == Promotion::kNone ? 1 : 2];
+  float fw[kPromotion == Promotion::kNone ? 1 : kScaleBlocks];
 
   __device__ __forceinline__ void load_block_scales(const KernelParams& p, const WorkItem& w,
                                                     const FragmentRows& rows, int kt) {
-    if constexpr (kPromote) {
+    if constexpr (kPromotion != Promotion::kNone) {
       if (kt >= p.k_tiles) return;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        next_fa[h] = 1.0f;
+        fa[h] = 1.0f;
         if (p.a_scale_kind == AScale::kRowBlock128) {
-          next_fa[h] = rows.src[h] >= 0 ? __ldg(&p.a_scale[rows.src[h] * p.a_scale_ld + kt]) : 0.0f;
+          fa[h] = rows.src[h] >= 0 ? __ldg(&p.a_scale[rows.src[h] * p.a_scale_ld + kt]) : 0.0f;
         }
       }
 #pragma unroll
       for (int b = 0; b < kScaleBlocks; ++b) {
-        next_fw[b] = 1.0f;
+        fw[b] = 1.0f;
         if (p.w_scale_kind == WScale::kBlock32x128) {
           const int rb = w.n0 / 32 + b;
-          next_fw[b] =
+          fw[b] =
               rb < p.w_scale_row_blocks
                   ? __ldg(&p.w_scale[(static_cast<int64_t>(w.expert) * p.w_scale_row_blocks + rb) *
                                          p.k_tiles +
@@ -129,40 +133,79 @@ struct KStep {
     }
   }
 
+  // acc[first, first + kCount) += t * (the block scales in a, b): the fragment of column groups
+  // first / 4 onwards, 8 columns each, one W scale per 32 columns (first is a constant once the
+  // callers' loops are unrolled).
+  template <int kCount>
+  static __device__ __forceinline__ void promote(Acc (&acc)[kAcc], int first,
+                                                 const float (&t)[kCount], const float (&a)[2],
+                                                 const float (&b)[kScaleBlocks]) {
+#pragma unroll
+    for (int j = 0; j < kCount / 4; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float f = a[h] * b[(first / 4 + j) / 4];
+        acc[first + 4 * j + 2 * h] += t[4 * j + 2 * h] * f;
+        acc[first + 4 * j + 2 * h + 1] += t[4 * j + 2 * h + 1] * f;
+      }
+    }
+  }
+
   // Before the first K step of a work item.
   __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w,
                                         const FragmentRows& rows) {
-    load_block_scales(p, w, rows, 0);
+    if constexpr (kPromotion == Promotion::kChunked) load_block_scales(p, w, rows, 0);
   }
 
+  template <int kParity>
   __device__ __forceinline__ void run(Acc (&acc)[kAcc], uint32_t sa, uint32_t sb,
                                       const KernelParams& p, const WorkItem& w,
                                       const FragmentRows& rows, int kt) {
-    if constexpr (!kPromote) {
+    if constexpr (kPromotion == Promotion::kNone) {
       mma_stage<T, kBN>(acc, sa, sb);
       wgmma_wait<1>();
       fence_registers(acc);
-    } else {
-      // This step's block scales (loaded during the previous step); the next step's now.
-      float fa[2], fw[kScaleBlocks];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        fa[h] = next_fa[h];
-#pragma unroll
-      for (int b = 0; b < kScaleBlocks; ++b)
-        fw[b] = next_fw[b];
-      load_block_scales(p, w, rows, kt + 1);
-      mma_stage<T, kBN, /*kOverwrite=*/true>(tmp, sa, sb);
+    } else if constexpr (kPromotion == Promotion::kOverlapped) {
+      // NOTE: step kt - 1's group is waited for before step kt is issued, on every path: reading
+      // a temporary after wgmma_wait<1>, or after a wait under `kt > 0`, makes ptxas serialize
+      // every wgmma of the kernel (C7514). The tensor cores pause between the two steps' groups;
+      // the promotion of step kt - 1 runs while step kt's wgmma compute.
       wgmma_wait<0>();
-      fence_registers(tmp);
+      fence_registers(tmp[kParity ^ 1]);
+      mma_stage<T, kBN, /*kOverwrite=*/true>(tmp[kParity], sa, sb);
+      if (kt > 0) promote(acc, 0, tmp[kParity ^ 1], fa, fw);  // step kt - 1, its scales
+      load_block_scales(p, w, rows, kt);
+    } else {
+      const float a[2] = {fa[0], fa[1]};
+      float b[kScaleBlocks];
 #pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
+      for (int i = 0; i < kScaleBlocks; ++i)
+        b[i] = fw[i];
+      load_block_scales(p, w, rows, kt + 1);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float f = fa[h] * fw[j / 4];
-          acc[4 * j + 2 * h] += tmp[4 * j + 2 * h] * f;
-          acc[4 * j + 2 * h + 1] += tmp[4 * j + 2 * h + 1] * f;
-        }
+      for (int c = 0; c < kBN / kChunkCols; ++c) {  // chunk c into the temporary, then promoted
+        mma_stage<T, kChunkCols, /*kOverwrite=*/true>(
+            tmp[0], sa, sb + static_cast<uint32_t>(c * kChunkCols * kRowBytes));
+        wgmma_wait<0>();
+        fence_registers(tmp[0]);
+        promote(acc, c * kChunkCols / 2, tmp[0], a, b);
+      }
+    }
+  }
+
+  // After the last K step: every wgmma complete, and (kOverlapped) the last temporary promoted.
+  __device__ __forceinline__ void end(Acc (&acc)[kAcc], const KernelParams& p) {
+    if constexpr (kPromotion == Promotion::kNone) {
+      wgmma_wait<0>();
+      fence_registers(acc);
+    } else if constexpr (kPromotion == Promotion::kOverlapped) {
+      wgmma_wait<0>();
+      if (p.k_tiles > 0 && ((p.k_tiles - 1) & 1) != 0) {
+        fence_registers(tmp[1]);
+        promote(acc, 0, tmp[1], fa, fw);
+      } else if (p.k_tiles > 0) {
+        fence_registers(tmp[0]);
+        promote(acc, 0, tmp[0], fa, fw);
       }
     }
   }
@@ -298,7 +341,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   // ---- consumer warpgroups ----------------------------------------------------------------------
   if constexpr (Shape::kRebalanceRegisters) setmaxnreg_inc<Shape::kConsumerRegisters>();
   const int lane = tid & 31;
-  using Step = KStep<T, kBN, Shape::kPromoteKBlocks>;
+  using Step = KStep<T, kBN, Shape::kPromotion>;
   constexpr int kLag = Step::release_lag;
   Step step;
   int it = 0;  // K steps consumed so far by this CTA (all items)
@@ -312,20 +355,21 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     step.begin(p, w, rows);
 
     // 3. Main loop.
-    for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+    for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
       const int s = it % kStages;
       mbar_wait(smem_u32(&s_full[s]), (it / kStages) & 1);
       fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
       const uint32_t stage = smem_base + static_cast<uint32_t>(s * Shape::kStageBytes);
-      step.run(acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
-               stage + Shape::kStageABytes, p, w, rows, kt);
+      step.template run<decltype(parity)::value>(
+          acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
+          stage + Shape::kStageABytes, p, w, rows, kt);
       if (kt >= kLag && lane == 0) {
         mbar_arrive(smem_u32(&s_empty[(it + kStages - kLag) % kStages]));
       }
-    }
+      ++it;
+    });
+    step.end(acc, p);
     if constexpr (kLag > 0) {
-      wgmma_wait<0>();
-      fence_registers(acc);
       if (lane == 0) mbar_arrive(smem_u32(&s_empty[(it + kStages - 1) % kStages]));
     }
 
@@ -397,7 +441,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
   const int warpgroup = tid / 128;
   const int w_row_bytes = p.k * static_cast<int>(sizeof(T));
-  using Step = KStep<T, kBN, Shape::kPromoteKBlocks>;
+  using Step = KStep<T, kBN, Shape::kPromotion>;
+  static_assert(Step::release_lag <= 1, "the refill of stage kt - 2 after the barrier of step kt");
   Step step;
 
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
@@ -445,20 +490,20 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       load_stage(s);
 
     // 3. Main loop.
-    for (int kt = 0; kt < p.k_tiles; ++kt) {
+    for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
       cp_async_wait<kStages - 3>();  // this thread's copies of tile kt have landed
       fence_proxy_async();           // make them visible to the tensor cores (async proxy)
       __syncthreads();
       // Refill the stage of tile kt - 2 before computing: every warpgroup's wgmma on it completed
-      // before this barrier (wgmma_wait<1> after step kt - 1; promoted fp8: wgmma_wait<0>), and
-      // issuing the copies first keeps kStages - 2 tiles in flight during the wgmma.
+      // before this barrier (release_lag is 1 here: wgmma_wait<1> in step kt - 1), and issuing
+      // the copies first keeps kStages - 2 tiles in flight during the wgmma.
       load_stage(kt + kStages - 2);
       const uint32_t stage = smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes);
-      step.run(acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
-               stage + Shape::kStageABytes, p, w, rows, kt);
-    }
-    wgmma_wait<0>();
-    fence_registers(acc);
+      step.template run<decltype(parity)::value>(
+          acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
+          stage + Shape::kStageABytes, p, w, rows, kt);
+    });
+    step.end(acc, p);
 
     // 4. Epilogue.
     float out[kAcc];
@@ -522,7 +567,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int w_half = tid & 1;  // W: its 32-element group of the stage
   const int warpgroup = tid / 128;
   const int64_t w_row_bytes = p.k / 2;
-  using Step = KStep<T, kBN, Shape::kPromoteKBlocks>;
+  using Step = KStep<T, kBN, Shape::kPromotion>;
   Step step;
 
   for (int item = static_cast<int>(blockIdx.x); item < total_items;

@@ -4,6 +4,9 @@
 // written from these pieces, the scheduler (scheduler.cuh) and the epilogues (epilogue.cuh).
 #pragma once
 
+#include <cstdint>
+#include <type_traits>
+
 #include "experts/cuda/sm90/ptx.cuh"
 #include "experts/cuda/sm90/scheduler.cuh"
 #include "experts/cuda/sm90/tiles.h"
@@ -13,6 +16,18 @@ namespace moekit::cuda::sm90 {
 inline constexpr int kRowBytes = 128;    // bytes of one tile row in shared memory (one K stage)
 inline constexpr int kSmemAlign = 1024;  // the 128-byte swizzle pattern repeats every 8 rows
 inline constexpr int kChunkBytes = 16;   // one cp.async / one swizzle unit
+
+// How a K step treats the tensor cores' accumulator (TileShape::kPromotion).
+//   kNone: acc accumulates in the tensor cores over all of K (16-bit, int8, the kFp8Direct rows);
+//     one wgmma group stays in flight across steps.
+//   kOverlapped (fp8 block scales, bn <= 128): each K block goes into one of two temporaries, by
+//     the step's parity; step kt's wgmma run while the temporary of step kt - 1 is promoted,
+//     acc += sa(kt - 1) sw(kt - 1) tmp, so one wgmma group stays in flight as with kNone. acc and
+//     the two temporaries take 3 * bn / 2 registers.
+//   kChunked (fp8 block scales, bn = 256, where two full temporaries do not fit): one temporary of
+//     128 columns; the K block is computed and promoted 128 columns at a time, the wgmma drained
+//     before each promotion (the other consumer warpgroup's wgmma keep the tensor cores busy).
+enum class Promotion : uint8_t { kNone, kOverlapped, kChunked };
 
 // Row kTile of the table for elements of kElemBytes bytes. Every row of the shared-memory tiles is
 // 128 bytes = kBK elements of K; a loading thread copies one 16-byte chunk column of kAPasses
@@ -26,8 +41,11 @@ struct TileShape {
   static constexpr int kStages = kConfig.stages;
   static constexpr int kMinBlocks = kConfig.min_blocks;
   static constexpr int kConsumers = kConfig.consumers;
-  // fp8 block scales: each K stage promoted out of the tensor cores (KStep).
-  static constexpr bool kPromoteKBlocks = kConfig.family == TileFamily::kFp8;
+  // fp8 block scales: each K stage promoted out of the tensor cores (KStep), overlapped with the
+  // next stage's wgmma where two temporaries fit.
+  static constexpr Promotion kPromotion = kConfig.family != TileFamily::kFp8 ? Promotion::kNone
+                                          : kBN <= 128 ? Promotion::kOverlapped
+                                                       : Promotion::kChunked;
   static constexpr int kBK = kRowBytes / kElemBytes;            // K elements per stage
   static constexpr int kChunkElems = kChunkBytes / kElemBytes;  // K elements per 16-byte chunk
   static constexpr int kConsumerThreads = 128 * kConsumers;
@@ -86,6 +104,17 @@ __device__ __forceinline__ void mma_stage(typename MmaOperand<T>::Acc (&acc)[kBN
                        kOverwrite && ks == 0 ? 0u : 1u);
   }
   wgmma_commit();
+}
+
+// for (kt = 0; kt < k_tiles; ++kt) body(kt, parity), the parity of kt a compile-time constant
+// (std::integral_constant<int, 0 or 1>): the loop unrolled by two, so that a K step can keep
+// state in one of two register sets by parity (KStep, Promotion::kOverlapped).
+template <typename Body>
+__device__ __forceinline__ void for_each_k_step(int k_tiles, Body&& body) {
+  for (int kt = 0; kt < k_tiles; kt += 2) {
+    body(kt, std::integral_constant<int, 0>{});
+    if (kt + 1 < k_tiles) body(kt + 1, std::integral_constant<int, 1>{});
+  }
 }
 
 template <typename Acc, int kCount>

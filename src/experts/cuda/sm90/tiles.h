@@ -62,8 +62,10 @@ struct TileConfig {
 
 // Measured on an H200 (bench/grouped_gemm_notes.md): 64x64 streams weights faster up to ~32 rows
 // per expert; at 64 rows per expert 128x256 is already ~9% faster.
-// fp8: a 128x256 tile would need 256 accumulator registers per consumer thread (main + temporary),
-// so the prefill row is 128x128 (the width of one weight scale block). Decode: the 64x128 TMA row
+// fp8 block scales: 128x128 holds the accumulator and two temporaries (192 registers per consumer
+// thread) so that each K block's promotion overlaps the next block's wgmma; 128x256 (one 128-column
+// temporary, drained per chunk) halves the L2 bytes of A per FLOP but promotes with the wgmma
+// drained (KStep, Promotion in mainloop.cuh). Decode: the 64x128 TMA row
 // (one CTA per SM, the producer loading across work items) measured no faster than 64x64
 // (qwen3-30b-a3b fp8 block-128 M=64: 287 vs 275 us, bench/results/2026-12-01-h200-fp8); it stays
 // forceable by name (never auto-selected: 64x64 comes first with the same bound).
@@ -76,8 +78,10 @@ inline constexpr TileConfig kTileTable[] = {
      "more CTAs, 2 per SM; weight streaming"},
     {"64x128", TileFamily::kFp8, 64, 128, 8, 1, 1, MainloopKind::kWarpSpecializedTma, 63,
      "weights by TMA, 8 stages, the producer running ahead across work items"},
+    {"128x256", TileFamily::kFp8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, 63,
+     "2x the reuse of each A tile; promoted 128 columns at a time"},
     {"128x128", TileFamily::kFp8, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
-     "2 consumer warpgroups alternate wgmma and block-scale promotion"},
+     "each K block's promotion overlapped with the next block's wgmma"},
     // fp8 with K-invariant scales: the int8 rows' shapes (no temporary accumulator, so 128x256
     // fits); a stage holds 128 elements of K.
     {"64x64", TileFamily::kFp8Direct, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
@@ -103,7 +107,7 @@ inline constexpr TileConfig kTileTable[] = {
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
 
 // NOTE: the rows the kernels assume of every table row; fp8 rows promote per 128 columns of K
-// (one K stage) with one weight scale per 32 rows, and their bn divides 128; W4A16 rows are
+// (one K stage) with one weight scale per 32 rows, and their bn is 64, 128 or 256; W4A16 rows are
 // single-role with one thread per 32-value weight group of a stage (2 bn threads), or swap-AB:
 // one warpgroup, 16 tokens (one cp.async per thread and stage) x 64 weight rows.
 constexpr bool valid_tile(const TileConfig& t) {
@@ -113,7 +117,7 @@ constexpr bool valid_tile(const TileConfig& t) {
   }
   return t.bm == 64 * t.consumers && t.stages >= 2 && t.bn % 64 == 0 && t.bn <= 256 &&
          (t.kind == MainloopKind::kWarpSpecializedTma || t.stages >= 3) &&
-         (t.family != TileFamily::kFp8 || 128 % t.bn == 0) &&
+         (t.family != TileFamily::kFp8 || t.bn != 192) &&
          (t.family != TileFamily::kW4A16 ||
           (t.kind == MainloopKind::kSingleRole && t.bn == 64 * t.consumers));
 }
@@ -128,7 +132,7 @@ constexpr bool valid_table() {
   return true;
 }
 static_assert(valid_table(),
-              "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (dividing 128 for "
+              "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (64, 128 or 256 for "
               "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows (swap-AB: 16x64, "
               "one warpgroup); the last row of a family takes any size");
 
