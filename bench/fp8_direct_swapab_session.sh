@@ -6,7 +6,9 @@
 # files). Parts (arguments, in order): tests w4a16 fp8 ncu (the swap-AB kernel at M=64) bf16
 # (moekit bench on gpt-oss-120b, the W4A16 comparison) fp8block (block-128 on deepseek-v3,
 # qwen3-30b-a3b and mixtral-8x7b with plain top-k routing, auto and forced 128x256 tiles, and the
-# peer's fp8block on the same shapes).
+# peer's fp8block on the same shapes) ncufp8 (ncu of the block-scaled and the direct fp8 kernels:
+# 128x256 on mixtral-8x7b M=4096, 64x64 on qwen3-30b-a3b M=64) ncusrc (the same two block-scaled
+# launches with per-instruction stall samples: ncu --page source, SASS and CUDA lines, as CSV).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 tokens="1 16 64 256 1024 4096 16384"
@@ -58,6 +60,36 @@ for part in "$@"; do
   python3 bench/compare_peer.py "$log/bench_fp8_block128.json" "$log/peer_fp8block.json" \
     --dtype fp8block >"$log/ratio_fp8block.md" 2>&1
   tail -n 30 "$log/ratio_fp8block.md"
+  fi
+  if [ "$part" = ncufp8 ]; then
+  for q in fp8_block128 fp8_per_channel; do
+    for shape in "ws_tma mixtral-8x7b 4096" "single_role qwen3-30b-a3b 64"; do
+      set -- $shape
+      timeout 150 ncu --clock-control none -k regex:$1 --launch-skip 2 --launch-count 2 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio" \
+        build/moekit bench --quant $q --models $2 --tokens $3 --reps 3 \
+        >"$log/ncu_${q}_$1.log" 2>&1
+      echo "== ncu $q $1 $2 M=$3"
+      grep -E "Duration|Throughput|Pipe|Issued Ipc|Eligible|Active Warps|No Eligible|Registers|DRAM|L2 Hit" \
+        "$log/ncu_${q}_$1.log" | head -30
+      grep -E "stalled" "$log/ncu_${q}_$1.log" | awk '$NF+0 > 0.05' | head -30
+    done
+  done
+  fi
+  if [ "$part" = ncusrc ]; then
+  for shape in "ws_tma mixtral-8x7b 4096" "single_role qwen3-30b-a3b 64"; do
+    set -- $shape
+    timeout 150 ncu --clock-control none -k regex:$1 --launch-skip 2 --launch-count 1 \
+      --section WarpStateStats --section SourceCounters --import-source yes -f -o "/tmp/src_$1" \
+      build/moekit bench --quant fp8_block128 --models $2 --tokens $3 --reps 3 >"$log/ncusrc_$1.log" 2>&1
+    for view in sass cuda; do
+      ncu -i "/tmp/src_$1.ncu-rep" --page source --csv --print-source $view >"$log/src_$1_$view.csv" 2>&1
+    done
+    echo "== ncusrc $1: $(wc -l <"$log/src_$1_sass.csv") sass lines, $(wc -l <"$log/src_$1_cuda.csv") cuda lines"
+    head -c 600 "$log/src_$1_sass.csv"; echo
+  done
   fi
   if [ "$part" = bf16 ]; then
   timeout 60 build/moekit bench --models gpt-oss-120b --tokens $tokens --json "$log/bench_bf16.json" \

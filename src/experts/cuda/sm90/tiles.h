@@ -62,11 +62,12 @@ struct TileConfig {
 
 // Measured on an H200 (bench/grouped_gemm_notes.md): 64x64 streams weights faster up to ~32 rows
 // per expert; at 64 rows per expert 128x256 is already ~9% faster.
-// fp8 block scales: 128x128 holds the accumulator and two temporaries (192 registers per consumer
-// thread) so that each K block's promotion overlaps the next block's wgmma; 128x256 (one 128-column
-// temporary, drained per chunk) halves the L2 bytes of A per FLOP but promotes with the wgmma
-// drained (KStep, Promotion in mainloop.cuh). Decode: the 64x128 TMA row
-// (one CTA per SM, the producer loading across work items) measured no faster than 64x64
+// fp8 block scales: 128x256 (one 128-column temporary, the wgmma drained before each chunk's
+// promotion) measured 7-13% faster than 128x128 (whose accumulator and two temporaries, 192
+// registers per consumer thread, let each K block's promotion overlap the next block's wgmma)
+// at 64 to 2048 rows per expert (bench/results/2026-12-02-h200-fp8-block-promotion); 128x128 stays
+// forceable by name, never auto-selected (64x64 comes first with its bound). Decode: the 64x128 TMA
+// row (one CTA per SM, the producer loading across work items) measured no faster than 64x64
 // (qwen3-30b-a3b fp8 block-128 M=64: 287 vs 275 us, bench/results/2026-12-01-h200-fp8); it stays
 // forceable by name (never auto-selected: 64x64 comes first with the same bound).
 inline constexpr TileConfig kTileTable[] = {
@@ -78,10 +79,10 @@ inline constexpr TileConfig kTileTable[] = {
      "more CTAs, 2 per SM; weight streaming"},
     {"64x128", TileFamily::kFp8, 64, 128, 8, 1, 1, MainloopKind::kWarpSpecializedTma, 63,
      "weights by TMA, 8 stages, the producer running ahead across work items"},
-    {"128x256", TileFamily::kFp8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, 63,
-     "2x the reuse of each A tile; promoted 128 columns at a time"},
-    {"128x128", TileFamily::kFp8, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+    {"128x128", TileFamily::kFp8, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma, 63,
      "each K block's promotion overlapped with the next block's wgmma"},
+    {"128x256", TileFamily::kFp8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+     "2x the reuse of each A tile; each K block promoted 128 columns at a time"},
     // fp8 with K-invariant scales: the int8 rows' shapes (no temporary accumulator, so 128x256
     // fits); a stage holds 128 elements of K.
     {"64x64", TileFamily::kFp8Direct, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
