@@ -103,32 +103,27 @@ struct KStep {
   // Block scales (A: this thread's two rows; W: the tile's row blocks), loaded one step before
   // they are used so that their latency hides behind a step of wgmma. kOverlapped: those of the
   // step whose temporary is in flight; kChunked: those of the next step.
-  float fa[kPromotion == Promotion::kNone ? 1 : 2];
+  static constexpr int kScaleRegs = kPromotion == Promotion::kNone ? 1 : 2;
+  float fa[kScaleRegs];
   float fw[kPromotion == Promotion::kNone ? 1 : kScaleBlocks];
+  // Where they come from, set once per work item (begin): this thread's two A rows' scales
+  // (null: fa_fill, 1 without 1x128 A scales, 0 for padding rows), the tile's first W row block
+  // and how many of its kScaleBlocks exist (fw 0 past them; 1 without block W scales).
+  const float* a_row[kScaleRegs];
+  float a_fill[kScaleRegs];
+  const float* w_blocks;
+  int w_valid;
+  float w_fill;
 
-  __device__ __forceinline__ void load_block_scales(const KernelParams& p, const WorkItem& w,
-                                                    const FragmentRows& rows, int kt) {
+  __device__ __forceinline__ void load_block_scales(const KernelParams& p, int kt) {
     if constexpr (kPromotion != Promotion::kNone) {
       if (kt >= p.k_tiles) return;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        fa[h] = 1.0f;
-        if (p.a_scale_kind == AScale::kRowBlock128) {
-          fa[h] = rows.src[h] >= 0 ? __ldg(&p.a_scale[rows.src[h] * p.a_scale_ld + kt]) : 0.0f;
-        }
-      }
+      for (int h = 0; h < 2; ++h)
+        fa[h] = a_row[h] != nullptr ? __ldg(a_row[h] + kt) : a_fill[h];
 #pragma unroll
       for (int b = 0; b < kScaleBlocks; ++b) {
-        fw[b] = 1.0f;
-        if (p.w_scale_kind == WScale::kBlock32x128) {
-          const int rb = w.n0 / 32 + b;
-          fw[b] =
-              rb < p.w_scale_row_blocks
-                  ? __ldg(&p.w_scale[(static_cast<int64_t>(w.expert) * p.w_scale_row_blocks + rb) *
-                                         p.k_tiles +
-                                     kt])
-                  : 0.0f;
-        }
+        fw[b] = b < w_valid ? __ldg(w_blocks + static_cast<int64_t>(b) * p.k_tiles + kt) : w_fill;
       }
     }
   }
@@ -154,7 +149,23 @@ struct KStep {
   // Before the first K step of a work item.
   __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w,
                                         const FragmentRows& rows) {
-    if constexpr (kPromotion == Promotion::kChunked) load_block_scales(p, w, rows, 0);
+    if constexpr (kPromotion != Promotion::kNone) {
+      const bool a_blocks = p.a_scale_kind == AScale::kRowBlock128;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        a_row[h] = a_blocks && rows.src[h] >= 0 ? p.a_scale + rows.src[h] * p.a_scale_ld : nullptr;
+        a_fill[h] = a_blocks ? 0.0f : 1.0f;
+      }
+      const bool w_block_scales = p.w_scale_kind == WScale::kBlock32x128;
+      const int first = w.n0 / 32;
+      w_blocks = w_block_scales
+                     ? p.w_scale + (static_cast<int64_t>(w.expert) * p.w_scale_row_blocks + first) *
+                                       p.k_tiles
+                     : p.w_scale;
+      w_valid = w_block_scales ? min(kScaleBlocks, p.w_scale_row_blocks - first) : 0;
+      w_fill = w_block_scales ? 0.0f : 1.0f;
+      if constexpr (kPromotion == Promotion::kChunked) load_block_scales(p, 0);
+    }
   }
 
   template <int kParity>
@@ -174,14 +185,14 @@ struct KStep {
       fence_registers(tmp[kParity ^ 1]);
       mma_stage<T, kBN, /*kOverwrite=*/true>(tmp[kParity], sa, sb);
       if (kt > 0) promote(acc, 0, tmp[kParity ^ 1], fa, fw);  // step kt - 1, its scales
-      load_block_scales(p, w, rows, kt);
+      load_block_scales(p, kt);
     } else {
       const float a[2] = {fa[0], fa[1]};
       float b[kScaleBlocks];
 #pragma unroll
       for (int i = 0; i < kScaleBlocks; ++i)
         b[i] = fw[i];
-      load_block_scales(p, w, rows, kt + 1);
+      load_block_scales(p, kt + 1);
 #pragma unroll
       for (int c = 0; c < kBN / kChunkCols; ++c) {  // chunk c into the temporary, then promoted
         mma_stage<T, kChunkCols, /*kOverwrite=*/true>(

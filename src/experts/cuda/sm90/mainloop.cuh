@@ -96,11 +96,13 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
 template <typename T, int kBN, bool kOverwrite = false>
 __device__ __forceinline__ void mma_stage(typename MmaOperand<T>::Acc (&acc)[kBN / 2], uint32_t sa,
                                           uint32_t sb) {
+  const uint64_t da = sw128_desc(sa);
+  const uint64_t db = sw128_desc(sb);
   fence_registers(acc);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kRowBytes / kMmaKBytes; ++ks) {
-    Wgmma<T, kBN>::run(acc, sw128_desc(sa + ks * kMmaKBytes), sw128_desc(sb + ks * kMmaKBytes),
+    Wgmma<T, kBN>::run(acc, desc_advance(da, ks * kMmaKBytes), desc_advance(db, ks * kMmaKBytes),
                        kOverwrite && ks == 0 ? 0u : 1u);
   }
   wgmma_commit();

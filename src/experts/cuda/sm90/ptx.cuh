@@ -170,6 +170,12 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr) {
   d |= static_cast<uint64_t>(1) << 62;
   return d;
 }
+// The descriptor of the matrix `bytes` further along K (a multiple of 16) than `desc`'s: its
+// start-address field (bits 0-13, address / 16) advanced. Shared-memory addresses stay below 228
+// KB, so the field of any address in the tile plus the offset cannot carry into bit 14.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
 // Shared-memory matrix descriptor without swizzle: core matrices of 8 rows x 16 bytes, `lbo` bytes
 // to the next one along K, `sbo` bytes to the next 8-row group (the probes: lbo 128, sbo 256).
 __device__ __forceinline__ uint64_t interleave_desc(uint32_t smem_addr, uint32_t lbo,
