@@ -13,6 +13,7 @@
 #include "experts/cuda/sm90_experts.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "moekit/core/logging.h"
 #include "moekit/oracle/backend.h"
 #include "moekit/oracle/fp8.h"
 #include "moekit/oracle/int8.h"
@@ -100,6 +101,40 @@ int sm90::tile_from_config(const MoEConfig& moe, const char* who, cuda::sm90::Ti
   return tile;
 }
 
+std::array<cuda::sm90::GemmShapeKey, 2> sm90::gemm_shape_keys(const MoEConfig& moe,
+                                                              cuda::sm90::TileFamily family) {
+  const int64_t H = moe.hidden_dim, I = moe.intermediate_size_per_partition();
+  const int64_t E = moe.num_local_experts;
+  return {cuda::sm90::GemmShapeKey{family, E, moe.is_act_and_mul() ? 2 * I : I, H},
+          cuda::sm90::GemmShapeKey{family, E, H, I}};
+}
+
+void sm90::choose_tiles(LaunchState& state, const MoEConfig& moe, const char* who,
+                        cuda::sm90::TileFamily family) {
+  state.family = family;
+  state.tile = tile_from_config(moe, who, family);
+  for (LaunchState::TunedRows& t : state.tuned)
+    t = {};
+  if (state.tile >= 0) return;
+  const std::shared_ptr<const cuda::sm90::TileTables> tables = cuda::sm90::TileTables::active();
+  const auto keys = gemm_shape_keys(moe, family);
+  for (int g = 0; g < 2; ++g) {
+    LaunchState::TunedRows& t = state.tuned[g];
+    const std::vector<const cuda::sm90::TunedTile*> tuned =
+        tables->entries_for(moe.device.name, keys[g]);
+    if (tuned.empty()) continue;
+    std::string rows;
+    for (const cuda::sm90::TunedTile* e : tuned) {
+      t.m.push_back(e->m);
+      t.row.push_back(cuda::sm90::find_tile(e->tile, family));  // a row of family: parse checks
+      rows += fmt::format("{}m={} {}", rows.empty() ? "" : ", ", e->m, e->tile);
+    }
+    log::info(fmt::format("{}: gemm{} ({}, E={}, n={}, k={}) tiles tuned on {} ({}): {}", who,
+                          g + 1, cuda::sm90::family_name(family), keys[g].experts, keys[g].n,
+                          keys[g].k, moe.device.name, tuned.front()->source, rows));
+  }
+}
+
 Sm90BatchedExperts::Sm90BatchedExperts(const MoEConfig& moe, const QuantConfig& quant,
                                        int64_t max_num_tokens, int num_dispatchers)
     : ExpertsModular(klass(), moe, quant, max_num_tokens, num_dispatchers),
@@ -125,7 +160,25 @@ Sm90GroupedExperts::Sm90GroupedExperts(const MoEConfig& moe, const QuantConfig& 
     : Sm90StandardExpertsBase(klass(), moe, quant) {
   MOEKIT_CHECK(!quant.is_quantized(), "Sm90GroupedExperts runs unquantized layers only, got {}",
                quant.describe());
-  state_->tile = sm90::tile_from_config(moe, "Sm90GroupedExperts");
+  sm90::choose_tiles(*state_, moe, "Sm90GroupedExperts");
+}
+
+std::string Sm90StandardExpertsBase::tile_family() const {
+  return cuda::sm90::family_name(state_->family);
+}
+
+std::vector<std::string> Sm90StandardExpertsBase::tile_names() const {
+  std::vector<std::string> names;
+  for (const cuda::sm90::TileConfig& t : cuda::sm90::kTileTable) {
+    if (t.family == state_->family) names.emplace_back(t.name);
+  }
+  return names;
+}
+
+void Sm90StandardExpertsBase::force_tile(const std::string& name) {
+  MoEConfig moe = moe_config();
+  moe.tile_config = name;
+  sm90::choose_tiles(*state_, moe, this->name().c_str(), state_->family);
 }
 
 void Sm90StandardExpertsBase::bind_weights(const Tensor& w1, const Tensor& w2) {
@@ -334,8 +387,8 @@ Sm90Fp8Experts::Sm90Fp8Experts(const MoEConfig& moe, const QuantConfig& quant)
                "Sm90Fp8Experts runs fp8 W8A8 layers only, got {}", quant.describe());
   // Block scales vary along K and run the promoting rows; the others the direct ones.
   if constexpr (kCudaBuild) {
-    state_->tile = sm90::tile_from_config(moe, "Sm90Fp8Experts",
-                                          sm90::fp8_tile_family(quant.w1.shape, quant.a1.shape));
+    sm90::choose_tiles(*state_, moe, "Sm90Fp8Experts",
+                       sm90::fp8_tile_family(quant.w1.shape, quant.a1.shape));
   }
   bind_weight_scales(*state_, moe, quant);
 }
@@ -353,7 +406,7 @@ Sm90Int8Experts::Sm90Int8Experts(const MoEConfig& moe, const QuantConfig& quant)
                "Sm90Int8Experts runs int8 W8A8 layers with per-tensor or per-channel weights "
                "only, got {}",
                quant.describe());
-  state_->tile = sm90::tile_from_config(moe, "Sm90Int8Experts", cuda::sm90::TileFamily::kInt8);
+  sm90::choose_tiles(*state_, moe, "Sm90Int8Experts", cuda::sm90::TileFamily::kInt8);
   bind_weight_scales(*state_, moe, quant);
 }
 
@@ -473,7 +526,7 @@ Sm90Mxfp4Experts::Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quan
                "Sm90Mxfp4Experts runs MXFP4 weights (e2m1, e8m0 per 32) with bf16 activations "
                "only, got {}",
                quant.describe());
-  state_->tile = sm90::tile_from_config(moe, "Sm90Mxfp4Experts", cuda::sm90::TileFamily::kW4A16);
+  sm90::choose_tiles(*state_, moe, "Sm90Mxfp4Experts", cuda::sm90::TileFamily::kW4A16);
   state_->scales = sm90::LaunchState::WeightScales::kMxfp4;
   const int64_t H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();

@@ -20,6 +20,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "moekit/modular/experts.h"
 #include "moekit/modular/kernel.h"
@@ -51,6 +53,16 @@ class Sm90StandardExpertsBase : public ExpertsModular {
   // descriptors); applies given other weight tensors prepare theirs at launch.
   void bind_weights(const Tensor& w1, const Tensor& w2) override;
   ~Sm90StandardExpertsBase() override;
+
+  // The tile family of its grouped GEMMs, as the tuned tile tables name it ("16bit", "fp8",
+  // "fp8_direct", "int8", "w4a16"; src/experts/cuda/sm90/tile_tables.h), and the names of that
+  // family's tiles.
+  std::string tile_family() const;
+  std::vector<std::string> tile_names() const;
+  // Forces every GEMM onto the tile `name` from the next forward on (as MoEConfig::tile_config
+  // would), or "auto" for the tuned tables / heuristic again. For `moekit tune`; never call it
+  // while a forward is queued or captured. Throws moekit::Error for a name not of this family.
+  void force_tile(const std::string& name);
 
  protected:
   Sm90StandardExpertsBase(const ExpertsClass& klass, const MoEConfig& moe,

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "core/cuda/cuda_check.cuh"
@@ -181,6 +182,15 @@ void run_gemm(const cuda::GroupedGemmArgs& args, int tile,
   MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream), params));
 }
 
+// The row GEMM `gemm` of grouped_apply launches with at M tokens (sm90::tile_for); a tuned row
+// that the problem's shape does not fit (a hand-written table) gives way to the heuristic.
+int launch_tile(const sm90::LaunchState& state, int gemm, int64_t M,
+                const cuda::GroupedGemmArgs& args) {
+  const int row = sm90::tile_for(state, gemm, M);
+  if (state.tile < 0 && row >= 0 && !cuda::detail::tile_fits(args, row).empty()) return -1;
+  return row;
+}
+
 bool is_8bit_codes(DType d) {
   return d == DType::kFp8E4M3 || d == DType::kInt8;
 }
@@ -343,10 +353,10 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
     g1.c = act;
     g1.ldc = d;
-    run_gemm(g1, state.tile, state.w1, ctx.stream, "GEMM1 + activation");
+    run_gemm(g1, launch_tile(state, 0, M, g1), state.w1, ctx.stream, "GEMM1 + activation");
     ctx.stage_done("gemm1");
   } else {
-    run_gemm(g1, state.tile, state.w1, ctx.stream, "GEMM1");
+    run_gemm(g1, launch_tile(state, 0, M, g1), state.w1, ctx.stream, "GEMM1");
     ctx.stage_done("gemm1");
     // 3. activation on the valid rows.
     cuda::run_activation(args.activation, experts.moe_config().activation_params(),
@@ -381,7 +391,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   g2.ldc = K;
   g2.n = static_cast<int>(K);
   g2.k = static_cast<int>(d);
-  run_gemm(g2, state.tile, state.w2, ctx.stream, "GEMM2");
+  run_gemm(g2, launch_tile(state, 1, M, g2), state.w2, ctx.stream, "GEMM2");
   ctx.stage_done("gemm2");
 
   // 5. weighted unpermute + reduce into the (M, K) output (workspace13 is dead by now).
@@ -526,12 +536,44 @@ std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<Qua
     v.resize(std::max(width, v.size()), ' ');
     return v;
   };
+  // A tuned table's entry for GEMM `gemm` at M: its row (else -1) and, in *why, the entry.
+  const std::shared_ptr<const cuda::sm90::TileTables> tables = cuda::sm90::TileTables::active();
+  const auto keys = gemm_shape_keys(moe, family);
+  auto tuned = [&](int gemm, int64_t M, const cuda::GroupedGemmArgs& args, std::string* why) {
+    const cuda::sm90::TunedTile* e = tables->find(moe.device.name, keys[gemm], M);
+    if (e == nullptr) return -1;
+    const int row = cuda::sm90::find_tile(e->tile, family);
+    const std::string unfit = cuda::detail::tile_fits(args, row);
+    if (!unfit.empty()) {
+      *why = "tuned " + e->tile + " (" + e->source + ") does not fit: " + unfit + "; ";
+      return -1;
+    }
+    char us[32];
+    std::snprintf(us, sizeof(us), "%.1f", e->us);
+    *why =
+        "tuned on " + e->device + " at M=" + std::to_string(e->m) + ": " + us + " us (" + e->source;
+    for (const auto& [name, t] : e->candidates) {
+      if (name == e->tile) continue;
+      std::snprintf(us, sizeof(us), "%.1f", t);
+      *why += std::string("; ") + name + " " + us;
+    }
+    *why += ")";
+    return row;
+  };
   std::string out;
   for (const int64_t M : {1, 16, 64, 256, 1024, 4096, 16384}) {
     g1.num_rows_upper_bound = g2.num_rows_upper_bound = M * moe.experts_per_token;
-    std::string why1, why2;
-    const int t1 = cuda::select_grouped_gemm_tile(g1, &why1);
-    const int t2 = cuda::select_grouped_gemm_tile(g2, &why2);
+    std::string why1, why2, heuristic;
+    int t1 = tuned(0, M, g1, &why1);
+    int t2 = tuned(1, M, g2, &why2);
+    if (t1 < 0) {
+      t1 = cuda::select_grouped_gemm_tile(g1, &heuristic);
+      why1 += heuristic;
+    }
+    if (t2 < 0) {
+      t2 = cuda::select_grouped_gemm_tile(g2, &heuristic);
+      why2 += heuristic;
+    }
     out += "  " + padded("M=" + std::to_string(M), 8) + " gemm1 " +
            padded(cuda::sm90::kTileTable[t1].name, 8) + " gemm2 " +
            padded(cuda::sm90::kTileTable[t2].name, 8) + " " + why1 +

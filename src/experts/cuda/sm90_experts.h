@@ -5,9 +5,13 @@
 // points through the seam of core/cuda_seam.h.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
+#include <vector>
+
 #include "experts/cuda/sm90/launch_cache.h"
+#include "experts/cuda/sm90/tile_tables.h"
 #include "experts/cuda/sm90/tiles.h"
 
 #include "moekit/config/quant_key.h"
@@ -18,6 +22,15 @@ namespace moekit::sm90 {
 // What an sm90 experts object prepares once instead of at every launch.
 struct LaunchState {
   int tile = -1;  // row of cuda::sm90::kTileTable forced by MoEConfig::tile_config; -1: auto
+  // Auto (tile -1) on a device with tuned tile tables (sm90/tile_tables.h): the rows they name for
+  // GEMM1 / GEMM2 of this layer, by the tuned M (increasing); empty: the heuristic chooses. The
+  // Standard-format launches use them (grouped_apply); the batched launches do not.
+  struct TunedRows {
+    std::vector<int64_t> m;
+    std::vector<int> row;
+  };
+  TunedRows tuned[2];
+  cuda::sm90::TileFamily family = cuda::sm90::TileFamily::k16Bit;  // of every row above
   // Launch state of the bound GEMM1 / GEMM2 weights (bind_weights); empty until then, and unused
   // by a launch given other weights (that launch prepares itself).
   cuda::sm90::WeightLaunchCache w1, w2;
@@ -35,6 +48,25 @@ struct LaunchState {
 // names for an unknown one.
 int tile_from_config(const MoEConfig& moe, const char* who,
                      cuda::sm90::TileFamily family = cuda::sm90::TileFamily::k16Bit);
+
+// GEMM1 (w13: n = 2I or I, k = H) and GEMM2 (w2: n = H, k = I) of this layer as the tuned tables
+// key them.
+std::array<cuda::sm90::GemmShapeKey, 2> gemm_shape_keys(const MoEConfig& moe,
+                                                        cuda::sm90::TileFamily family);
+
+// state.tile from MoEConfig::tile_config (tile_from_config) and, when auto, state.tuned from the
+// active tile tables for moe.device (logged at info level: the table and its rows).
+void choose_tiles(LaunchState& state, const MoEConfig& moe, const char* who,
+                  cuda::sm90::TileFamily family = cuda::sm90::TileFamily::k16Bit);
+
+// The row GEMM `gemm` (0: GEMM1, 1: GEMM2) launches with at M tokens: the forced tile, else the
+// tuned row nearest M, else -1 (the rows-per-expert heuristic). No allocation.
+inline int tile_for(const LaunchState& state, int gemm, int64_t M) {
+  if (state.tile >= 0) return state.tile;
+  const LaunchState::TunedRows& t = state.tuned[gemm];
+  if (t.m.empty()) return -1;
+  return t.row[cuda::sm90::nearest_m(t.m.data(), t.m.size(), M)];
+}
 
 // Workspaces of the Standard-format launch sequence (align tables live in workspace2; with an a2
 // quantization, its codes and scales too).
