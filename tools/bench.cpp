@@ -14,7 +14,10 @@
 #include "bench_work.h"
 #include "cli_common.h"
 #include "core/elementwise.h"
+#include "experts/cuda/sm90/tile_tables.h"
+#include "experts/cuda/sm90_experts.h"
 #include "moekit/core/error.h"
+#include "moekit/experts/sm90_experts.h"
 #include "moekit/layer/checkpoint.h"
 
 #ifdef MOEKIT_WITH_CUDA
@@ -171,12 +174,13 @@ struct Case {
 #endif
 
 int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench) {
+  const char* command = bench.tune_out.empty() ? "moekit bench" : "moekit tune";
 #ifndef MOEKIT_WITH_CUDA
-  std::cerr << "moekit bench times the GPU path: moekit was built without CUDA\n";
+  std::cerr << command << " times the GPU path: moekit was built without CUDA\n";
   return 2;
 #else
   if (cuda_device_count() == 0) {
-    std::cerr << "moekit bench needs a GPU: " << cuda_unavailable_reason() << "\n";
+    std::cerr << command << " needs a GPU: " << cuda_unavailable_reason() << "\n";
     return 2;
   }
   const DeviceInfo dev = default_device_info();
@@ -192,6 +196,95 @@ int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench
   int l2_bytes = 0;
   cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0);
   const int64_t max_m = *std::max_element(bench.tokens.begin(), bench.tokens.end());
+
+  // Stages: one forward with an event after each stage, captured once, replayed; the median of
+  // each stage's time, us.
+  auto stage_times = [&](MoELayer& layer, Tensor& out, const Tensor& x, const Tensor& logits) {
+    WorkspaceManager& workspace = *layer.options().workspace;
+    EventObserver obs;
+    RunContext sctx{Stream{stream}, &workspace, &obs};
+    std::map<std::string, std::vector<double>> per_stage;
+    cudaGraph_t graph = nullptr;
+    BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    obs.start(stream);
+    try {
+      layer.forward_into(out, x, logits, sctx);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < bench.reps; ++i) {
+      BENCH_CUDA(cudaGraphLaunch(exec, stream));
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      for (size_t e = 1; e < obs.events_.size(); ++e) {
+        float t = 0;
+        if (cudaEventElapsedTime(&t, obs.events_[e - 1].second, obs.events_[e].second) ==
+            cudaSuccess) {
+          per_stage[obs.events_[e].first].push_back(t * 1e3);
+        }
+      }
+    }
+    cudaGetLastError();
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    std::map<std::string, double> us;
+    for (auto& [stage, v] : per_stage)
+      us[stage] = median(v);
+    return us;
+  };
+  // `moekit tune`: GEMM1 and GEMM2 of this M timed on every tile of the layer's family, the
+  // fastest of each into `tuned`.
+  cuda::sm90::TileTables tuned;
+  auto tune_case = [&](MoELayer& layer, const std::string& model, int64_t M, Tensor& out,
+                       const Tensor& x, const Tensor& logits) {
+    auto* experts = dynamic_cast<Sm90StandardExpertsBase*>(&layer.kernel().fused_experts());
+    MOEKIT_CHECK(experts != nullptr,
+                 "moekit tune: {}'s experts ({}) are not the Hopper grouped GEMMs; nothing to tune",
+                 model, layer.kernel().fused_experts().name());
+    const auto family = cuda::sm90::family_by_name(experts->tile_family());
+    const auto keys = sm90::gemm_shape_keys(layer.moe_config(), *family);
+    std::vector<std::pair<std::string, double>> times[2];
+    std::string skipped;
+    for (const std::string& tile : experts->tile_names()) {
+      experts->force_tile(tile);
+      try {
+        const std::map<std::string, double> st = stage_times(layer, out, x, logits);
+        times[0].emplace_back(tile, st.at("gemm1"));
+        times[1].emplace_back(tile, st.at("gemm2"));
+      } catch (const Error& e) {  // a tile the shape does not fit: say so, time the others
+        skipped += fmt::format("; {} cannot run: {}", tile, e.what());
+      }
+    }
+    experts->force_tile("auto");
+    std::string line = fmt::format("  tune M={}:", M);
+    for (int g = 0; g < 2; ++g) {
+      if (times[g].empty()) continue;
+      const auto best =
+          std::min_element(times[g].begin(), times[g].end(),
+                           [](const auto& a, const auto& b) { return a.second < b.second; });
+      cuda::sm90::TunedTile t;
+      t.device = dev.name;
+      t.key = keys[g];
+      t.gemm = g == 0 ? "gemm1" : "gemm2";
+      t.m = M;
+      t.tile = best->first;
+      t.us = best->second;
+      t.candidates = times[g];
+      t.source = bench.tune_out;
+      line += fmt::format(" {} {} ({:.1f} us;", t.gemm, t.tile, t.us);
+      for (const auto& [name, us] : times[g]) {
+        if (name != t.tile) line += fmt::format(" {} {:.1f}", name, us);
+      }
+      line += ")";
+      tuned.add(std::move(t));
+    }
+    std::cout << line << skipped << "\n";
+  };
 
   std::vector<Case> cases;
   // --config benches that one model; otherwise each preset of --models.
@@ -270,35 +363,8 @@ int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench
       c.tflops = flops / (c.us * 1e-6) / 1e12;
       c.frac_bw = c.tbps / copy_tbps;
       c.frac_flops = c.tflops / gemm_tflops;
-      // Stages: one forward with an event after each stage, captured once, replayed.
-      {
-        EventObserver obs;
-        RunContext sctx{Stream{stream}, &workspace, &obs};
-        std::map<std::string, std::vector<double>> per_stage;
-        cudaGraph_t graph = nullptr;
-        BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        obs.start(stream);
-        layers[0]->forward_into(outs[0], xs[0], logits[0], sctx);
-        BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-        cudaGraphExec_t exec = nullptr;
-        BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-        for (int i = 0; i < bench.reps; ++i) {
-          BENCH_CUDA(cudaGraphLaunch(exec, stream));
-          BENCH_CUDA(cudaStreamSynchronize(stream));
-          for (size_t e = 1; e < obs.events_.size(); ++e) {
-            float t = 0;
-            if (cudaEventElapsedTime(&t, obs.events_[e - 1].second, obs.events_[e].second) ==
-                cudaSuccess) {
-              per_stage[obs.events_[e].first].push_back(t * 1e3);
-            }
-          }
-        }
-        cudaGetLastError();
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
-        for (auto& [stage, v] : per_stage)
-          c.stage_us[stage] = median(v);
-      }
+      c.stage_us = stage_times(*layers[0], outs[0], xs[0], logits[0]);
+      if (!bench.tune_out.empty()) tune_case(*layers[0], model.name, M, outs[0], xs[0], logits[0]);
       std::string stages;
       for (const char* s : {"router", "dispatch", "align", "gemm1", "activation", "gemm2", "reduce",
                             "finalize", "shared_experts", "shared_add"}) {
@@ -310,6 +376,12 @@ int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench
     }
   }
 
+  if (!bench.tune_out.empty()) {
+    std::ofstream(bench.tune_out) << tuned.to_json(dev.name);
+    std::cout << "\nwrote " << bench.tune_out << " (" << tuned.entries().size()
+              << " entries; MOEKIT_TILE_TABLES=" << bench.tune_out
+              << " uses it, data/tile_tables/ ships it)\n";
+  }
   if (!bench.json_path.empty()) {
     nlohmann::json j;
     j["device"] = dev.to_string();

@@ -107,6 +107,10 @@ struct BenchOptions {
   int reps = 20;
   std::string json_path;       // also write JSON here when set
   std::string quant = "bf16";  // "bf16" or a make-fixture scheme (random_quantized_layer)
+  // `moekit tune`: at each M, GEMM1 and GEMM2 timed (stage events) on every tile of the layer's
+  // family and the fastest of each written here as a tile table
+  // (src/experts/cuda/sm90/tile_tables.h); empty for `moekit bench`.
+  std::string tune_out;
 };
 int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench);
 // `moekit bench-kernels`: the router + align ("router-align") and grouped GEMM1 ("gemm1") kernels

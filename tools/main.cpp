@@ -1,6 +1,6 @@
 // moekit: the command line. `moekit run` runs one MoE layer on random data and checks it against a
 // float64 recomputation; `moekit explain` prints the oracle's decision table; `moekit bench` times
-// the layer and its stages on a GPU.
+// the layer and its stages on a GPU; `moekit tune` times each GEMM tile and writes a tile table.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -80,40 +80,51 @@ int main(int argc, char** argv) {
                    "number of safetensors files (> 1 adds model.safetensors.index.json)")
       ->check(CLI::PositiveNumber);
 
+  // The options `moekit bench` and `moekit tune` share.
+  auto add_bench_options = [](CLI::App& cmd, DeploymentOptions& deployment, BenchOptions& options) {
+    deployment.add_to(cmd);
+    cmd.add_option("--models", options.models, "model presets to time")
+        ->capture_default_str()
+        ->excludes(deployment.config_option);
+    cmd.add_option("--tokens", options.tokens, "batch sizes M")->capture_default_str();
+    cmd.add_option("--routing", options.routing, "random, balanced or skewed")
+        ->check(CLI::IsMember({"random", "balanced", "skewed"}))
+        ->capture_default_str();
+    cmd.add_flag("--plain-topk", options.plain_topk,
+                 "route every model with softmax top-k + renormalize, as the Triton peer does "
+                 "(deepseek-v3's grouped routing touches fewer experts)");
+    cmd.add_option("--reps", options.reps, "timed graph replays per case (median)")
+        ->check(CLI::PositiveNumber);
+    cmd.add_option("--json", options.json_path, "also write the results as JSON to this file");
+    cmd.add_option(
+           "--quant", options.quant,
+           "weights: bf16 (unquantized) or a quantized scheme (fp8_block128, "
+           "fp8_per_tensor alias fp8_tensor, fp8_per_channel alias fp8_channel_token, int8_w8a8 "
+           "(per-channel weights, per-token "
+           "activations), int8_per_tensor, "
+           "w4a8_fp8, nvfp4, mxfp4_w4a16, ...): random weights of that scheme; TB/s counts its "
+           "packed bytes + scales")
+        ->capture_default_str();
+  };
   DeploymentOptions bench_deployment;
   BenchOptions bench_options;
   CLI::App* bench = app.add_subcommand(
       "bench",
       "Time the layer and each stage on the GPU (CUDA events over CUDA-graph replays, "
       "weights rotated past L2) and compare with the device's measured peaks");
-  bench_deployment.add_to(*bench);
-  bench->add_option("--models", bench_options.models, "model presets to time")
-      ->capture_default_str()
-      ->excludes(bench_deployment.config_option);
-  bench->add_option("--tokens", bench_options.tokens, "batch sizes M")->capture_default_str();
-  bench->add_option("--routing", bench_options.routing, "random, balanced or skewed")
-      ->check(CLI::IsMember({"random", "balanced", "skewed"}))
-      ->capture_default_str();
-  bench->add_flag("--plain-topk", bench_options.plain_topk,
-                  "route every model with softmax top-k + renormalize, as the Triton peer does "
-                  "(deepseek-v3's grouped routing touches fewer experts)");
-  bench->add_option("--reps", bench_options.reps, "timed graph replays per case (median)")
-      ->check(CLI::PositiveNumber);
-  bench->add_option("--json", bench_options.json_path,
-                    "also write the results as JSON to this file");
-  bench
-      ->add_option(
-          "--quant", bench_options.quant,
-          "weights: bf16 (unquantized) or a quantized scheme (fp8_block128, "
-          "fp8_per_tensor alias fp8_tensor, fp8_per_channel alias fp8_channel_token, int8_w8a8 "
-          "(per-channel weights, per-token "
-          "activations), int8_per_tensor, "
-          "w4a8_fp8, nvfp4, mxfp4_w4a16, ...): random weights of that scheme; TB/s counts its "
-          "packed bytes + scales")
-      ->capture_default_str();
+  add_bench_options(*bench, bench_deployment, bench_options);
   std::string bench_tile = "auto";
   bench->add_option("--tile", bench_tile, "force the experts' GEMM tile (auto, or a table name)")
       ->capture_default_str();
+
+  DeploymentOptions tune_deployment;
+  BenchOptions tune_options;
+  CLI::App* tune = app.add_subcommand(
+      "tune",
+      "Time GEMM1 and GEMM2 on every tile of the layer's family at each batch size (as bench "
+      "does) and write the fastest as a tile table for MOEKIT_TILE_TABLES or data/tile_tables/");
+  add_bench_options(*tune, tune_deployment, tune_options);
+  tune->add_option("--out", tune_options.tune_out, "the tile table to write (JSON)")->required();
 
   DeploymentOptions soak_deployment;
   soak_deployment.max_num_tokens = 16384;
@@ -188,6 +199,7 @@ int main(int argc, char** argv) {
       bench_deployment.tile_config = bench_tile;
       return bench_command(bench_deployment, bench_options);
     }
+    if (*tune) return bench_command(tune_deployment, tune_options);
   } catch (const moekit::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

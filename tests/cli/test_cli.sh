@@ -80,6 +80,20 @@ expect 2 "config.json.*(directory|not a regular file)" run --checkpoint "$tmp/di
 expect 2 "--models excludes --config|--config excludes --models" \
   bench --config "$tmp/bf16" --models tiny
 
+# Tile tuning and tables: `moekit tune` needs its output file and a GPU; a tile table that
+# cannot be read is an error, never silently ignored.
+expect 2 "--out is required" tune --models tiny
+if ! nvidia-smi >/dev/null 2>&1; then
+  expect 2 "moekit tune (needs a GPU|times the GPU path)" tune --models tiny --out "$tmp/t.json"
+fi
+out=$(MOEKIT_TILE_TABLES="$tmp/missing.json" "$moekit" explain --device h200 --model tiny 2>&1)
+if [ $? -ne 2 ] || ! grep -q "MOEKIT_TILE_TABLES=.*missing.json" <<<"$out"; then
+  echo "FAILED: MOEKIT_TILE_TABLES=missing.json moekit explain: $out"
+  failures=$((failures + 1))
+else
+  echo "ok: MOEKIT_TILE_TABLES=missing.json moekit explain"
+fi
+
 # Memory is planned before work: a layer that cannot fit is refused at once, with the figures.
 expect 2 "needs about [0-9.]+ GB of host memory .* GB is available" \
   run --model deepseek-v3 --device cpu -m 16 --max-tokens 1000000
