@@ -8,7 +8,9 @@
 # qwen3-30b-a3b and mixtral-8x7b with plain top-k routing, auto and forced 128x256 tiles, and the
 # peer's fp8block on the same shapes) ncufp8 (ncu of the block-scaled and the direct fp8 kernels:
 # 128x256 on mixtral-8x7b M=4096, 64x64 on qwen3-30b-a3b M=64) ncusrc (the same two block-scaled
-# launches with per-instruction stall samples: ncu --page source, SASS and CUDA lines, as CSV).
+# launches with per-instruction stall samples: ncu --page source, SASS and CUDA lines, as CSV)
+# plaintests (every GPU test binary, no sanitizer) tune (moekit tune on qwen3-30b-a3b bf16 and
+# explain reading the table it wrote).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 tokens="1 16 64 256 1024 4096 16384"
@@ -24,6 +26,19 @@ for part in "$@"; do
       --gtest_filter='GroupedGemmW4A16.*:GroupedGemmFp8.*'
   done >"$log/sanitizer.log" 2>&1
   grep -h "SUMMARY" "$log/sanitizer.log"
+  fi
+  if [ "$part" = plaintests ]; then
+  timeout 140 bash bench/h200_session.sh tests
+  mv "$out"/test_*.log "$out"/summary.txt "$log"/ 2>/dev/null
+  cat "$log/summary.txt"
+  fi
+  if [ "$part" = tune ]; then
+  timeout 60 build/moekit tune --models qwen3-30b-a3b --tokens 1 64 1024 16384 --reps 5 \
+    --out "$log/h200_bf16_qwen3.json" >"$log/tune_qwen3.log" 2>&1
+  tail -n 12 "$log/tune_qwen3.log"
+  MOEKIT_TILE_TABLES="$log/h200_bf16_qwen3.json" build/moekit explain --model qwen3-30b-a3b \
+    >"$log/explain_tuned.log" 2>&1
+  grep -A8 "kernels:" "$log/explain_tuned.log"
   fi
   if [ "$part" = w4a16 ]; then
   timeout 150 build/moekit bench --quant mxfp4_w4a16 --models gpt-oss-120b --tokens $tokens \
