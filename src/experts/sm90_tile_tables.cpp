@@ -182,7 +182,8 @@ const TunedTile* TileTables::find(std::string_view device, const GemmShapeKey& k
   std::vector<int64_t> ms;
   for (const TunedTile* t : tuned)
     ms.push_back(t->m);
-  return tuned[nearest_m(ms.data(), ms.size(), m)];
+  const int i = nearest_m(ms.data(), ms.size(), m);
+  return i < 0 ? nullptr : tuned[i];
 }
 
 std::vector<const TunedTile*> TileTables::entries_for(std::string_view device,

@@ -43,14 +43,27 @@ const sm90::GemmShapeKey kKey{sm90::TileFamily::k16Bit, 8, 512, 256};
 TEST(Sm90TileTables, NearestTunedBatchSizeInLog2) {
   const sm90::TileTables t = sm90::TileTables::parse(table_text(), "t.json");
   ASSERT_EQ(t.entries().size(), 3u);
-  auto tile_at = [&](int64_t m) { return t.find("NVIDIA H200", kKey, m)->m; };
-  EXPECT_EQ(tile_at(1), 1);
-  EXPECT_EQ(tile_at(0), 1);
-  EXPECT_EQ(tile_at(8), 64);  // log2 distance 3 to both: the larger m
-  EXPECT_EQ(tile_at(7), 1);
-  EXPECT_EQ(tile_at(300), 1024);
-  EXPECT_EQ(tile_at(200), 64);
-  EXPECT_EQ(tile_at(int64_t{1} << 20), 1024);
+  auto tuned_m = [&](int64_t m) {
+    const sm90::TunedTile* e = t.find("NVIDIA H200", kKey, m);
+    return e == nullptr ? int64_t{-1} : e->m;
+  };
+  EXPECT_EQ(tuned_m(1), 1);
+  EXPECT_EQ(tuned_m(0), 1);
+  EXPECT_EQ(tuned_m(2), 1);
+  EXPECT_EQ(tuned_m(32), 64);
+  EXPECT_EQ(tuned_m(128), 64);
+  EXPECT_EQ(tuned_m(2048), 1024);
+  // More than a factor of 2 from every tuned size: the heuristic's, not a guess from afar.
+  EXPECT_EQ(tuned_m(3), -1);
+  EXPECT_EQ(tuned_m(8), -1);
+  EXPECT_EQ(tuned_m(300), -1);
+  EXPECT_EQ(tuned_m(int64_t{1} << 20), -1);
+  // Between two tuned sizes a factor of 2 apart each way: the larger.
+  sm90::TileTables ties = t;
+  sm90::TunedTile at_16 = t.entries()[0];
+  at_16.m = 16;
+  ties.add(at_16);
+  EXPECT_EQ(ties.find("NVIDIA H200", kKey, 32)->m, 64);
   const sm90::TunedTile* e = t.find("NVIDIA H200", kKey, 1);
   EXPECT_EQ(e->tile, "64x64");
   EXPECT_EQ(e->source, "t.json");
@@ -199,8 +212,10 @@ TEST(Sm90TileTables, ExpertsTakeTheTunedRowNearestTheBatchSize) {
   EXPECT_EQ(state.tile, -1);
   EXPECT_TRUE(state.tuned[0].m.empty());  // GEMM1 untuned: the heuristic
   EXPECT_EQ(::moekit::sm90::tile_for(state, 0, 4), -1);
-  EXPECT_EQ(::moekit::sm90::tile_for(state, 1, 1), sm90::find_tile("128x256"));
-  EXPECT_EQ(::moekit::sm90::tile_for(state, 1, 100), sm90::find_tile("64x64"));
+  EXPECT_EQ(::moekit::sm90::tile_for(state, 1, 2), sm90::find_tile("128x256"));
+  EXPECT_EQ(::moekit::sm90::tile_for(state, 1, 300), sm90::find_tile("64x64"));
+  EXPECT_EQ(::moekit::sm90::tile_for(state, 1, 64), -1);  // 8x from both tuned sizes
+  EXPECT_EQ(::moekit::sm90::tile_for(state, 1, 4096), -1);
   // A forced tile wins over the table.
   moe.tile_config = "128x256";
   ::moekit::sm90::choose_tiles(state, moe, "test", sm90::TileFamily::k16Bit);

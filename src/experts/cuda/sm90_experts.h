@@ -60,12 +60,13 @@ void choose_tiles(LaunchState& state, const MoEConfig& moe, const char* who,
                   cuda::sm90::TileFamily family = cuda::sm90::TileFamily::k16Bit);
 
 // The row GEMM `gemm` (0: GEMM1, 1: GEMM2) launches with at M tokens: the forced tile, else the
-// tuned row nearest M, else -1 (the rows-per-expert heuristic). No allocation.
+// tuned row nearest M (within a factor of 2, nearest_m), else -1 (the rows-per-expert heuristic).
+// No allocation.
 inline int tile_for(const LaunchState& state, int gemm, int64_t M) {
   if (state.tile >= 0) return state.tile;
   const LaunchState::TunedRows& t = state.tuned[gemm];
-  if (t.m.empty()) return -1;
-  return t.row[cuda::sm90::nearest_m(t.m.data(), t.m.size(), M)];
+  const int i = cuda::sm90::nearest_m(t.m.data(), t.m.size(), M);
+  return i < 0 ? -1 : t.row[i];
 }
 
 // Workspaces of the Standard-format launch sequence (align tables live in workspace2; with an a2

@@ -68,8 +68,8 @@ class TileTables {
   void add(TunedTile t);
   // over's entries replace this table's entries of the same device, key and m.
   void merge(const TileTables& over);
-  // The entry for this device and GEMM whose m is nearest to `m` in log2 (ties: the larger m);
-  // null when the GEMM was never tuned on this device.
+  // The entry for this device and GEMM whose m is nearest to `m` (nearest_m); null when the GEMM
+  // was never tuned on this device or at a size within a factor of 2 of m.
   const TunedTile* find(std::string_view device, const GemmShapeKey& key, int64_t m) const;
   // Every entry of `device` for `key`, by increasing m.
   std::vector<const TunedTile*> entries_for(std::string_view device, const GemmShapeKey& key) const;
@@ -82,16 +82,19 @@ class TileTables {
   std::vector<TunedTile> entries_;
 };
 
-// The index of the m in `ms` nearest to `m` in log2 (ties: the larger m); ms non-empty, each >= 1.
-// TileTables::find and the experts' per-launch lookup share this rule.
-inline size_t nearest_m(const int64_t* ms, size_t count, int64_t m) {
-  size_t best = 0;
-  double best_distance = -1;
+// The index of the m in `ms` nearest to `m` in log2 (ties: the larger m), or -1 when even that
+// one is more than a factor of 2 away (a table tuned at 1, 16, 64, ... 16384 covers every M up to
+// 32768; beyond the tuned sizes, or between sizes tuned too sparsely, the heuristic decides).
+// TileTables::find and the experts' per-launch lookup share this rule; ms: each >= 1.
+inline int nearest_m(const int64_t* ms, size_t count, int64_t m) {
+  int best = -1;
+  double best_distance = 0;
   const double lm = std::log2(static_cast<double>(m < 1 ? 1 : m));
   for (size_t i = 0; i < count; ++i) {
     const double d = std::fabs(std::log2(static_cast<double>(ms[i])) - lm);
-    if (best_distance < 0 || d < best_distance || (d == best_distance && ms[i] > ms[best])) {
-      best = i;
+    if (d > 1.0) continue;
+    if (best < 0 || d < best_distance || (d == best_distance && ms[i] > ms[best])) {
+      best = static_cast<int>(i);
       best_distance = d;
     }
   }
