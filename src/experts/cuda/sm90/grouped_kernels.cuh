@@ -106,8 +106,8 @@ struct KStep {
   static constexpr int kScaleRegs = kPromotion == Promotion::kNone ? 1 : 2;
   float fa[kScaleRegs];
   float fw[kPromotion == Promotion::kNone ? 1 : kScaleBlocks];
-  // Where they come from, set once per work item (begin): this thread's two A rows' scales
-  // (null: fa_fill, 1 without 1x128 A scales, 0 for padding rows), the tile's first W row block
+  // Where they come from, set once per work item (begin): this thread's two A rows' scales (null:
+  // a_fill instead, 1 without 1x128 A scales, 0 for padding rows), the tile's first W row block
   // and how many of its kScaleBlocks exist (fw 0 past them; 1 without block W scales).
   const float* a_row[kScaleRegs];
   float a_fill[kScaleRegs];
