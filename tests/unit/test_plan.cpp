@@ -14,6 +14,7 @@
 #include "moekit/oracle/unquantized.h"
 #include "moekit/prepare_finalize/factory.h"
 #include "moekit/prepare_finalize/no_ep.h"
+#include "previewed_h200.h"
 #include "testing.h"
 
 namespace moekit {
@@ -280,12 +281,9 @@ TEST(Communicator, SingleRankCollectivesAreLocalCopies) {
 // divide into its steps. Planned for a previewed H200, so it runs on a CPU-only machine.
 TEST(KernelNotes, Sm90BackendsNameTheirTilesByBatchSize) {
   if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA: no Hopper backends";
-  PlanOptions preview;
-  preview.preview = true;
-  preview.log = false;
-  MoELayerOptions o;
-  o.device = device_info_by_name("h200");
-  o.device.preview = true;  // decide as on an H200 (`moekit explain --device h200`)
+  const testing::PreviewedH200 h200 = testing::previewed_h200();
+  const PlanOptions& preview = h200.plan;
+  MoELayerOptions o = h200.layer;
   const MoEPlan bf16 = plan_moe(config_of("small", o), QuantConfig::unquantized(), preview);
   ASSERT_TRUE(bf16.ok()) << bf16.error();
   EXPECT_EQ(bf16.backend->name, "sm90_grouped");

@@ -16,6 +16,7 @@
 #include "moekit/layer/moe_layer.h"
 #include "moekit/layer/presets.h"
 #include "moekit/oracle/plan.h"
+#include "previewed_h200.h"
 #include "testing.h"
 
 namespace moekit {
@@ -231,13 +232,8 @@ TEST(Sm90TileTables, ExpertsTakeTheTunedRowNearestTheBatchSize) {
 // table has one, and the heuristic's reason elsewhere. Planned for a previewed H200.
 TEST(Sm90TileTables, ExplainNamesTheTunedEntry) {
   if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA: no Hopper backends";
-  PlanOptions preview;
-  preview.preview = true;
-  preview.log = false;
-  MoELayerOptions o;
-  o.device = device_info_by_name("h200");
-  o.device.preview = true;
-  const MoEConfig moe = MoELayer::make_moe_config(find_preset("small"), o);
+  const testing::PreviewedH200 h200 = testing::previewed_h200();
+  const MoEConfig moe = MoELayer::make_moe_config(find_preset("small"), h200.layer);
   const auto keys = ::moekit::sm90::gemm_shape_keys(moe, sm90::TileFamily::k16Bit);
   TableDir dir("moekit_tile_tables_explain_");
   dir.write("h200.json",
@@ -248,7 +244,7 @@ TEST(Sm90TileTables, ExplainNamesTheTunedEntry) {
                 R"(, "m": 16384, "tile": "64x64", "us": 123.4,)"
                 R"( "candidates": {"64x64": 123.4, "128x256": 150.0}}]})");
   ::setenv("MOEKIT_TILE_TABLES", dir.path.c_str(), 1);
-  const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), preview);
+  const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), h200.plan);
   ASSERT_TRUE(plan.ok()) << plan.error();
   const std::string text = plan.to_string();
   EXPECT_TRUE(contains_all(
