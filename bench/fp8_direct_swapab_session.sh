@@ -10,7 +10,9 @@
 # 128x256 on mixtral-8x7b M=4096, 64x64 on qwen3-30b-a3b M=64) ncusrc (the same two block-scaled
 # launches with per-instruction stall samples: ncu --page source, SASS and CUDA lines, as CSV)
 # plaintests (every GPU test binary, no sanitizer) tune (moekit tune on qwen3-30b-a3b bf16 and
-# explain reading the table it wrote).
+# explain reading the table it wrote) tunepresets (moekit tune for the presets and schemes in
+# $TUNE_SCHEMES, default "bf16 fp8_block128 fp8_per_tensor mxfp4_w4a16", one table per scheme
+# named for data/tile_tables/; budget minutes of device time: each scheme builds its layers once).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 tokens="1 16 64 256 1024 4096 16384"
@@ -39,6 +41,16 @@ for part in "$@"; do
   MOEKIT_TILE_TABLES="$log/h200_bf16_qwen3.json" build/moekit explain --model qwen3-30b-a3b \
     >"$log/explain_tuned.log" 2>&1
   grep -A8 "kernels:" "$log/explain_tuned.log"
+  fi
+  if [ "$part" = tunepresets ]; then
+  for q in ${TUNE_SCHEMES:-bf16 fp8_block128 fp8_per_tensor mxfp4_w4a16}; do
+    models="mixtral-8x7b qwen3-30b-a3b deepseek-v3"
+    [ "$q" = mxfp4_w4a16 ] && models="gpt-oss-120b"
+    [ "$q" = bf16 ] && models="$models gpt-oss-120b"
+    timeout 300 build/moekit tune --quant "$q" --models $models --reps 5 \
+      --out "$log/h200_$q.json" >"$log/tune_$q.log" 2>&1
+    grep -E "tune M=|wrote" "$log/tune_$q.log"
+  done
   fi
   if [ "$part" = w4a16 ]; then
   timeout 150 build/moekit bench --quant mxfp4_w4a16 --models gpt-oss-120b --tokens $tokens \
