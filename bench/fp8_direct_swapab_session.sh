@@ -12,7 +12,10 @@
 # plaintests (every GPU test binary, no sanitizer) tune (moekit tune on qwen3-30b-a3b bf16 and
 # explain reading the table it wrote) tunepresets (moekit tune for the presets and schemes in
 # $TUNE_SCHEMES, default "bf16 fp8_block128 fp8_per_tensor mxfp4_w4a16", one table per scheme
-# named for data/tile_tables/; budget minutes of device time: each scheme builds its layers once).
+# named for data/tile_tables/; budget minutes of device time: each scheme builds its layers once)
+# fp8decode (fp8 block-128 and per-tensor at M = 1 .. 256, auto and forced 64x64 tiles, the peer's
+# fp8block / fp8tensor on the same shapes, ratios) ncuswap (ncu of the fp8 swap-AB kernel at
+# qwen3-30b-a3b M = 64, block-128 and per-tensor).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 tokens="1 16 64 256 1024 4096 16384"
@@ -87,6 +90,44 @@ for part in "$@"; do
   python3 bench/compare_peer.py "$log/bench_fp8_block128.json" "$log/peer_fp8block.json" \
     --dtype fp8block >"$log/ratio_fp8block.md" 2>&1
   tail -n 30 "$log/ratio_fp8block.md"
+  fi
+  if [ "$part" = fp8decode ]; then
+  block_models="deepseek-v3 qwen3-30b-a3b mixtral-8x7b"
+  for tile in auto 64x64; do
+    timeout 150 build/moekit bench --quant fp8_block128 --plain-topk --models $block_models \
+      --tokens 1 16 64 256 --tile $tile --json "$log/bench_fp8_block128_dec_$tile.json" \
+      >"$log/bench_fp8_block128_dec_$tile.log" 2>&1
+    grep -E "^ +[0-9]+ " "$log/bench_fp8_block128_dec_$tile.log"
+    timeout 100 build/moekit bench --quant fp8_per_tensor --models mixtral-8x7b qwen3-30b-a3b \
+      --tokens 1 16 64 256 --tile $tile --json "$log/bench_fp8_per_tensor_dec_$tile.json" \
+      >"$log/bench_fp8_per_tensor_dec_$tile.log" 2>&1
+    grep -E "^ +[0-9]+ " "$log/bench_fp8_per_tensor_dec_$tile.log"
+  done
+  PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --dtype fp8block \
+    --shapes ${block_models// /,} --tokens 1,16,64,256 \
+    --json "$log/peer_fp8block_dec.json" >"$log/peer_fp8block_dec.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout 100 python3 .carry/triton_peer.py --dtype fp8tensor \
+    --shapes mixtral-8x7b,qwen3-30b-a3b --tokens 1,16,64,256 \
+    --json "$log/peer_fp8tensor_dec.json" >"$log/peer_fp8tensor_dec.log" 2>&1
+  for tile in auto 64x64; do
+    python3 bench/compare_peer.py "$log/bench_fp8_block128_dec_$tile.json" \
+      "$log/peer_fp8block_dec.json" --dtype fp8block >"$log/ratio_fp8block_dec_$tile.md" 2>&1
+    python3 bench/compare_peer.py "$log/bench_fp8_per_tensor_dec_$tile.json" \
+      "$log/peer_fp8tensor_dec.json" --dtype fp8tensor >"$log/ratio_fp8tensor_dec_$tile.md" 2>&1
+    tail -n 16 "$log/ratio_fp8block_dec_$tile.md" "$log/ratio_fp8tensor_dec_$tile.md"
+  done
+  fi
+  if [ "$part" = ncuswap ]; then
+  for q in fp8_block128 fp8_per_tensor; do
+    timeout 120 ncu --clock-control none -k regex:fp8_swapab --launch-skip 2 --launch-count 2 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats \
+      --section SchedulerStats --section MemoryWorkloadAnalysis \
+      build/moekit bench --quant $q --models qwen3-30b-a3b --tokens 64 --reps 3 \
+      >"$log/ncu_swap_$q.log" 2>&1
+    echo "== ncu fp8_swapab $q qwen3-30b-a3b M=64"
+    grep -E "Duration|Throughput|Issued Ipc|Eligible|Active Warps|No Eligible|Registers|DRAM|L2 Hit|Achieved Occ" \
+      "$log/ncu_swap_$q.log" | head -40
+  done
   fi
   if [ "$part" = ncufp8 ]; then
   for q in fp8_block128 fp8_per_channel; do

@@ -92,7 +92,7 @@ std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGe
 std::string tile_fits(const GroupedGemmArgs& args, int row) {
   using std::to_string;
   const sm90::TileConfig& t = sm90::kTileTable[row];
-  if (t.kind == sm90::MainloopKind::kSwapAB) {
+  if (t.kind == sm90::MainloopKind::kSwapAB && t.family == sm90::TileFamily::kW4A16) {
     if (args.k % 64 != 0) {
       return std::string("tile ") + t.name + ": k=" + to_string(args.k) +
              " is not a multiple of 64 (whole K steps of packed weights)";

@@ -423,6 +423,43 @@ __device__ __forceinline__ void copy_a_stage(const KernelParams& p,
   }
 }
 
+// The copies of one work item into a single-role ring stage: every thread copies the 16-byte
+// chunk column `chunk` of kAPasses A rows (the stage's first kStageABytes) and kBPasses W rows
+// (after them), row_in_pass + i * kRowsPerPass; zeros past K, past N and for rows without a
+// source. One cp.async per chunk; the caller commits the group.
+template <typename T, typename Shape>
+struct StageCopies {
+  const uint8_t* a_src[Shape::kAPasses];
+  const uint8_t* w_src[Shape::kBPasses];
+
+  __device__ __forceinline__ StageCopies(const KernelParams& p, const WorkItem& w, int row_in_pass,
+                                         int chunk) {
+    gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
+    const int64_t w_row_bytes = static_cast<int64_t>(p.k) * static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int i = 0; i < Shape::kBPasses; ++i) {
+      const int n = w.n0 + row_in_pass + i * Shape::kRowsPerPass;
+      w_src[i] = n < p.n ? p.w + (static_cast<int64_t>(w.expert) * p.n + n) * w_row_bytes +
+                               chunk * kChunkBytes
+                         : nullptr;
+    }
+  }
+
+  // K step kt into a ring stage; dst: the stage's address plus this thread's swizzled offset.
+  __device__ __forceinline__ void copy(const KernelParams& p, int kt, uint32_t dst,
+                                       int chunk) const {
+    const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
+    const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes;
+    copy_a_stage<Shape>(p, a_src, dst, k_ok, k_bytes);
+#pragma unroll
+    for (int i = 0; i < Shape::kBPasses; ++i) {
+      const bool ok = k_ok && w_src[i] != nullptr;
+      cp_async_16(dst + Shape::kStageABytes + i * Shape::kRowsPerPass * kRowBytes,
+                  ok ? w_src[i] + k_bytes : p.w, ok);
+    }
+  }
+};
+
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     single_role_kernel(const KernelParams p) {
@@ -451,7 +488,6 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int row_in_pass = tid >> 3;  // tile row (mod kRowsPerPass) this thread loads
   const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
   const int warpgroup = tid / 128;
-  const int w_row_bytes = p.k * static_cast<int>(sizeof(T));
   using Step = KStep<T, kBN, Shape::kPromotion>;
   static_assert(Step::release_lag <= 1, "the refill of stage kt - 2 after the barrier of step kt");
   Step step;
@@ -463,30 +499,13 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     FragmentRows rows{{-1, -1}};
     if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
 
-    const uint8_t* a_src[Shape::kAPasses];
-    gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
-    const uint8_t* w_src[Shape::kBPasses];
-#pragma unroll
-    for (int i = 0; i < Shape::kBPasses; ++i) {
-      const int n = w.n0 + row_in_pass + i * Shape::kRowsPerPass;
-      w_src[i] = n < p.n ? p.w + (static_cast<int64_t>(w.expert) * p.n + n) * w_row_bytes +
-                               chunk * kChunkBytes
-                         : nullptr;
-    }
-
+    const StageCopies<T, Shape> copies(p, w, row_in_pass, chunk);
     auto load_stage = [&](int kt) {
       if (kt < p.k_tiles) {
-        const uint32_t sa = smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes);
-        const uint32_t sb = sa + Shape::kStageABytes;
-        const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
-        const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes;
-        copy_a_stage<Shape>(p, a_src, sa + swizzled, k_ok, k_bytes);
-#pragma unroll
-        for (int i = 0; i < Shape::kBPasses; ++i) {
-          const bool ok = k_ok && w_src[i] != nullptr;
-          cp_async_16(sb + swizzled + i * Shape::kRowsPerPass * kRowBytes,
-                      ok ? w_src[i] + k_bytes : p.w, ok);
-        }
+        copies.copy(
+            p, kt,
+            smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes) + swizzled,
+            chunk);
       }
       cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
     };
@@ -687,6 +706,55 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   }
 }
 
+// ---- kSwapAB ------------------------------------------------------------------------------------
+
+// The epilogue of the swap-AB rows (one warpgroup): acc[4j + 2h + v] is (weight row r0 + 8h, token
+// 8j + 2 (lane % 4) + v) of the item, r0 = 16 * warp + lane / 4. It is transposed through the ring
+// (the caller's copies into it have landed and its wgmma completed) into the 16-bit kernels'
+// fragment of warp 0 (token lane / 4 + 8h, weight row 8j + 2 (lane % 4) + v), scaled as every
+// kernel's accumulator is (KStep::finish: the K-invariant scales of 8-bit operands) and stored by
+// store_tile (bias, fused activation).
+template <typename T, typename OutT, int kBM, int kBN>
+__device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
+                                                   const float (&acc)[kBM / 2], const WorkItem& w,
+                                                   uint8_t* ring_generic, int tid) {
+  static_assert(kBM == 16 && kBN == 64, "one warpgroup: 64 weight rows x 16 tokens");
+  constexpr int kOutLd = kBN + 4;  // floats per token of the transposed tile
+  const int lane = tid & 31;
+  const int r0 = (tid >> 5) * 16 + (lane >> 2);
+  const int q2 = (lane & 3) * 2;
+  __syncthreads();  // every thread is done reading the ring
+  float* s_out = reinterpret_cast<float*>(ring_generic);
+#pragma unroll
+  for (int j = 0; j < kBM / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int v = 0; v < 2; ++v)
+        s_out[(8 * j + q2 + v) * kOutLd + r0 + 8 * h] = acc[4 * j + 2 * h + v];
+    }
+  }
+  __syncthreads();
+  if (tid < 32) {
+    float tile[kBN / 2];
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v)
+          tile[4 * j + 2 * h + v] = s_out[((lane >> 2) + 8 * h) * kOutLd + 8 * j + q2 + v];
+      }
+    }
+    FragmentRows rows{{-1, -1}};
+    if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, 0, tid);
+    float out[kBN / 2];
+    KStep<T, kBN, Promotion::kNone>{}.finish(tile, out, p, w, rows, lane);
+    store_tile<OutT, kBN>(p, out, w.expert, w.m0 + (lane >> 2), min(w.row_end, w.m0 + kBM), w.n0,
+                          lane);
+  }
+}
+
 // ---- kSwapAB: W4A16 with the weights as the wgmma's A operand ---------------------------------
 
 // Swap-AB mainloop of the kW4A16 decode row: one warpgroup computes D^T = W_tile . A_tile^T for a
@@ -714,7 +782,6 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
                 "a pair of steps lands while the refills of the previous pair stay in flight");
   constexpr int kPackedRow = Shape::kPackedRowBytes;  // 32 bytes = 64 elements of K
   constexpr int kSteps = kRowBytes / kMmaKBytes;      // wgmma (16 elements of K) per K step
-  constexpr int kOutLd = kBN + 4;                     // floats per token of the transposed tile
 
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
@@ -870,36 +937,168 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     fence_registers(frag[0]);
     fence_registers(frag[1]);
 
-    // Epilogue: acc[4j + 2h + v] is (weight row r0 + 8h, token 8j + 2 (lane % 4) + v). Every copy
-    // into the ring has landed (the last real step was waited for), so it holds the transpose.
-    __syncthreads();  // every thread is done reading the ring
-    float* s_out = reinterpret_cast<float*>(ring_generic);
-    const int q2 = (lane & 3) * 2;
+    // Every copy into the ring has landed (the last real step was waited for).
+    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, ring_generic, tid);
+  }
+}
+
+// ---- kSwapAB: fp8 with the weights as the wgmma's A operand -----------------------------------
+
+// The block scales of a swap-AB thread (kFp8 rows): its two weight rows r0, r0 + 8 lie in one
+// 32-row W scale block, its four tokens 8j + 2 (lane % 4) + v (i = 2j + v) have one 1x128 A scale
+// each per K step. Set per work item (begin); load(kt) fetches step kt's, which promote uses one
+// step later (the loads' latency hides behind a step of wgmma).
+struct SwapBlockScales {
+  const float* a_row[4];  // null: a_fill (1 without 1x128 A scales, 0 for padding tokens)
+  float a_fill[4];
+  const float* w_block;  // null: w_fill (1 without block W scales, 0 past N)
+  float w_fill;
+  float fa[4];
+  float fw;
+
+  __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w, int tid) {
+    const int lane = tid & 31;
+    const bool a_blocks = p.a_scale_kind == AScale::kRowBlock128;
 #pragma unroll
-    for (int j = 0; j < kBM / 8; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int v = 0; v < 2; ++v)
-          s_out[(8 * j + q2 + v) * kOutLd + r0 + 8 * h] = acc[4 * j + 2 * h + v];
-      }
+    for (int i = 0; i < 4; ++i) {
+      const int row = w.m0 + 8 * (i / 2) + 2 * (lane & 3) + i % 2;
+      int src = -1;
+      if (row < w.row_end) src = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+      a_row[i] =
+          a_blocks && src >= 0 ? p.a_scale + static_cast<int64_t>(src) * p.a_scale_ld : nullptr;
+      a_fill[i] = a_blocks ? 0.0f : 1.0f;
     }
-    __syncthreads();
-    if (tid < 32) {
-      // The 16-bit kernels' fragment of warp 0: (token lane / 4 + 8h, column 8j + q2 + v).
-      float out[kBN / 2];
+    const bool w_blocks = p.w_scale_kind == WScale::kBlock32x128;
+    const int block = (w.n0 + 16 * (tid >> 5)) / 32;
+    w_block = w_blocks && block < p.w_scale_row_blocks
+                  ? p.w_scale +
+                        (static_cast<int64_t>(w.expert) * p.w_scale_row_blocks + block) * p.k_tiles
+                  : nullptr;
+    w_fill = w_blocks ? 0.0f : 1.0f;
+  }
+
+  __device__ __forceinline__ void load(int kt) {
 #pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
+    for (int i = 0; i < 4; ++i)
+      fa[i] = a_row[i] != nullptr ? __ldg(a_row[i] + kt) : a_fill[i];
+    fw = w_block != nullptr ? __ldg(w_block + kt) : w_fill;
+  }
+
+  // acc += t * (the scales of the step last loaded).
+  __device__ __forceinline__ void promote(float (&acc)[8], const float (&t)[8]) const {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 4; ++i) {
+      const float f = fw * fa[i];
 #pragma unroll
-          for (int v = 0; v < 2; ++v)
-            out[4 * j + 2 * h + v] = s_out[((lane >> 2) + 8 * h) * kOutLd + 8 * j + q2 + v];
+      for (int h = 0; h < 2; ++h)
+        acc[4 * (i / 2) + 2 * h + i % 2] += t[4 * (i / 2) + 2 * h + i % 2] * f;
+    }
+  }
+};
+
+// Swap-AB mainloop of the fp8 decode rows: one warpgroup computes D^T = W_tile . A_tile^T for a
+// work item of kBM (16) tokens x kBN (64) weight rows, both operands read from the ring by
+// descriptor (4 m64n16k32 wgmma per 128-byte K step), so that a few tokens per expert still fill
+// the wgmma's M with weights and every CTA streams weights. Every thread copies its chunks of a
+// stage as the single-role rows do (StageCopies: one token row, four W rows), kStages - 3 steps
+// ahead, one 128-thread barrier per pair of steps. kFp8 (block scales): each K step goes into one
+// of two 8-register temporaries by the step's parity, and step kt - 1's is promoted with its
+// scales while step kt's wgmma run (as KStep's kOverlapped: wgmma_wait<0> before each issue);
+// kFp8Direct: the tensor cores accumulate over all of K. Epilogue: store_swapped_tile.
+template <typename T, typename OutT, int kTile>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    fp8_swapab_kernel(const KernelParams p) {
+  using Shape = ShapeOf<T, kTile>;
+  static_assert(Shape::kSwapAB && kIsFp8<T>);
+  constexpr int kBM = Shape::kBM;  // tokens of an item: the wgmma's N
+  constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
+  static_assert(kBM == 16 && kBN == 64 && Shape::kThreads == 128 && Shape::kAPasses == 1);
+  constexpr int kStages = Shape::kStages;
+  static_assert(kStages >= 6 && kStages % 2 == 0,
+                "a pair of steps lands while the refills of the previous pair stay in flight");
+  constexpr bool kPromote = Shape::kConfig.family == TileFamily::kFp8;
+
+  extern __shared__ uint8_t smem_dynamic[];
+  __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
+  const uint32_t ring = ring_base(smem_dynamic);
+  uint8_t* ring_generic = smem_dynamic + (ring - smem_u32(smem_dynamic));
+
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < 32) tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
+  __syncthreads();
+  const int total_m_tiles = s_tile_prefix[p.num_experts];
+  const int total_items = total_m_tiles * p.n_tiles;
+  const int chunk = tid & 7;         // 16-byte column of the rows this thread loads
+  const int row_in_pass = tid >> 3;  // token row; W rows row_in_pass + 16 i
+  const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
+  SwapBlockScales scales;
+
+  for (int item = static_cast<int>(blockIdx.x); item < total_items;
+       item += static_cast<int>(gridDim.x)) {
+    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+    const StageCopies<T, Shape> copies(p, w, row_in_pass, chunk);
+    auto load_stage = [&](int kt) {
+      if (kt < p.k_tiles) {
+        copies.copy(p, kt,
+                    ring + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes) + swizzled,
+                    chunk);
+      }
+      cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
+    };
+    if constexpr (kPromote) scales.begin(p, w, tid);
+    float acc[kBM / 2];
+    float tmp[2][kBM / 2];
+    zero_accumulators(acc);
+
+    __syncthreads();  // every thread is done with the ring of the previous item
+#pragma unroll
+    for (int s = 0; s < kStages - 3; ++s)
+      load_stage(s);
+
+    // K step kt. Even steps open a pair: they wait for both steps' copies, pass the pair's one
+    // barrier and refill the stages of steps kt - 3 and kt - 2, whose wgmma every thread has
+    // waited for (kPromote: before issuing step kt - 1; else after it, wgmma_wait<1>).
+    for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
+      constexpr int kParity = decltype(parity)::value;
+      if constexpr (kParity == 0) {
+        cp_async_wait<kStages - 5>();  // this thread's copies of steps kt and kt + 1 have landed
+        fence_proxy_async();           // ... seen by the tensor cores
+        __syncthreads();
+        load_stage(kt + kStages - 3);
+        load_stage(kt + kStages - 2);
+      }
+      const uint32_t tokens = ring + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes);
+      const uint32_t weights = tokens + Shape::kStageABytes;
+      if constexpr (kPromote) {
+        // NOTE: an unconditional wait before the issue (KStep, Promotion::kOverlapped: ptxas
+        // serializes every wgmma otherwise).
+        wgmma_wait<0>();
+        fence_registers(tmp[kParity ^ 1]);
+        mma_stage<T, kBM, /*kOverwrite=*/true>(tmp[kParity], weights, tokens);
+        if (kt > 0) scales.promote(acc, tmp[kParity ^ 1]);  // step kt - 1, its scales
+        scales.load(kt);
+      } else {
+        mma_stage<T, kBM>(acc, weights, tokens);
+        wgmma_wait<1>();
+        fence_registers(acc);
+      }
+    });
+    wgmma_wait<0>();
+    if constexpr (kPromote) {
+      if (p.k_tiles > 0) {
+        if (((p.k_tiles - 1) & 1) != 0) {
+          fence_registers(tmp[1]);
+          scales.promote(acc, tmp[1]);
+        } else {
+          fence_registers(tmp[0]);
+          scales.promote(acc, tmp[0]);
         }
       }
-      store_tile<OutT, kBN>(p, out, w.expert, w.m0 + (lane >> 2), min(w.row_end, w.m0 + kBM), w.n0,
-                            lane);
     }
+    fence_registers(acc);
+
+    // Every copy into the ring has landed (the last real step was waited for).
+    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, ring_generic, tid);
   }
 }
 
@@ -926,8 +1125,10 @@ cudaError_t set_kernel_attributes(Kernel kernel, int dynamic_smem) {
 // The kernel of table row kTile for operand T and output OutT.
 template <typename T, typename OutT, int kTile>
 constexpr auto kernel_of() {
-  if constexpr (ShapeOf<T, kTile>::kSwapAB) {
+  if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_swapab_kernel<T, OutT, kTile>;
+  } else if constexpr (ShapeOf<T, kTile>::kSwapAB) {
+    return &fp8_swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kTma) {

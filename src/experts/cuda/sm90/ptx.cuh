@@ -219,7 +219,8 @@ inline constexpr int kMmaKBytes = 32;  // bytes of K one wgmma consumes, every o
 
 // Wgmma<T, N>::run(d, desc_a, desc_b[, accumulate]): d (64 x N fragment) += A (64 x 32 bytes) *
 // B^T (N x 32 bytes), both K-major in shared memory; with accumulate = 0, d = A * B^T (the old d is
-// not read: the first wgmma of a block-scaled K block needs no zeroing). N is 8, 64, 128 or 256.
+// not read: the first wgmma of a block-scaled K block needs no zeroing). N is 8, 16, 64, 128 or
+// 256 (16: the swap-AB rows' token tile).
 template <typename T, int N>
 struct Wgmma;
 
@@ -229,7 +230,7 @@ struct Wgmma;
 #define MOEKIT_WGMMA_I8(i)                                                                    \
   "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), \
       "+r"(d[i + 6]), "+r"(d[i + 7])
-#define MOEKIT_WGMMA_OUT4(R) R(0)
+#define MOEKIT_WGMMA_OUT8(R) R(0)
 #define MOEKIT_WGMMA_OUT32(R) R(0), R(8), R(16), R(24)
 #define MOEKIT_WGMMA_OUT64(R) MOEKIT_WGMMA_OUT32(R), R(32), R(40), R(48), R(56)
 #define MOEKIT_WGMMA_OUT128(R) \
@@ -247,6 +248,7 @@ struct Wgmma;
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 // Registers and the two descriptor operands of each N.
 #define MOEKIT_WGMMA_ARGS8 "{%0, %1, %2, %3}, %4, %5"
+#define MOEKIT_WGMMA_ARGS16 "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9"
 #define MOEKIT_WGMMA_ARGS64 "{" MOEKIT_WGMMA_R32 "}, %32, %33"
 #define MOEKIT_WGMMA_ARGS128 "{" MOEKIT_WGMMA_R32 ", " MOEKIT_WGMMA_R64_HI "}, %64, %65"
 #define MOEKIT_WGMMA_ARGS256 \
@@ -274,6 +276,8 @@ struct Wgmma;
 #define MOEKIT_WGMMA_ALL_N(T, K, TYPES, TRAILER, R)                                       \
   MOEKIT_WGMMA_SPEC(T, 8, "m64n8" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS8, "%6",         \
                     MOEKIT_WGMMA_OUTS8(R))                                                \
+  MOEKIT_WGMMA_SPEC(T, 16, "m64n16" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS16, "%10",     \
+                    MOEKIT_WGMMA_OUT8(MOEKIT_WGMMA_##R##8))                               \
   MOEKIT_WGMMA_SPEC(T, 64, "m64n64" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS64, "%34",     \
                     MOEKIT_WGMMA_OUT32(MOEKIT_WGMMA_##R##8))                              \
   MOEKIT_WGMMA_SPEC(T, 128, "m64n128" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS128, "%66",  \
@@ -310,6 +314,7 @@ __device__ __forceinline__ void wgmma_bf16_m64n16_rs(float (&d)[8], const uint32
 #undef MOEKIT_WGMMA_ARGS256
 #undef MOEKIT_WGMMA_ARGS128
 #undef MOEKIT_WGMMA_ARGS64
+#undef MOEKIT_WGMMA_ARGS16
 #undef MOEKIT_WGMMA_ARGS8
 #undef MOEKIT_WGMMA_R128_HI
 #undef MOEKIT_WGMMA_R64_HI
@@ -317,7 +322,7 @@ __device__ __forceinline__ void wgmma_bf16_m64n16_rs(float (&d)[8], const uint32
 #undef MOEKIT_WGMMA_OUT128
 #undef MOEKIT_WGMMA_OUT64
 #undef MOEKIT_WGMMA_OUT32
-#undef MOEKIT_WGMMA_OUT4
+#undef MOEKIT_WGMMA_OUT8
 #undef MOEKIT_WGMMA_I8
 #undef MOEKIT_WGMMA_F8
 
