@@ -14,7 +14,7 @@
 # $TUNE_SCHEMES, default "bf16 fp8_block128 fp8_per_tensor mxfp4_w4a16", one table per scheme
 # named for data/tile_tables/; budget minutes of device time: each scheme builds its layers once)
 # fp8decode (fp8 block-128 and per-tensor at M = 1 .. 256, auto and forced 64x64 tiles, the peer's
-# fp8block / fp8tensor on the same shapes, ratios) ncuswap (ncu of the fp8 swap-AB kernel at
+# fp8block / fp8tensor on the same shapes, ratios; $FP8DECODE_TILES: the tiles) ncuswap (ncu of the fp8 swap-AB kernel at
 # qwen3-30b-a3b M = 64, block-128 and per-tensor).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
@@ -93,7 +93,7 @@ for part in "$@"; do
   fi
   if [ "$part" = fp8decode ]; then
   block_models="deepseek-v3 qwen3-30b-a3b mixtral-8x7b"
-  for tile in auto 64x64; do
+  for tile in ${FP8DECODE_TILES:-auto 64x64}; do
     timeout 150 build/moekit bench --quant fp8_block128 --plain-topk --models $block_models \
       --tokens 1 16 64 256 --tile $tile --json "$log/bench_fp8_block128_dec_$tile.json" \
       >"$log/bench_fp8_block128_dec_$tile.log" 2>&1
@@ -109,7 +109,7 @@ for part in "$@"; do
   PYTHONUNBUFFERED=1 timeout 100 python3 .carry/triton_peer.py --dtype fp8tensor \
     --shapes mixtral-8x7b,qwen3-30b-a3b --tokens 1,16,64,256 \
     --json "$log/peer_fp8tensor_dec.json" >"$log/peer_fp8tensor_dec.log" 2>&1
-  for tile in auto 64x64; do
+  for tile in ${FP8DECODE_TILES:-auto 64x64}; do
     python3 bench/compare_peer.py "$log/bench_fp8_block128_dec_$tile.json" \
       "$log/peer_fp8block_dec.json" --dtype fp8block >"$log/ratio_fp8block_dec_$tile.md" 2>&1
     python3 bench/compare_peer.py "$log/bench_fp8_per_tensor_dec_$tile.json" \

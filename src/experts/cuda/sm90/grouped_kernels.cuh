@@ -432,6 +432,7 @@ struct StageCopies {
   const uint8_t* a_src[Shape::kAPasses];
   const uint8_t* w_src[Shape::kBPasses];
 
+  StageCopies() = default;
   __device__ __forceinline__ StageCopies(const KernelParams& p, const WorkItem& w, int row_in_pass,
                                          int chunk) {
     gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
@@ -709,22 +710,24 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // ---- kSwapAB ------------------------------------------------------------------------------------
 
 // The epilogue of the swap-AB rows (one warpgroup): acc[4j + 2h + v] is (weight row r0 + 8h, token
-// 8j + 2 (lane % 4) + v) of the item, r0 = 16 * warp + lane / 4. It is transposed through the ring
-// (the caller's copies into it have landed and its wgmma completed) into the 16-bit kernels'
-// fragment of warp 0 (token lane / 4 + 8h, weight row 8j + 2 (lane % 4) + v), scaled as every
-// kernel's accumulator is (KStep::finish: the K-invariant scales of 8-bit operands) and stored by
-// store_tile (bias, fused activation).
+// 8j + 2 (lane % 4) + v) of the item, r0 = 16 * warp + lane / 4. It is transposed through s_out
+// (kSwappedTileFloats; the ring where the caller's copies into it have landed and its wgmma
+// completed) into the 16-bit kernels' fragment of warp 0 (token lane / 4 + 8h, weight row 8j + 2
+// (lane % 4) + v), scaled as every kernel's accumulator is (KStep::finish: the K-invariant scales
+// of 8-bit operands) and stored by store_tile (bias, fused activation).
+template <int kBM, int kBN>
+inline constexpr int kSwappedTileFloats = kBM*(kBN + 4);  // the transposed tile, padded rows
+
 template <typename T, typename OutT, int kBM, int kBN>
 __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
                                                    const float (&acc)[kBM / 2], const WorkItem& w,
-                                                   uint8_t* ring_generic, int tid) {
+                                                   float* s_out, int tid) {
   static_assert(kBM == 16 && kBN == 64, "one warpgroup: 64 weight rows x 16 tokens");
   constexpr int kOutLd = kBN + 4;  // floats per token of the transposed tile
   const int lane = tid & 31;
   const int r0 = (tid >> 5) * 16 + (lane >> 2);
   const int q2 = (lane & 3) * 2;
-  __syncthreads();  // every thread is done reading the ring
-  float* s_out = reinterpret_cast<float*>(ring_generic);
+  __syncthreads();  // every thread is done with s_out (the previous item) or the ring
 #pragma unroll
   for (int j = 0; j < kBM / 8; ++j) {
 #pragma unroll
@@ -938,7 +941,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     fence_registers(frag[1]);
 
     // Every copy into the ring has landed (the last real step was waited for).
-    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, ring_generic, tid);
+    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, reinterpret_cast<float*>(ring_generic), tid);
   }
 }
 
@@ -1000,11 +1003,14 @@ struct SwapBlockScales {
 // work item of kBM (16) tokens x kBN (64) weight rows, both operands read from the ring by
 // descriptor (4 m64n16k32 wgmma per 128-byte K step), so that a few tokens per expert still fill
 // the wgmma's M with weights and every CTA streams weights. Every thread copies its chunks of a
-// stage as the single-role rows do (StageCopies: one token row, four W rows), kStages - 3 steps
-// ahead, one 128-thread barrier per pair of steps. kFp8 (block scales): each K step goes into one
-// of two 8-register temporaries by the step's parity, and step kt - 1's is promoted with its
-// scales while step kt's wgmma run (as KStep's kOverlapped: wgmma_wait<0> before each issue);
-// kFp8Direct: the tensor cores accumulate over all of K. Epilogue: store_swapped_tile.
+// stage as the single-role rows do (StageCopies: one token row, four W rows). The copies run
+// kStages - 2 steps ahead of the compute across work items (a load cursor of its own walks the
+// CTA's items), so that a work item of a few K steps (GEMM2 of a small expert: 6 steps) does not
+// restart the pipeline; one 128-thread barrier per K step. kFp8 (block scales): each K step goes
+// into one of two 8-register temporaries by the step's parity, and step kt - 1's is promoted with
+// its scales while step kt's wgmma run (as KStep's kOverlapped: wgmma_wait<0> before each issue);
+// kFp8Direct: the tensor cores accumulate over all of K. Epilogue: store_swapped_tile, through a
+// buffer of its own (the ring is filling with the next item).
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     fp8_swapab_kernel(const KernelParams p) {
@@ -1014,14 +1020,13 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
   static_assert(kBM == 16 && kBN == 64 && Shape::kThreads == 128 && Shape::kAPasses == 1);
   constexpr int kStages = Shape::kStages;
-  static_assert(kStages >= 6 && kStages % 2 == 0,
-                "a pair of steps lands while the refills of the previous pair stay in flight");
+  static_assert(kStages >= 4, "kStages - 2 steps in flight while two are read");
   constexpr bool kPromote = Shape::kConfig.family == TileFamily::kFp8;
 
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
+  __shared__ float s_out[kSwappedTileFloats<kBM, kBN>];
   const uint32_t ring = ring_base(smem_dynamic);
-  uint8_t* ring_generic = smem_dynamic + (ring - smem_u32(smem_dynamic));
 
   const int tid = static_cast<int>(threadIdx.x);
   if (tid < 32) tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
@@ -1031,44 +1036,58 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int chunk = tid & 7;         // 16-byte column of the rows this thread loads
   const int row_in_pass = tid >> 3;  // token row; W rows row_in_pass + 16 i
   const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
-  SwapBlockScales scales;
 
+  // The load cursor: the CTA's item and K step the next load_next copies, into ring slot
+  // load_slot. One cp.async group per call (empty past the CTA's last item: the wait counts stay
+  // uniform).
+  int load_item = static_cast<int>(blockIdx.x);
+  int load_kt = 0;
+  int load_slot = 0;
+  StageCopies<T, Shape> copies;
+  auto load_next = [&] {
+    if (load_item < total_items && p.k_tiles > 0) {
+      if (load_kt == 0) {
+        copies = StageCopies<T, Shape>(
+            p, resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, load_item), row_in_pass,
+            chunk);
+      }
+      copies.copy(p, load_kt,
+                  ring + static_cast<uint32_t>(load_slot * Shape::kStageBytes) + swizzled, chunk);
+      if (++load_kt == p.k_tiles) {
+        load_kt = 0;
+        load_item += static_cast<int>(gridDim.x);
+      }
+    }
+    cp_async_commit();
+    load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 2; ++s)
+    load_next();
+
+  SwapBlockScales scales;
+  int slot = 0;  // the ring slot of the compute's K step
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
     const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
-    const StageCopies<T, Shape> copies(p, w, row_in_pass, chunk);
-    auto load_stage = [&](int kt) {
-      if (kt < p.k_tiles) {
-        copies.copy(p, kt,
-                    ring + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes) + swizzled,
-                    chunk);
-      }
-      cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
-    };
     if constexpr (kPromote) scales.begin(p, w, tid);
     float acc[kBM / 2];
     float tmp[2][kBM / 2];
     zero_accumulators(acc);
 
-    __syncthreads();  // every thread is done with the ring of the previous item
-#pragma unroll
-    for (int s = 0; s < kStages - 3; ++s)
-      load_stage(s);
-
-    // K step kt. Even steps open a pair: they wait for both steps' copies, pass the pair's one
-    // barrier and refill the stages of steps kt - 3 and kt - 2, whose wgmma every thread has
-    // waited for (kPromote: before issuing step kt - 1; else after it, wgmma_wait<1>).
+    // K step kt (the CTA's g-th): its copies landed (kStages - 2 groups were committed after
+    // them), the barrier, then the refill of the slot of step g - 2, whose wgmma every thread has
+    // waited for (kPromote: before issuing step g - 1; else after it, wgmma_wait<1>; an item's
+    // last steps: its epilogue's wgmma_wait<0>).
     for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
-      constexpr int kParity = decltype(parity)::value;
-      if constexpr (kParity == 0) {
-        cp_async_wait<kStages - 5>();  // this thread's copies of steps kt and kt + 1 have landed
-        fence_proxy_async();           // ... seen by the tensor cores
-        __syncthreads();
-        load_stage(kt + kStages - 3);
-        load_stage(kt + kStages - 2);
-      }
-      const uint32_t tokens = ring + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes);
+      [[maybe_unused]] constexpr int kParity = decltype(parity)::value;
+      cp_async_wait<kStages - 3>();
+      fence_proxy_async();  // the copies, seen by the tensor cores
+      __syncthreads();
+      load_next();
+      const uint32_t tokens = ring + static_cast<uint32_t>(slot * Shape::kStageBytes);
       const uint32_t weights = tokens + Shape::kStageABytes;
+      slot = slot + 1 == kStages ? 0 : slot + 1;
       if constexpr (kPromote) {
         // NOTE: an unconditional wait before the issue (KStep, Promotion::kOverlapped: ptxas
         // serializes every wgmma otherwise).
@@ -1096,10 +1115,9 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       }
     }
     fence_registers(acc);
-
-    // Every copy into the ring has landed (the last real step was waited for).
-    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, ring_generic, tid);
+    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, s_out, tid);
   }
+  cp_async_wait<0>();
 }
 
 // ---- host side ----------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ inline constexpr TileConfig kTileTable[] = {
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
     {"128x256", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each W and A tile"},
-    {"16x64", TileFamily::kFp8, 16, 64, 8, 1, 2, MainloopKind::kSwapAB, 16,
+    {"16x64", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 16,
      "swap-AB: 64 weight rows x 16 tokens per item, 8 weight rows promoted per thread and step"},
     {"64x64", TileFamily::kFp8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
@@ -88,7 +88,7 @@ inline constexpr TileConfig kTileTable[] = {
      "2x the reuse of each A tile; each K block promoted 128 columns at a time"},
     // fp8 with K-invariant scales: the int8 rows' shapes (no temporary accumulator, so 128x256
     // fits); a stage holds 128 elements of K.
-    {"16x64", TileFamily::kFp8Direct, 16, 64, 8, 1, 2, MainloopKind::kSwapAB, 16,
+    {"16x64", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 16,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
     {"64x64", TileFamily::kFp8Direct, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
@@ -116,12 +116,13 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 // (one K stage) with one weight scale per 32 rows, and their bn is 64, 128 or 256; W4A16 rows are
 // single-role with one thread per 32-value weight group of a stage (2 bn threads); swap-AB rows
 // (W4A16, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage) x 64 weight rows,
-// an even number of stages (two K steps per barrier).
+// at least 6 stages (W4A16: an even number, two K steps per barrier).
 constexpr bool valid_tile(const TileConfig& t) {
   if (t.kind == MainloopKind::kSwapAB) {
     return (t.family == TileFamily::kW4A16 || t.family == TileFamily::kFp8 ||
             t.family == TileFamily::kFp8Direct) &&
-           t.bm == 16 && t.bn == 64 && t.consumers == 1 && t.stages >= 6 && t.stages % 2 == 0;
+           t.bm == 16 && t.bn == 64 && t.consumers == 1 && t.stages >= 6 &&
+           (t.family != TileFamily::kW4A16 || t.stages % 2 == 0);
   }
   return t.bm == 64 * t.consumers && t.stages >= 2 && t.bn % 64 == 0 && t.bn <= 256 &&
          (t.kind == MainloopKind::kWarpSpecializedTma || t.stages >= 3) &&
@@ -142,7 +143,7 @@ constexpr bool valid_table() {
 static_assert(valid_table(),
               "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (64, 128 or 256 for "
               "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows (swap-AB: 16x64, "
-              "one warpgroup, an even number of stages >= 6); the last row of a family takes any "
+              "one warpgroup, >= 6 stages, even for W4A16); the last row of a family takes any "
               "size");
 
 // The row of `family` named `name`, or -1.
