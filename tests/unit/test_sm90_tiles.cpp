@@ -50,13 +50,13 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
   EXPECT_EQ(fp8_small, sm90::find_tile("16x64", sm90::TileFamily::kFp8));
   EXPECT_EQ(fp8_large, sm90::find_tile("128x256", sm90::TileFamily::kFp8));
   EXPECT_TRUE(testing::contains_all(why, {"128x256", "promoted 128 columns at a time"}));
-  EXPECT_EQ(sm90::select_tile(17, &why, sm90::TileFamily::kFp8),
+  EXPECT_EQ(sm90::select_tile(9, &why, sm90::TileFamily::kFp8),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
-  // fp8 decode runs swap-AB up to 16 rows per expert (weights as the wgmma's M).
-  EXPECT_EQ(sm90::select_tile(16, &why, sm90::TileFamily::kFp8Direct),
+  // fp8 decode runs swap-AB up to 8 rows per expert (weights as the wgmma's M).
+  EXPECT_EQ(sm90::select_tile(8, &why, sm90::TileFamily::kFp8Direct),
             sm90::find_tile("16x64", sm90::TileFamily::kFp8Direct));
   EXPECT_TRUE(testing::contains_all(why, {"16x64", "swap-AB"}));
-  EXPECT_EQ(sm90::select_tile(17, &why, sm90::TileFamily::kFp8Direct),
+  EXPECT_EQ(sm90::select_tile(9, &why, sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct));
   EXPECT_EQ(sm90::select_tile(64, &why, sm90::TileFamily::kFp8Direct),
             sm90::find_tile("128x256", sm90::TileFamily::kFp8Direct));

@@ -71,12 +71,17 @@ struct TileConfig {
 // row (one CTA per SM, the producer loading across work items) measured no faster than 64x64
 // (qwen3-30b-a3b fp8 block-128 M=64: 287 vs 275 us, bench/results/2026-12-01-h200-fp8); it stays
 // forceable by name (never auto-selected: 64x64 comes first with the same bound).
+// fp8 swap-AB (16 tokens x 64 weight rows): faster than 64x64 up to 8 rows per expert (deepseek-v3
+// M=64 block-128 2413 vs 2710 us routed, qwen3-30b-a3b M=64 per-tensor 204 vs 231 us), slower at
+// 16 (qwen3-30b-a3b M=256 block-128 332 vs 286 us, mixtral-8x7b M=64 486 vs 438 us: experts with
+// more than 16 rows read their weights once per token block), bench/results/
+// 2026-12-02-h200-fp8-swapab.
 inline constexpr TileConfig kTileTable[] = {
     {"64x64", TileFamily::k16Bit, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
     {"128x256", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each W and A tile"},
-    {"16x64", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 16,
+    {"16x64", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, 8 weight rows promoted per thread and step"},
     {"64x64", TileFamily::kFp8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
@@ -88,7 +93,7 @@ inline constexpr TileConfig kTileTable[] = {
      "2x the reuse of each A tile; each K block promoted 128 columns at a time"},
     // fp8 with K-invariant scales: the int8 rows' shapes (no temporary accumulator, so 128x256
     // fits); a stage holds 128 elements of K.
-    {"16x64", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 16,
+    {"16x64", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
     {"64x64", TileFamily::kFp8Direct, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
