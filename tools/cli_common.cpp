@@ -53,6 +53,10 @@ void DeploymentOptions::add_to(CLI::App& app) {
   app.add_flag("--batch-invariant", batch_invariant,
                "a token's output independent of the other tokens in its batch (also "
                "MOEKIT_BATCH_INVARIANT=1)");
+  app.add_option("--shared-experts", shared_experts,
+                 "auto, folded (extra routed experts every token visits) or separate (their own "
+                 "pass)")
+      ->capture_default_str();
   max_tokens_option =
       app.add_option("--max-tokens", max_num_tokens,
                      "max tokens per forward (sizes workspaces; with --all2all "
@@ -77,6 +81,8 @@ MoELayerOptions DeploymentOptions::layer_options() const {
   o.backend = backend;
   o.tile_config = tile_config;
   o.batch_invariant = batch_invariant;
+  MOEKIT_CHECK(parse_shared_experts_mode(shared_experts, &o.shared_experts),
+               "unknown --shared-experts '{}' (auto, folded, separate)", shared_experts);
   o.max_num_tokens = max_num_tokens;
   return o;
 }

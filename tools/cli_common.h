@@ -19,8 +19,9 @@ struct DeploymentOptions {
   std::string dtype = "bf16";
   std::string device = "auto";  // cpu, auto (the GPU if present), h200, h100, ...
   std::string backend = "auto";
-  std::string tile_config = "auto";  // `bench --tile`
-  bool batch_invariant = false;      // --batch-invariant (MoELayerOptions::batch_invariant)
+  std::string tile_config = "auto";     // `bench --tile`
+  bool batch_invariant = false;         // --batch-invariant (MoELayerOptions::batch_invariant)
+  std::string shared_experts = "auto";  // --shared-experts (MoELayerOptions::shared_experts)
   int tp_size = 1;
   int dp_size = 1;
   int dp_rank = 0;

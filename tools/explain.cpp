@@ -20,6 +20,9 @@ int explain_command(const DeploymentOptions& deployment) {
   plan_options.log = false;
   plan_options.preview = true;  // the layer would be given its communicator
   const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), plan_options);
+  const std::string shared = MoELayer::shared_experts_note(model, moe, QuantConfig::unquantized(),
+                                                           plan, options.shared_experts);
+  if (!shared.empty()) std::cout << "shared       " << shared << "\n";
   std::cout << plan.to_string();
   return plan.ok() ? 0 : 1;
 }

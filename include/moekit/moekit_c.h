@@ -129,11 +129,14 @@ typedef struct moekit_layer_tensors {
   DLManagedTensor* shared_w13;              /* (2 I_s, H), models with shared experts */
   DLManagedTensor* shared_w2;               /* (H, I_s) */
   DLManagedTensor* router_weight;           /* (E, H) f32 on the CPU, optional gate */
+  DLManagedTensor* shared_gate; /* (1, H), models whose shared experts have a per-token gate */
 } moekit_layer_tensors;
 
 /* A layer over caller tensors. The layer takes every non-NULL tensor over (also on failure) and
  * rewrites w13 / w2 (and their biases) IN PLACE into its kernel's weight layout: views the caller
- * kept see that layout afterwards (moekit_layer_expert_reference reads the standard one back). */
+ * kept see that layout afterwards (moekit_layer_expert_reference reads the standard one back).
+ * Layers whose shared experts fold into the routed experts copy w13 / w2 and the shared tensors
+ * once into tensors with room for the shared chunks instead (and release the given ones). */
 MOEKIT_C_EXPORT moekit_status moekit_layer_create_from_tensors(const char* model,
                                                                const moekit_layer_tensors* tensors,
                                                                const moekit_layer_options* options,

@@ -110,6 +110,7 @@ class LayerTensors(ctypes.Structure):
             "shared_w13",
             "shared_w2",
             "router_weight",
+            "shared_gate",
         )
     ]
 

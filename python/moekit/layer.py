@@ -100,13 +100,16 @@ class MoELayer(torch.nn.Module):
         shared_w13: Optional[torch.Tensor] = None,
         shared_w2: Optional[torch.Tensor] = None,
         router_weight: Optional[torch.Tensor] = None,
+        shared_gate: Optional[torch.Tensor] = None,
         **options,  # noqa: ANN003
     ) -> "MoELayer":
         """A layer over your tensors (unquantized): w13 (E, N1, H) with N1 = 2I ([gate; up]) for
         gated activations, w2 (E, H, I). dtype and device default to w13's.
 
         NOTE: zero-copy: the layer shares the tensors' memory and rewrites w13 (and w13_bias) in
-        place into its kernel's layout; pass clones to keep the originals."""
+        place into its kernel's layout; pass clones to keep the originals. Shared experts
+        (shared_w13 (2 I_s, H), shared_w2 (H, I_s), shared_gate (1, H) for Qwen2-MoE's per-token
+        gate) that fold into the routed experts make the layer copy w13 / w2 once instead."""
         options.setdefault("dtype", w13.dtype)
         options.setdefault("device", w13.device)
         self = cls.__new__(cls)
@@ -123,6 +126,7 @@ class MoELayer(torch.nn.Module):
             shared_w13=shared_w13,
             shared_w2=shared_w2,
             router_weight=router_weight,
+            shared_gate=shared_gate,
         )
         for name, tensor in given.items():
             setattr(t, name, managed(tensor))

@@ -198,11 +198,14 @@ void publish(moekit_layer** out, MoELayer layer) {
   *out = new moekit_layer{std::move(layer)};
 }
 
-// What `moekit explain` prints: the model, the deployment, the scheme, then the plan.
+// What `moekit explain` prints: the model, the deployment, the scheme, how the shared experts run,
+// then the plan.
 std::string explain_text(const ModelPreset& model, const MoEConfig& moe,
-                         const std::string& quantization, const MoEPlan& plan) {
+                         const std::string& quantization, const MoEPlan& plan,
+                         const std::string& shared_note) {
   std::string text = fmt::format("model        {}\ndeployment   {}\nquantization {}\n",
                                  model.summary(), moe.to_string(), quantization);
+  if (!shared_note.empty()) text += "shared       " + shared_note + "\n";
   if (!moe.device.present) {
     text += fmt::format(
         "note         {} is not present here: GPU kernels are listed but cannot be chosen\n",
@@ -330,10 +333,11 @@ moekit_status moekit_layer_create_from_tensors(const char* model,
                             given.e_score_correction_bias,
                             given.shared_w13,
                             given.shared_w2,
-                            given.router_weight};
+                            given.router_weight,
+                            given.shared_gate};
   const char* names[] = {
-      "w13",        "w2",        "w13_bias",     "w2_bias", "e_score_correction_bias",
-      "shared_w13", "shared_w2", "router_weight"};
+      "w13",        "w2",        "w13_bias",      "w2_bias",    "e_score_correction_bias",
+      "shared_w13", "shared_w2", "router_weight", "shared_gate"};
   return guarded([&] {
     constexpr size_t n = sizeof(raw) / sizeof(raw[0]);
     Tensor t[n];
@@ -363,6 +367,7 @@ moekit_status moekit_layer_create_from_tensors(const char* model,
     w.shared_w13 = t[5];
     w.shared_w2 = t[6];
     w.router_weight = t[7];
+    w.shared_gate = t[8];
     publish(&out, MoELayer(preset, std::move(w), layer_options(options)));
   });
 }
@@ -412,7 +417,9 @@ moekit_status moekit_layer_get_text(const moekit_layer* layer, moekit_layer_text
     std::string s;
     switch (what) {
       case MOEKIT_TEXT_EXPLAIN:
-        s = explain_text(l.model(), l.moe_config(), l.scheme(), l.plan());
+        s = explain_text(l.model(), l.moe_config(), l.scheme(), l.plan(),
+                         MoELayer::shared_experts_note(l.model(), l.moe_config(), l.quant_config(),
+                                                       l.plan(), l.options().shared_experts));
         break;
       case MOEKIT_TEXT_PLAN:
         s = l.plan().to_string();
@@ -582,7 +589,9 @@ moekit_status moekit_explain(const char* model, const char* quantization,
     if (!qc || qc->is_excluded(layer_name)) {
       const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), plan_options);
       const std::string q = fmt::format("unquantized ({})", dtype_name(moe.in_dtype));
-      out = copy_string(explain_text(preset, moe, q, plan));
+      out = copy_string(explain_text(
+          preset, moe, q, plan,
+          MoELayer::shared_experts_note(preset, moe, QuantConfig::unquantized(), plan)));
       return;
     }
     const auto method =
@@ -591,7 +600,9 @@ moekit_status moekit_explain(const char* model, const char* quantization,
         fmt::format("quark {}\nmethod       {} (weight {}, activation {})", source, method->name(),
                     quant_key_to_string(method->weight_quant_key()),
                     quant_key_to_string(method->activation_quant_key()));
-    out = copy_string(explain_text(preset, moe, q, method->plan()));
+    out = copy_string(explain_text(
+        preset, moe, q, method->plan(),
+        MoELayer::shared_experts_note(preset, moe, method->moe_quant_config(), method->plan())));
   });
 }
 

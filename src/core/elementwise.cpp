@@ -1,5 +1,6 @@
 #include "core/elementwise.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -9,26 +10,122 @@
 
 namespace moekit {
 
-void add_inplace(Tensor& out, const Tensor& other, Stream stream) {
+void add_inplace(Tensor& out, const Tensor& other, Stream stream, const Tensor& row_scale) {
   MOEKIT_CHECK(out.shape() == other.shape() && out.dtype() == other.dtype(),
                "add_inplace: {} and {} must match", out.describe(), other.describe());
   expect_contiguous(out, "add_inplace output");
   expect_contiguous(other, "add_inplace input");
   expect_device(other, "add_inplace input", out.device());
+  const int64_t n = out.numel();
+  int64_t row = n;  // elements per scaled row
+  if (row_scale.defined()) {
+    expect_dim(out, "add_inplace output", 2);
+    expect_tensor(row_scale, "row_scale", {out.size(0)}, {DType::kF32}, out.device());
+    expect_contiguous(row_scale, "row_scale");
+    row = out.size(1);
+  }
   if (out.device().is_cuda()) {
     if constexpr (kCudaBuild) {
-      add_inplace_cuda(out, other, stream);
+      add_inplace_cuda(out, other, row_scale, stream);
       return;
     } else {
       throw_no_cuda("add_inplace on a GPU");
     }
   }
-  const int64_t n = out.numel();
+  const float* scale = row_scale.defined() ? row_scale.data_as<const float>() : nullptr;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    store_float(
-        out.data(), out.dtype(), i,
-        load_float(out.data(), out.dtype(), i) + load_float(other.data(), other.dtype(), i));
+    const float o = load_float(other.data(), other.dtype(), i);
+    store_float(out.data(), out.dtype(), i,
+                load_float(out.data(), out.dtype(), i) + (scale ? scale[i / row] * o : o));
+  }
+}
+
+namespace {
+
+void check_gate_inputs(const Tensor& x, const Tensor& gate_weight) {
+  expect_dim(x, "hidden_states", 2);
+  expect_contiguous(x, "hidden_states");
+  expect_tensor(gate_weight, "shared_gate", {x.size(1)}, {DType::kF32}, x.device());
+  expect_contiguous(gate_weight, "shared_gate");
+}
+
+// sigmoid(x[m, :] . g) with a double dot product (the CPU side of shared_expert_gate).
+float host_gate(const Tensor& x, const float* g, int64_t m) {
+  const int64_t H = x.size(1);
+  double dot = 0.0;
+  for (int64_t h = 0; h < H; ++h)
+    dot += static_cast<double>(load_float(x.data(), x.dtype(), m * H + h)) * g[h];
+  return static_cast<float>(1.0 / (1.0 + std::exp(-dot)));
+}
+
+}  // namespace
+
+void shared_expert_gate(const Tensor& x, const Tensor& gate_weight, Tensor& gate, Stream stream) {
+  check_gate_inputs(x, gate_weight);
+  expect_tensor(gate, "shared gate values", {x.size(0)}, {DType::kF32}, x.device());
+  expect_contiguous(gate, "shared gate values");
+  if (x.device().is_cuda()) {
+    if constexpr (kCudaBuild) {
+      shared_expert_gate_cuda(x, gate_weight, gate, stream);
+      return;
+    } else {
+      throw_no_cuda("shared_expert_gate on a GPU");
+    }
+  }
+  const float* g = gate_weight.data_as<const float>();
+  float* out = gate.data_as<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < x.size(0); ++m)
+    out[m] = host_gate(x, g, m);
+}
+
+void append_shared_slots(const Tensor& ids, const Tensor& weights, int first_id, int count,
+                         const Tensor& x, const Tensor& gate_weight, Tensor& out_ids,
+                         Tensor& out_weights, Stream stream) {
+  expect_dim(ids, "topk_ids", 2);
+  const int64_t M = ids.size(0), k = ids.size(1);
+  MOEKIT_CHECK(count >= 1 && first_id >= 0, "append_shared_slots: count={} first_id={}", count,
+               first_id);
+  const Device device = ids.device();
+  expect_tensor(ids, "topk_ids", {M, k}, {DType::kInt32}, device);
+  expect_tensor(weights, "topk_weights", {M, k}, {DType::kF32}, device);
+  expect_tensor(out_ids, "topk_ids with the shared slots", {M, k + count}, {DType::kInt32}, device);
+  expect_tensor(out_weights, "topk_weights with the shared slots", {M, k + count}, {DType::kF32},
+                device);
+  expect_contiguous(ids, "topk_ids");
+  expect_contiguous(weights, "topk_weights");
+  expect_contiguous(out_ids, "topk_ids with the shared slots");
+  expect_contiguous(out_weights, "topk_weights with the shared slots");
+  if (gate_weight.defined()) {
+    check_gate_inputs(x, gate_weight);
+    expect_shape(x, "hidden_states", {M, gate_weight.size(0)});
+  }
+  if (device.is_cuda()) {
+    if constexpr (kCudaBuild) {
+      append_shared_slots_cuda(ids, weights, first_id, count, x, gate_weight, out_ids, out_weights,
+                               stream);
+      return;
+    } else {
+      throw_no_cuda("append_shared_slots on a GPU");
+    }
+  }
+  const int32_t* in_ids = ids.data_as<const int32_t>();
+  const float* in_w = weights.data_as<const float>();
+  int32_t* o_ids = out_ids.data_as<int32_t>();
+  float* o_w = out_weights.data_as<float>();
+  const float* g = gate_weight.defined() ? gate_weight.data_as<const float>() : nullptr;
+  const int64_t k2 = k + count;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j < k; ++j) {
+      o_ids[m * k2 + j] = in_ids[m * k + j];
+      o_w[m * k2 + j] = in_w[m * k + j];
+    }
+    const float w = g ? host_gate(x, g, m) : 1.0f;
+    for (int j = 0; j < count; ++j) {
+      o_ids[m * k2 + k + j] = first_id + j;
+      o_w[m * k2 + k + j] = w;
+    }
   }
 }
 

@@ -6,8 +6,22 @@
 
 namespace moekit {
 
-// out += other, same shape and dtype (bf16/f16/f32), fp32 math, rounded once.
-void add_inplace(Tensor& out, const Tensor& other, Stream stream);
+// out += other, same shape and dtype (bf16/f16/f32), fp32 math, rounded once. With row_scale
+// ((M,) f32 for out (M, K)): out[m, :] += row_scale[m] * other[m, :].
+void add_inplace(Tensor& out, const Tensor& other, Stream stream, const Tensor& row_scale = {});
+// gate[m] = sigmoid(x[m, :] . gate_weight): the per-token gate of a shared expert (Qwen2-MoE's
+// shared_expert_gate). x (M, H) bf16/f16/f32, gate_weight (H,) f32, gate (M,) f32; fp32 dot
+// product on the GPU, double on the CPU.
+void shared_expert_gate(const Tensor& x, const Tensor& gate_weight, Tensor& gate, Stream stream);
+// The routing of a layer whose shared experts run as extra routed experts: every token keeps its
+// k routed slots and gains `count` slots of experts first_id .. first_id + count - 1:
+//   out_ids[m, :k] = ids[m, :], out_ids[m, k + j] = first_id + j,
+//   out_weights[m, :k] = weights[m, :], out_weights[m, k + j] = the slot weight,
+// the slot weight being sigmoid(x[m, :] . gate_weight) when gate_weight is defined (as
+// shared_expert_gate), else 1. ids (M, k) int32, weights (M, k) f32, out (M, k + count).
+void append_shared_slots(const Tensor& ids, const Tensor& weights, int first_id, int count,
+                         const Tensor& x, const Tensor& gate_weight, Tensor& out_ids,
+                         Tensor& out_weights, Stream stream);
 // Converts int64 ids to int32 into a preallocated tensor of the same shape.
 void convert_ids_to_int32(const Tensor& ids64, Tensor& ids32, Stream stream);
 

@@ -33,6 +33,7 @@ struct ModelShape {
   int layers = 2;
   int first_dense = 0;
   bool deepseek = false;
+  bool qwen2 = false;  // a gated shared expert 2I wide (Qwen2-MoE's names)
 };
 
 ModelShape model_shape(const std::string& name) {
@@ -49,6 +50,9 @@ ModelShape model_shape(const std::string& name) {
     m.layers = 3;
     m.first_dense = 1;
     m.deepseek = true;
+  } else if (name == "tiny-qwen2-moe") {
+    m.model_type = "qwen2_moe";
+    m.qwen2 = true;
   } else {
     throw Error(fmt::format("unknown fixture model '{}'; known: {}", name,
                             fmt::join(fixture_models(), ", ")));
@@ -61,6 +65,7 @@ json config_json(const ModelShape& m, const std::string& scheme) {
   c["model_type"] = m.model_type;
   c["architectures"] = json::array({m.model_type == "mixtral"     ? "MixtralForCausalLM"
                                     : m.model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                    : m.qwen2                     ? "Qwen2MoeForCausalLM"
                                                                   : "DeepseekV3ForCausalLM"});
   c["hidden_size"] = m.H;
   c["num_hidden_layers"] = m.layers;
@@ -76,6 +81,12 @@ json config_json(const ModelShape& m, const std::string& scheme) {
     c["moe_intermediate_size"] = m.I;
     c["intermediate_size"] = 3 * m.I;
     c["norm_topk_prob"] = true;
+  } else if (m.qwen2) {
+    c["num_experts"] = m.E;
+    c["moe_intermediate_size"] = m.I;
+    c["shared_expert_intermediate_size"] = 2 * m.I;
+    c["intermediate_size"] = 4 * m.I;
+    c["norm_topk_prob"] = false;
   } else {
     c["n_routed_experts"] = m.E;
     c["moe_intermediate_size"] = m.I;
@@ -448,7 +459,8 @@ const std::vector<std::string>& fixture_schemes() {
 }
 
 const std::vector<std::string>& fixture_models() {
-  static const std::vector<std::string> kModels = {"tiny", "tiny-mixtral", "tiny-deepseek"};
+  static const std::vector<std::string> kModels = {"tiny", "tiny-mixtral", "tiny-deepseek",
+                                                   "tiny-qwen2-moe"};
   return kModels;
 }
 
@@ -495,6 +507,14 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
       out.bf16(sp + ".gate_proj.weight", {I, H}, uniform(rng, I * H, s1));
       out.bf16(sp + ".up_proj.weight", {I, H}, uniform(rng, I * H, s1));
       out.bf16(sp + ".down_proj.weight", {H, I}, uniform(rng, H * I, s2));
+    }
+    if (m.qwen2) {
+      const std::string sp = moe + ".shared_expert";
+      const int64_t Is = 2 * I;
+      out.bf16(sp + ".gate_proj.weight", {Is, H}, uniform(rng, Is * H, s1));
+      out.bf16(sp + ".up_proj.weight", {Is, H}, uniform(rng, Is * H, s1));
+      out.bf16(sp + ".down_proj.weight", {H, Is}, uniform(rng, H * Is, s2 / std::sqrt(2.0f)));
+      out.bf16(moe + ".shared_expert_gate.weight", {1, H}, uniform(rng, H, s1));
     }
     const char* g = m.mixtral_names ? "w1" : "gate_proj";
     const char* u = m.mixtral_names ? "w3" : "up_proj";

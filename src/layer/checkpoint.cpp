@@ -281,8 +281,13 @@ Tensor read_float(const Reader& r, const std::string& name, const Shape& want) {
   return t.to_dtype(DType::kF32).view(want);
 }
 
-void load_shared(const Reader& r, int n, const ModelPreset& model, Tensor& w13, Tensor& w2) {
+void load_shared(const Reader& r, int n, const ModelPreset& model, Tensor& w13, Tensor& w2,
+                 Tensor& gate) {
   if (model.num_shared_experts <= 0) return;
+  if (model.shared_expert_gate) {  // Qwen2-MoE: mlp.shared_expert_gate.weight (1, H)
+    gate = read_float(r, fmt::format("model.layers.{}.mlp.shared_expert_gate.weight", n),
+                      {1, model.hidden_size});
+  }
   const int64_t H = model.hidden_size;
   const int64_t Is = model.shared_intermediate_size * model.num_shared_experts;
   std::string prefix = fmt::format("model.layers.{}.mlp.shared_experts", n);
@@ -378,7 +383,8 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
         read_float(r, names.moe_prefix + ".gate.e_score_correction_bias", {moe.num_experts});
   }
   Tensor shared_w13, shared_w2;
-  load_shared(r, layer_index, model, shared_w13, shared_w2);
+  Tensor shared_gate;
+  load_shared(r, layer_index, model, shared_w13, shared_w2, shared_gate);
   const Device device = options.device.device();
   auto placed = [&](const Tensor& t, DType dtype) {
     if (!t.defined()) return t;
@@ -388,6 +394,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   w.e_score_correction_bias = placed(e_score_bias, DType::kF32);
   w.shared_w13 = placed(shared_w13, options.dtype);
   w.shared_w2 = placed(shared_w2, options.dtype);
+  w.shared_gate = placed(shared_gate, DType::kF32);
   if (info != nullptr) {
     info->dir = dir;
     info->layer_index = layer_index;
@@ -399,6 +406,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
     check_finite(e_score_bias, names.moe_prefix + ".gate.e_score_correction_bias");
     check_finite(shared_w13, "the shared experts' gate/up weights");
     check_finite(shared_w2, "the shared experts' down weight");
+    check_finite(shared_gate, "the shared experts' per-token gate");
   }
   const std::string layer_name = names.moe_prefix + ".experts";
   const std::string experts_desc = fmt::format("{}.experts.*", names.moe_prefix);

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/elementwise.h"
 #include "moekit/config/quant_factories.h"
@@ -154,6 +156,9 @@ MoELayerWeights MoELayer::random_weights(const ModelPreset& model, const MoELaye
     w.shared_w13 = random_on(device, {Ns, H}, options.dtype, seed + 6, 2.0f * s1);
     w.shared_w2 = random_on(device, {H, Is}, options.dtype, seed + 7,
                             2.0f / std::sqrt(static_cast<float>(Is)));
+    if (model.shared_expert_gate) {
+      w.shared_gate = random_on(device, {1, H}, options.dtype, seed + 8, 2.0f * s1);
+    }
   }
   return w;
 }
@@ -224,6 +229,170 @@ void MoELayer::check_weights() const {
     expect_tensor(w.router_weight, "router_weight", {moe_.num_experts, H}, {DType::kF32},
                   Device::cpu());
   }
+  if (model_.num_shared_experts > 0 && w.shared_w13.defined() && w.shared_w2.defined()) {
+    const int64_t Is = model_.shared_intermediate_size * model_.num_shared_experts;
+    const int64_t Ns = moe_.is_act_and_mul() ? 2 * Is : Is;
+    expect_tensor(w.shared_w13, "shared_w13", {Ns, H}, {options_.dtype}, device);
+    expect_tensor(w.shared_w2, "shared_w2", {H, Is}, {options_.dtype}, device);
+  }
+  const bool gated_shared = model_.num_shared_experts > 0 && model_.shared_expert_gate;
+  MOEKIT_CHECK(w.shared_gate.defined() == gated_shared,
+               "model {} {} a per-token shared-expert gate but shared_gate is {}", model_.name,
+               gated_shared ? "has" : "has no", w.shared_gate.defined() ? "given" : "absent");
+  if (gated_shared) {
+    MOEKIT_CHECK(
+        w.shared_gate.numel() == H &&
+            (w.shared_gate.dim() == 1 || (w.shared_gate.dim() == 2 && w.shared_gate.size(0) == 1)),
+        "shared_gate {} must be (1, {}) or ({},)", w.shared_gate.describe(), H, H);
+    expect_dtype(w.shared_gate, "shared_gate", {DType::kF32, options_.dtype});
+    expect_device(w.shared_gate, "shared_gate", device);
+  }
+}
+
+const char* shared_experts_mode_name(SharedExpertsMode mode) {
+  switch (mode) {
+    case SharedExpertsMode::kAuto:
+      return "auto";
+    case SharedExpertsMode::kFolded:
+      return "folded";
+    case SharedExpertsMode::kSeparate:
+      return "separate";
+  }
+  return "?";
+}
+
+bool parse_shared_experts_mode(std::string_view name, SharedExpertsMode* mode) {
+  for (SharedExpertsMode m :
+       {SharedExpertsMode::kAuto, SharedExpertsMode::kFolded, SharedExpertsMode::kSeparate}) {
+    if (name == shared_experts_mode_name(m)) {
+      *mode = m;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string MoELayer::shared_fold_reason_for(const ModelPreset& model, const MoEConfig& moe,
+                                             const QuantConfig& quant, const MoEPlan& plan,
+                                             SharedExpertsMode mode, bool* impossible) {
+  if (impossible != nullptr) *impossible = false;
+  if (model.num_shared_experts <= 0) return "the model has no shared experts";
+  if (mode == SharedExpertsMode::kSeparate) return "MoELayerOptions::shared_experts is separate";
+  const std::string why = fold_obstacle(model, moe, quant, plan);
+  if (!why.empty()) {
+    if (impossible != nullptr) *impossible = true;
+    return why;
+  }
+  const int64_t I = moe.intermediate_size_per_partition();
+  const int64_t chunks = model.shared_intermediate_size * model.num_shared_experts / I;
+  if (mode == SharedExpertsMode::kAuto && (chunks < 2 || I < kAutoFoldMinWidth)) {
+    return fmt::format(
+        "auto: {} chunk(s) of I={}; folding pays for two or more chunks of I >= {} (H200: "
+        "deepseek-v3 0.96x-1.04x, with --tp 8 0.83x at M = 16384; qwen1.5-moe-a2.7b 1.06x-1.43x)",
+        chunks, I, kAutoFoldMinWidth);
+  }
+  return "";
+}
+
+// What rules folding out, whatever the mode ("" when nothing does).
+std::string MoELayer::fold_obstacle(const ModelPreset& model, const MoEConfig& moe,
+                                    const QuantConfig& quant, const MoEPlan& plan) {
+  if (quant.is_quantized()) {
+    return fmt::format("the routed experts are quantized ({}), the shared experts are not",
+                       quant.describe());
+  }
+  if (moe.parallel.use_ep) {
+    return "expert parallelism: the routed experts are spread over the ranks, the shared "
+           "experts run beside them";
+  }
+  if (plan.experts == nullptr) return "no experts backend was chosen";
+  if (plan.experts->is_monolithic()) {
+    return fmt::format("the {} experts are monolithic (they route internally)",
+                       plan.experts->name());
+  }
+  if (model.has_bias) return "the routed experts have biases, the shared experts none";
+  if (model.llama4_top1) {
+    return "the router weight is applied on the input (llama4 top-1), which takes top_k == 1";
+  }
+  const int64_t I = moe.intermediate_size_per_partition();
+  const int64_t Is = model.shared_intermediate_size * model.num_shared_experts;
+  if (Is % I != 0) {
+    return fmt::format("the shared width I_s={} is not a multiple of the experts' I={}", Is, I);
+  }
+  // The combine gathers each token's slots in one block (the GPU unpermute takes up to 64).
+  constexpr int64_t kMaxSlots = 64;
+  if (model.top_k + Is / I > kMaxSlots) {
+    return fmt::format("top_k={} plus {} shared chunks of I={} exceed {} slots per token",
+                       model.top_k, Is / I, I, kMaxSlots);
+  }
+  return "";
+}
+
+std::string MoELayer::shared_experts_note(const ModelPreset& model, const MoEConfig& moe,
+                                          const QuantConfig& quant, const MoEPlan& plan,
+                                          SharedExpertsMode mode) {
+  if (model.num_shared_experts <= 0) return "";
+  const std::string why = shared_fold_reason_for(model, moe, quant, plan, mode);
+  if (!why.empty()) return "separate pass (" + why + ")";
+  const int64_t I = moe.intermediate_size_per_partition();
+  const int64_t c = model.shared_intermediate_size * model.num_shared_experts / I;
+  return fmt::format(
+      "folded into the routed experts: {} extra expert(s) of I={} (experts {}..{}) that every "
+      "token visits with weight {}",
+      c, I, moe.num_local_experts, moe.num_local_experts + c - 1,
+      model.shared_expert_gate ? "sigmoid(x . shared_gate)" : "1");
+}
+
+// The shared experts' width split into c = I_s / I chunks appended as local experts
+// [E, E + c) in the standard layout: chunk j has the gate rows [jI, (j + 1)I) and the matching up
+// rows of shared_w13, and columns [jI, (j + 1)I) of shared_w2. The activation is elementwise over
+// the intermediate columns, so the chunks' outputs sum to the shared MLP's.
+void MoELayer::fold_shared_into_routed() {
+  const int64_t E = moe_.num_local_experts, H = moe_.hidden_dim;
+  const int64_t I = moe_.intermediate_size_per_partition();
+  const bool gated = moe_.is_act_and_mul();
+  const int64_t N = gated ? 2 * I : I;
+  const int64_t Is = weights_.shared_w2.size(1);
+  const int c = static_cast<int>(Is / I);
+  const DType dtype = options_.dtype;
+  const size_t es = element_size(dtype);
+  auto host_contiguous = [](const Tensor& t) {
+    const Tensor h = to_host(t);
+    return h.is_contiguous() ? h : h.clone();
+  };
+  const Tensor s13 = host_contiguous(weights_.shared_w13);
+  const Tensor s2 = host_contiguous(weights_.shared_w2);
+  Tensor c13 = Tensor::empty({c, N, H}, dtype);
+  Tensor c2 = Tensor::empty({c, H, I}, dtype);
+  const auto* src13 = static_cast<const char*>(s13.data());
+  const auto* src2 = static_cast<const char*>(s2.data());
+  auto* dst13 = static_cast<char*>(c13.data());
+  auto* dst2 = static_cast<char*>(c2.data());
+  for (int64_t j = 0; j < c; ++j) {
+    for (int64_t r = 0; r < N; ++r) {
+      const int64_t from = r < I ? j * I + r : Is + j * I + (r - I);
+      std::memcpy(dst13 + (j * N + r) * H * es, src13 + from * H * es, H * es);
+    }
+    for (int64_t h = 0; h < H; ++h)
+      std::memcpy(dst2 + (j * H + h) * I * es, src2 + (h * Is + j * I) * es, I * es);
+  }
+  const Device device = options_.device.device();
+  auto extended = [&](const Tensor& routed, const Tensor& chunks) {
+    Shape shape = routed.shape();
+    shape[0] = E + c;
+    Tensor t = Tensor::empty(shape, dtype, device);
+    t.slice(0, 0, E).copy_from(routed);
+    t.slice(0, E, E + c).copy_from(chunks);
+    return t;
+  };
+  kernel_weights_.w13 = extended(kernel_weights_.w13, c13);
+  kernel_weights_.w2 = extended(kernel_weights_.w2, c2);
+  weights_.shared_w13 = weights_.shared_w2 = Tensor{};
+  shared_chunks_ = c;
+  kernel_moe_.num_experts += c;
+  kernel_moe_.num_logical_experts += c;
+  kernel_moe_.num_local_experts += c;
+  kernel_moe_.experts_per_token += c;
 }
 
 MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights weights,
@@ -285,10 +454,32 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
   kernel_weights_.w2_bias = std::move(weights_.w2_bias);
   weights_.w13 = weights_.w2 = weights_.w13_bias = weights_.w2_bias = Tensor{};
   if (device.is_cuda()) stream_ = std::make_unique<CudaStream>(device.index);
+  if (weights_.shared_gate.defined()) {
+    const Tensor g = to_host(weights_.shared_gate);
+    shared_gate_ =
+        on_device((g.is_contiguous() ? g : g.clone()).view({H}).to_dtype(DType::kF32), device);
+  }
+  kernel_moe_ = moe_;
+  bool impossible = false;
+  shared_fold_reason_ =
+      shared_fold_reason_for(model_, moe_, quant_, plan_, options_.shared_experts, &impossible);
+  if (impossible && options_.shared_experts == SharedExpertsMode::kFolded) {
+    throw UnsupportedError(
+        fmt::format("layer of {}: the shared experts cannot fold into the "
+                    "routed experts (MoELayerOptions::shared_experts = folded): {}",
+                    model_.name, shared_fold_reason_));
+  }
+  if (shared_fold_reason_.empty()) {
+    fold_shared_into_routed();
+    log::debug_once(
+        fmt::format("shared experts folded into the routed experts as {} extra "
+                    "expert(s)",
+                    shared_chunks_));
+  }
   if (plan_.weight_layout) {
     log::debug_once(fmt::format("{}: weights rewritten into {}", plan_.backend->name,
                                 plan_.weight_layout->name));
-    plan_.weight_layout->to_kernel(kernel_weights_, moe_, default_stream());
+    plan_.weight_layout->to_kernel(kernel_weights_, kernel_moe_, default_stream());
   }
   if (model_.has_bias) {
     quant_.w1.bias = kernel_weights_.w13_bias;
@@ -296,7 +487,7 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
   }
 
   std::shared_ptr<SharedExperts> shared;
-  if (model_.num_shared_experts > 0) {
+  if (model_.num_shared_experts > 0 && shared_chunks_ == 0) {
     MOEKIT_CHECK(weights_.shared_w13.defined() && weights_.shared_w2.defined(),
                  "model {} has {} shared expert(s) but shared_w13/shared_w2 were not given",
                  model_.name, model_.num_shared_experts);
@@ -312,16 +503,16 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
   // Monolithic kernels take no shared experts (the seed's rule): the layer runs them beside the
   // kernel instead, with the same shared experts and the same add as the modular path.
   if (plan_.experts->is_monolithic()) std::swap(shared, shared_beside_kernel_);
-  kernel_ = make_kernel(plan_, moe_, quant_, shared, options_.communicator.get());
+  kernel_ = make_kernel(plan_, kernel_moe_, quant_, shared, options_.communicator.get());
   kernel_->fused_experts().bind_weights(kernel_weights_.w13, kernel_weights_.w2);
 
   if (options_.workspace == nullptr) workspace_ = std::make_unique<WorkspaceManager>(device);
   WorkspaceManager& ws = workspace();
   MOEKIT_CHECK(ws.device() == device, "the workspace manager is on {} but the layer on {}",
                ws.device().to_string(), device.to_string());
-  workspace_requests_ =
-      kernel_->workspace_requests(options_.max_num_tokens, N, H, model_.top_k, moe_.num_experts, E,
-                                  moe_.activation, options_.dtype);
+  workspace_requests_ = kernel_->workspace_requests(
+      options_.max_num_tokens, N, H, kernel_moe_.experts_per_token, kernel_moe_.num_experts,
+      kernel_moe_.num_local_experts, moe_.activation, options_.dtype);
   if (shared_beside_kernel_) {
     for (WorkspaceRequest& r : shared_beside_kernel_->workspace_requests(options_.max_num_tokens))
       workspace_requests_.push_back(std::move(r));
@@ -332,6 +523,13 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
   ws.set_growth_locked(locked || device.is_cuda());
   routing_ids_ = Tensor::empty({options_.max_num_tokens, model_.top_k}, DType::kInt32, device);
   routing_weights_ = Tensor::empty({options_.max_num_tokens, model_.top_k}, DType::kF32, device);
+  if (shared_chunks_ > 0) {
+    const Shape folded{options_.max_num_tokens, kernel_moe_.experts_per_token};
+    folded_ids_ = Tensor::empty(folded, DType::kInt32, device);
+    folded_weights_ = Tensor::empty(folded, DType::kF32, device);
+  } else if (shared_gate_.defined()) {
+    gate_values_ = Tensor::empty({options_.max_num_tokens}, DType::kF32, device);
+  }
 }
 
 std::string MoELayer::scheme() const {
@@ -349,7 +547,9 @@ size_t MoELayer::expert_weight_bytes() const {
   size_t total = 0;
   for (const Tensor* t : {&kernel_weights_.w13, &kernel_weights_.w2, &kernel_weights_.w13_bias,
                           &kernel_weights_.w2_bias}) {
-    total += bytes_of(*t);
+    // Folded shared experts are the last shared_chunks_ experts: not routed experts.
+    const int64_t E = t->defined() ? t->size(0) : 0;
+    total += E == 0 ? 0 : bytes_of(*t) / E * (E - shared_chunks_);
   }
   for (const QuantDesc* d : {&quant_.w1, &quant_.w2}) {
     total += bytes_of(d->scale) + bytes_of(d->alpha_or_gscale) + bytes_of(d->zp);
@@ -383,6 +583,39 @@ ExpertWeights MoELayer::expert_reference(int64_t e) const {
   }
   if (w.w13_bias.defined()) out.w13_bias = w.w13_bias.select(0).to_dtype(DType::kF32);
   if (w.w2_bias.defined()) out.w2_bias = w.w2_bias.select(0).to_dtype(DType::kF32);
+  return out;
+}
+
+SharedExpertWeights MoELayer::shared_reference() const {
+  MOEKIT_CHECK(has_shared_experts(), "layer of {} has no shared experts", model_.name);
+  SharedExpertWeights out;
+  if (shared_gate_.defined()) out.gate = to_host(shared_gate_).clone();
+  if (shared_chunks_ == 0) {
+    out.w13 = to_host(weights_.shared_w13).to_dtype(DType::kF32);
+    out.w2 = to_host(weights_.shared_w2).to_dtype(DType::kF32);
+    return out;
+  }
+  // Reassembled from the chunks (fold_shared_into_routed), read back in the standard layout.
+  const int64_t E = moe_.num_local_experts, H = moe_.hidden_dim;
+  const int64_t I = moe_.intermediate_size_per_partition();
+  const int64_t N = moe_.is_act_and_mul() ? 2 * I : I;
+  const int64_t c = shared_chunks_, Is = c * I;
+  out.w13 = Tensor::empty({N / I * Is, H}, DType::kF32);
+  out.w2 = Tensor::empty({H, Is}, DType::kF32);
+  float* w13 = out.w13.data_as<float>();
+  float* w2 = out.w2.data_as<float>();
+  for (int64_t j = 0; j < c; ++j) {
+    auto one = [&](const Tensor& t) { return to_host(t.slice(0, E + j, E + j + 1)).clone(); };
+    ExpertWeights w{one(kernel_weights_.w13), one(kernel_weights_.w2), Tensor{}, Tensor{}};
+    if (plan_.weight_layout) plan_.weight_layout->to_standard(w, kernel_moe_);
+    const std::vector<float> v13 = w.w13.to_float_vector(), v2 = w.w2.to_float_vector();
+    for (int64_t r = 0; r < N; ++r) {
+      const int64_t to = r < I ? j * I + r : Is + j * I + (r - I);
+      std::copy_n(v13.begin() + r * H, H, w13 + to * H);
+    }
+    for (int64_t h = 0; h < H; ++h)
+      std::copy_n(v2.begin() + h * I, I, w2 + h * Is + j * I);
+  }
   return out;
 }
 
@@ -436,13 +669,18 @@ void MoELayer::check_hidden_states(const Tensor& hidden_states) const {
 }
 
 void MoELayer::add_shared_output(Tensor& output, const Tensor& shared_output,
-                                 RunContext ctx) const {
+                                 const Tensor& hidden_states, RunContext ctx) const {
   // With EP inside one data-parallel group every rank sees the same tokens and the ranks' outputs
   // are summed (all-reduce): the (unsharded) shared experts are added on rank 0 only.
   const bool add_shared =
       !(moe_.parallel.use_ep && moe_.parallel.dp_size == 1) || moe_.parallel.ep_rank == 0;
   if (shared_output.defined() && add_shared) {
-    add_inplace(output, shared_output, ctx.stream);
+    Tensor gate;
+    if (shared_gate_.defined()) {
+      gate = gate_values_.slice(0, 0, output.size(0));
+      shared_expert_gate(hidden_states, shared_gate_, gate, ctx.stream);
+    }
+    add_inplace(output, shared_output, ctx.stream, gate);
     ctx.stage_done("shared_add");
   }
 }
@@ -505,8 +743,17 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
   args.expert_map = expert_map_;
   args.apply_router_weight_on_input = router_->apply_router_weight_on_input();
   args.output = output;
+  if (shared_chunks_ > 0) {  // every token also visits the shared chunks
+    expect_shape(ids, "topk_ids", {M, model_.top_k});
+    args.topk_ids = folded_ids_.slice(0, 0, M);
+    args.topk_weights = folded_weights_.slice(0, 0, M);
+    append_shared_slots(ids, topk_weights, static_cast<int>(moe_.num_experts), shared_chunks_,
+                        hidden_states, shared_gate_, args.topk_ids, args.topk_weights, ctx.stream);
+    ctx.stage_done("shared_slots");
+    args.global_num_experts = kernel_moe_.num_experts;
+  }
   MoEOutput out = kernel_->apply(args, ctx);
-  add_shared_output(output, out.shared_output, ctx);
+  add_shared_output(output, out.shared_output, hidden_states, ctx);
 }
 
 void MoELayer::forward_monolithic_into(Tensor& output, const Tensor& hidden_states,
@@ -538,7 +785,7 @@ void MoELayer::forward_monolithic_into(Tensor& output, const Tensor& hidden_stat
   if (shared_beside_kernel_ != nullptr) {
     const Tensor shared = shared_beside_kernel_->forward(hidden_states, ctx);
     ctx.stage_done("shared_experts");
-    add_shared_output(output, shared, ctx);
+    add_shared_output(output, shared, hidden_states, ctx);
   }
 }
 

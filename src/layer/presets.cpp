@@ -30,7 +30,8 @@ std::string ModelPreset::summary() const {
   if (llama4_top1) routing = "llama4 top-1 sigmoid, weight on input";
   std::string shared =
       num_shared_experts > 0
-          ? fmt::format(", {} shared expert(s) I={}", num_shared_experts, shared_intermediate_size)
+          ? fmt::format(", {} shared expert(s) I={}{}", num_shared_experts,
+                        shared_intermediate_size, shared_expert_gate ? " gated" : "")
           : std::string();
   return fmt::format("{}: E={} top_k={} H={} I={} {}{}, routing {}{}, {}", name, num_experts, top_k,
                      hidden_size, intermediate_size, activation_name(activation),
@@ -110,6 +111,20 @@ std::vector<ModelPreset> make_presets() {
     p.num_layers = 48;
     out.push_back(p);
   }
+  {
+    ModelPreset p;
+    p.name = "qwen1.5-moe-a2.7b";  // Qwen2-MoE: a gated shared expert 4x an expert's width
+    p.num_experts = 60;
+    p.top_k = 4;
+    p.hidden_size = 2048;
+    p.intermediate_size = 1408;
+    p.renormalize = false;
+    p.num_shared_experts = 1;
+    p.shared_intermediate_size = 5632;
+    p.shared_expert_gate = true;
+    p.num_layers = 24;
+    out.push_back(p);
+  }
   // Small shapes for tests and quick runs.
   {
     ModelPreset p;
@@ -143,6 +158,19 @@ std::vector<ModelPreset> make_presets() {
     p.has_e_score_correction_bias = true;
     p.num_shared_experts = 1;
     p.shared_intermediate_size = 128;
+    out.push_back(p);
+  }
+  {
+    ModelPreset p;
+    p.name = "small-qwen2-moe";  // a gated shared expert twice an expert's width
+    p.num_experts = 16;
+    p.top_k = 4;
+    p.hidden_size = 256;
+    p.intermediate_size = 128;
+    p.renormalize = false;
+    p.num_shared_experts = 1;
+    p.shared_intermediate_size = 256;
+    p.shared_expert_gate = true;
     out.push_back(p);
   }
   {
@@ -347,6 +375,8 @@ ModelPreset preset_from_json(const nlohmann::json& root, const std::string& fnam
       c.find({"shared_expert_intermediate_size"}) != nullptr) {
     p.num_shared_experts = 1;
   }
+  // Qwen2-MoE scales its shared expert by a per-token sigmoid gate (mlp.shared_expert_gate).
+  p.shared_expert_gate = model_type == "qwen2_moe" && p.num_shared_experts > 0;
   if (model_type == "gpt_oss") {
     p.activation = Activation::kSwigluOai;
     p.has_bias = true;

@@ -147,13 +147,14 @@ std::vector<double> reference_forward(const MoELayer& layer, const Tensor& x,
     }
   }
   // Shared experts, on the rank that adds them (MoELayer::forward's rule).
-  const MoELayerWeights& lw = layer.weights();
   const bool adds_shared =
       !(moe.parallel.use_ep && moe.parallel.dp_size == 1) || moe.parallel.ep_rank == 0;
-  if (lw.shared_w13.defined() && adds_shared) {
-    const std::vector<float> s13 = floats_or_empty(lw.shared_w13);
-    const std::vector<float> s2 = floats_or_empty(lw.shared_w2);
-    const int64_t Is = lw.shared_w2.size(1);
+  if (layer.has_shared_experts() && adds_shared) {
+    const SharedExpertWeights sw = layer.shared_reference();
+    const std::vector<float> s13 = floats_or_empty(sw.w13);
+    const std::vector<float> s2 = floats_or_empty(sw.w2);
+    const std::vector<float> gate = floats_or_empty(sw.gate);
+    const int64_t Is = sw.w2.size(1);
     const int64_t Ns = is_gated(act) ? 2 * Is : Is;
     for (size_t ri = 0; ri < rows.size(); ++ri) {
       const int64_t m = rows[ri];
@@ -166,11 +167,19 @@ std::vector<double> reference_forward(const MoELayer& layer, const Tensor& x,
       }
       std::vector<float> a(static_cast<size_t>(Is));
       apply_activation_row(act, params, g.data(), a.data(), Is);
+      // Qwen2-MoE's per-token gate: sigmoid(x . gate).
+      double scale = 1.0;
+      if (!gate.empty()) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < H; ++c)
+          dot += static_cast<double>(gate[c]) * xv[m * H + c];
+        scale = 1.0 / (1.0 + std::exp(-dot));
+      }
       for (int64_t c = 0; c < H; ++c) {
         double acc = 0.0;
         for (int64_t i = 0; i < Is; ++i)
           acc += static_cast<double>(s2[c * Is + i]) * round_to_dtype(a[i], dt);
-        out[ri * H + c] += acc;
+        out[ri * H + c] += scale * acc;
       }
     }
   }

@@ -147,6 +147,8 @@ TEST(NcclAllGatherLayer, BitwiseTheLayerWithoutExchange) {
       MoELayerOptions plain;
       plain.device = default_device_info();
       plain.max_num_tokens = 64;
+      // Under EP the shared experts run as their own pass: compare with that pass (unfolded).
+      plain.shared_experts = SharedExpertsMode::kSeparate;
       MoELayerOptions ep = plain;
       ep.parallel.use_ep = true;
       ep.communicator = comm;

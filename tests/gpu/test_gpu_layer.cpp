@@ -11,6 +11,7 @@
 #include "moekit/core/tolerance.h"
 #include "moekit/experts/sm90_experts.h"
 #include "moekit/layer/moe_layer.h"
+#include "moekit/layer/reference.h"
 #include "moekit/oracle/make_moe_kernel.h"
 #include "moekit/prepare_finalize/batched.h"
 #include "require_gpu.h"
@@ -32,7 +33,8 @@ MoELayerWeights to_device(const MoELayerWeights& w, Device d) {
           mv(w.e_score_correction_bias),
           mv(w.shared_w13),
           mv(w.shared_w2),
-          w.router_weight};
+          w.router_weight,
+          mv(w.shared_gate)};
 }
 
 struct Pair {
@@ -103,7 +105,8 @@ TEST_P(GpuVsCpu, MatchesReference) {
 
 std::vector<PresetCase> preset_cases() {
   std::vector<PresetCase> v;
-  for (const char* preset : {"tiny", "small", "small-deepseek", "small-gpt-oss"}) {
+  for (const char* preset :
+       {"tiny", "small", "small-deepseek", "small-gpt-oss", "small-qwen2-moe"}) {
     for (DType d : {DType::kBF16, DType::kF16}) {
       for (int64_t M : {1, 33, 257})
         v.push_back({preset, d, M});
@@ -389,6 +392,74 @@ TEST(GpuLayer, CudaGraphReplayIsBitwiseIdentical) {
   opt.max_num_tokens = 128;
   MoELayer layer(m, MoELayer::random_weights(m, opt, 3), opt);
   testing::expect_graph_replay_bitwise(layer, 77);
+  // Both ways of running shared experts, with Qwen2-MoE's per-token gate among them: the folded
+  // slots (with the gate) and the separate pass (its gate and scaled add).
+  for (const char* name : {"small-deepseek", "small-qwen2-moe"}) {
+    const ModelPreset q = find_preset(name);
+    for (SharedExpertsMode mode : {SharedExpertsMode::kFolded, SharedExpertsMode::kSeparate}) {
+      SCOPED_TRACE(std::string(name) + " " + shared_experts_mode_name(mode));
+      opt.shared_experts = mode;
+      MoELayer l(q, MoELayer::random_weights(q, opt, 4), opt);
+      ASSERT_EQ(l.shared_chunks() > 0, mode == SharedExpertsMode::kFolded);
+      testing::expect_graph_replay_bitwise(l, 78);
+    }
+  }
+}
+
+// Folded shared experts (one pass of the grouped GEMMs) and the separate pass agree on the GPU,
+// and each matches the float64 recomputation; the same routed weights serve both.
+TEST(GpuLayer, SharedExpertsFoldedAndSeparateAgree) {
+  REQUIRE_SM90_GPU();
+  for (const char* name : {"small-deepseek", "small-qwen2-moe", "qwen1.5-moe-a2.7b"}) {
+    SCOPED_TRACE(name);
+    const ModelPreset& m = find_preset(name);
+    MoELayerOptions opt;
+    opt.device = default_device_info();
+    opt.max_num_tokens = 300;
+    opt.shared_experts = SharedExpertsMode::kFolded;
+    MoELayerOptions sep = opt;
+    sep.shared_experts = SharedExpertsMode::kSeparate;
+    const MoELayerWeights w = MoELayer::random_weights(m, opt, 9);
+    MoELayerWeights w_copy = w;
+    for (Tensor* t : {&w_copy.w13, &w_copy.w2, &w_copy.shared_w13, &w_copy.shared_w2})
+      *t = t->clone();  // the separate layer rewrites its routed weights in place
+    MoELayer folded(m, w, opt), separate(m, w_copy, sep);
+    ASSERT_EQ(folded.shared_fold_reason(), "");
+    EXPECT_EQ(folded.shared_chunks(),
+              m.shared_intermediate_size * m.num_shared_experts / m.intermediate_size);
+    EXPECT_EQ(folded.kernel().fused_experts().name(), "Sm90GroupedExperts");
+    for (int64_t M : {1, 37, 300}) {
+      SCOPED_TRACE(M);
+      const Tensor x = testing::random_tensor({M, m.hidden_size}, DType::kBF16, 10 + M);
+      const Tensor logits = testing::random_tensor({M, m.num_experts}, DType::kF32, 20 + M, -3, 3);
+      const Device gd = opt.device.device();
+      const Tensor xg = x.to(gd), lg = logits.to(gd);
+      Tensor yf = Tensor::empty({M, m.hidden_size}, DType::kBF16, gd);
+      Tensor ys = Tensor::empty({M, m.hidden_size}, DType::kBF16, gd);
+      yf.fill_bytes(0xFF);
+      ys.fill_bytes(0xFF);
+      RunContext ctx{folded.default_stream(), nullptr};
+      folded.forward_into(yf, xg, lg, ctx);
+      separate.forward_into(ys, xg, lg, ctx);
+      synchronize(ctx.stream);
+      const Tensor f = yf.to(Device::cpu()), s = ys.to(Device::cpu());
+      ASSERT_FALSE(testing::has_nan(f));
+      ASSERT_FALSE(testing::has_nan(s));
+      // The layer's own routing (its router holds the bias on the GPU), read back.
+      const RoutingResult rg = folded.router().select_experts(xg, lg, ctx);
+      synchronize(ctx.stream);
+      const RoutingResult r{rg.topk_weights.to(Device::cpu()), rg.topk_ids.to(Device::cpu())};
+      std::vector<int64_t> rows;
+      for (int64_t row = 0; row < M; row += std::max<int64_t>(1, M / 24))
+        rows.push_back(row);
+      const std::vector<double> ref = reference_forward(folded, x, r, rows);
+      const double tol = tolerance("bf16").rel_l2;
+      EXPECT_LT(relative_error(f, ref, rows), tol);
+      EXPECT_LT(relative_error(s, ref, rows), tol);
+      const std::vector<float> sv = s.to_float_vector();
+      EXPECT_LT(testing::relative_l2_error(f, std::vector<double>(sv.begin(), sv.end())), tol);
+    }
+  }
 }
 #endif
 

@@ -132,6 +132,35 @@ TEST(Checkpoint, NamingVariantsShardsAndSharedExperts) {
   }
 }
 
+// Qwen2-MoE: a shared expert twice an expert's width with its per-token sigmoid gate
+// (mlp.shared_expert.*, mlp.shared_expert_gate.weight). Unquantized it folds into the routed
+// experts as two chunks; quantized it runs as a separate pass (and says why).
+TEST(Checkpoint, Qwen2MoeGatedSharedExpert) {
+  for (const std::string scheme : {"bf16", "fp8_per_channel"}) {
+    SCOPED_TRACE(scheme);
+    const fs::path dir = fixture(scheme, "tiny-qwen2-moe");
+    MoELayerOptions options;
+    options.shared_experts =
+        scheme == "bf16" ? SharedExpertsMode::kFolded : SharedExpertsMode::kAuto;
+    MoELayer layer = load_moe_layer(dir, 1, options);
+    EXPECT_TRUE(layer.model().shared_expert_gate);
+    EXPECT_EQ(layer.model().shared_intermediate_size, 2 * layer.model().intermediate_size);
+    EXPECT_FALSE(layer.model().renormalize);
+    ASSERT_TRUE(layer.has_shared_experts());
+    EXPECT_TRUE(layer.shared_reference().gate.defined());
+    if (scheme == "bf16") {
+      EXPECT_EQ(layer.shared_fold_reason(), "");
+      EXPECT_EQ(layer.shared_chunks(), 2);
+    } else {
+      EXPECT_NE(layer.shared_fold_reason().find("quantized"), std::string::npos)
+          << layer.shared_fold_reason();
+      EXPECT_EQ(layer.shared_chunks(), 0);
+    }
+    check_layer(layer, 19);
+    fs::remove_all(dir);
+  }
+}
+
 // The acceptance case of "one layer, one plan": a quantized checkpoint runs through
 // MoELayer::forward_into with the caller's workspace and an expert map (EP over two ranks inside
 // one data-parallel group: each rank loads only its experts, the ranks' outputs sum to the whole).
@@ -227,6 +256,17 @@ void rewrite(const fs::path& dir, Edit edit) {
     if (edit(n, d, s, b)) w.add(n, d, s, b);
   }
   w.write(dir / "model.safetensors");
+}
+
+// Qwen2-MoE's shared-expert gate is part of the model: a checkpoint without it is refused, naming
+// the tensor.
+TEST(Checkpoint, MissingSharedExpertGateNamesTheTensor) {
+  const fs::path dir = fixture("bf16", "tiny-qwen2-moe");
+  const std::string gate = "model.layers.1.mlp.shared_expert_gate.weight";
+  rewrite(dir, [&](const std::string& n, auto&, auto&, auto&) { return n != gate; });
+  EXPECT_NE(error_of([&] { load_moe_layer(dir, 1); }).find(gate), std::string::npos)
+      << error_of([&] { load_moe_layer(dir, 1); });
+  fs::remove_all(dir);
 }
 
 TEST(Checkpoint, MissingOrMisshapenTensorsNameTheTensor) {

@@ -172,7 +172,10 @@ TEST(StageMarks, FollowTheOrderOfTheWork) {
     void stage_done(std::string_view stage, Stream) const override { names.emplace_back(stage); }
   } recorder;
   const ModelPreset model = find_preset("small-deepseek");
-  MoELayer layer(model, MoELayer::random_weights(model, {}, 1), {});
+  MoELayerOptions separate;
+  separate.shared_experts =
+      SharedExpertsMode::kSeparate;  // their own pass, overlapping the combine
+  MoELayer layer(model, MoELayer::random_weights(model, separate, 1), separate);
   const Tensor x = testing::random_tensor({5, model.hidden_size}, DType::kBF16, 2);
   const Tensor logits = testing::random_tensor({5, model.num_experts}, DType::kF32, 3);
   Tensor out = Tensor::empty({5, model.hidden_size}, DType::kBF16);
@@ -425,11 +428,20 @@ std::vector<double> layer_reference(const ModelPreset& p, const MoELayerWeights&
   if (p.num_shared_experts > 0) {
     const int64_t Is = p.shared_intermediate_size * p.num_shared_experts;
     const std::vector<double> s13 = doubles(w.shared_w13), s2 = doubles(w.shared_w2);
+    const std::vector<double> g =
+        w.shared_gate.defined() ? doubles(w.shared_gate) : std::vector<double>{};
     for (int64_t m = 0; m < M; ++m) {
       const std::vector<double> y =
           mlp(p, s13, s2, {}, {}, 0, 2 * Is, Is, &xs[static_cast<size_t>(m * H)]);
+      double gate = 1.0;  // Qwen2-MoE: sigmoid(x . shared_gate)
+      if (!g.empty()) {
+        double dot = 0.0;
+        for (int64_t h = 0; h < H; ++h)
+          dot += g[static_cast<size_t>(h)] * xs[static_cast<size_t>(m * H + h)];
+        gate = 1.0 / (1.0 + std::exp(-dot));
+      }
       for (int64_t h = 0; h < H; ++h)
-        out[static_cast<size_t>(m * H + h)] += y[static_cast<size_t>(h)];
+        out[static_cast<size_t>(m * H + h)] += gate * y[static_cast<size_t>(h)];
     }
   }
   return out;
@@ -547,7 +559,10 @@ TEST_P(LayerForward, MatchesFloat64Recomputation) {
   MoELayer layer(preset, w, options);
   EXPECT_TRUE(layer.selection().ok()) << layer.selection().to_string();
   EXPECT_FALSE(layer.expert_map().defined()) << "no EP: no expert_map";
-  EXPECT_EQ(layer.kernel().has_shared_experts(), preset.num_shared_experts > 0);
+  EXPECT_EQ(layer.has_shared_experts(), preset.num_shared_experts > 0);
+  // auto keeps these narrow shared experts (I = 128) in their own pass (tests/unit/
+  // test_shared_fold.cpp runs them folded).
+  EXPECT_EQ(layer.shared_chunks(), 0) << layer.shared_fold_reason();
 
   for (int64_t M : {1, 13}) {
     const Tensor x =
@@ -570,7 +585,8 @@ TEST_P(LayerForward, MatchesFloat64Recomputation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, LayerForward,
-                         ::testing::Values("tiny", "small-deepseek", "small-gpt-oss"),
+                         ::testing::Values("tiny", "small-deepseek", "small-gpt-oss",
+                                           "small-qwen2-moe"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

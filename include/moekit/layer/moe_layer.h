@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moekit/comm/communicator.h"
@@ -28,6 +29,28 @@
 namespace moekit {
 
 // Environment variable: "1" makes every layer batch-invariant (MoELayerOptions::batch_invariant).
+
+// Folded shared experts run as extra routed experts: their width split into c = I_s / I chunks
+// that every token visits with weight 1 (or the model's per-token gate), so one pass of the grouped
+// GEMMs computes both and the finalize adds them (no separate MLP, no separate add). Possible for
+// an unquantized layer without EP, a modular kernel, no expert biases, the router weight not on the
+// input, I_s a multiple of I. NOTE: folding copies the routed experts once, at construction, into
+// tensors with room for the chunks; the device holds both copies for that moment.
+enum class SharedExpertsMode {
+  // Fold where possible and the shared experts span at least two chunks of I >= kAutoFoldMinWidth.
+  // Measured on the H200 (bench/results/2026-12-02-h200-shared-fold), folded / separate: qwen1.5-
+  // moe-a2.7b (4 chunks of 1408) 1.06x-1.43x faster at every M; deepseek-v3 (1 chunk, whose own
+  // pass overlaps the routed experts) 0.96x-1.04x; deepseek-v3 --tp 8 (8 chunks of 256) 1.01x-1.26x
+  // at M <= 256 but 0.83x-0.88x at M >= 1024 (narrow chunks: GEMM2 with K = 256 and 8 more slots
+  // per token to reduce).
+  kAuto,
+  kFolded,    // fold; a layer that cannot throws moekit::UnsupportedError with the reason
+  kSeparate,  // the shared experts' own pass, added after the routed experts
+};
+inline constexpr int64_t kAutoFoldMinWidth = 1024;
+const char* shared_experts_mode_name(SharedExpertsMode mode);  // "auto", "folded", "separate"
+// Parses a name of shared_experts_mode_name; false for any other.
+bool parse_shared_experts_mode(std::string_view name, SharedExpertsMode* mode);
 inline constexpr const char* kBatchInvariantEnvVar = "MOEKIT_BATCH_INVARIANT";
 
 // The tensors of one layer on this rank. Shapes: E_local experts, E global, H hidden,
@@ -35,7 +58,10 @@ inline constexpr const char* kBatchInvariantEnvVar = "MOEKIT_BATCH_INVARIANT";
 //
 // NOTE: the layer takes these tensors over: the routed experts' tensors are rewritten in place
 // into the chosen kernel's layout (MoELayer::kernel_weights()), so a caller that kept views of
-// them sees that layout afterwards. Read experts back with MoELayer::expert_reference().
+// them sees that layout afterwards — unless the shared experts fold into the routed ones
+// (MoELayerOptions::fold_shared_experts): then the routed and shared tensors are copied once into
+// tensors with room for the shared chunks and released. Read experts back with
+// MoELayer::expert_reference(), the shared experts with MoELayer::shared_reference().
 struct MoELayerWeights {
   Tensor w13;       // (E_local, N1, H) in options.dtype, or (E_local, N1, Kc) codes (quantized)
   Tensor w2;        // (E_local, H, I) in options.dtype, or (E_local, H, Kc) codes
@@ -45,6 +71,9 @@ struct MoELayerWeights {
   Tensor shared_w13;               // (2*I_s, H) in options.dtype, optional shared experts
   Tensor shared_w2;                // (H, I_s)
   Tensor router_weight;            // (E, H) f32 on the CPU, optional: the gate (router_logits())
+  // (1, H) or (H,), f32 or options.dtype: the per-token gate of the shared experts, for models with
+  // ModelPreset::shared_expert_gate (Qwen2-MoE): shared output scaled by sigmoid(x . shared_gate).
+  Tensor shared_gate;
 };
 
 struct MoELayerOptions {
@@ -70,6 +99,16 @@ struct MoELayerOptions {
   // (NaN / Inf floats, fp8 NaN codes), naming the tensor, the element and the value. Scales are
   // always checked. Off by default in the library (it reads every byte); on in the CLI.
   bool check_finite_weights = false;
+  // How the shared experts run (SharedExpertsMode); MoELayer::shared_fold_reason() says why a
+  // layer does not fold.
+  SharedExpertsMode shared_experts = SharedExpertsMode::kAuto;
+};
+
+// The shared experts as f32 host tensors in the standard layout (MoELayer::shared_reference()).
+struct SharedExpertWeights {
+  Tensor w13;   // (N_s, H): [gate; up] rows for gated activations
+  Tensor w2;    // (H, I_s)
+  Tensor gate;  // (H,) when the model gates them per token, else undefined
 };
 
 class MoELayer {
@@ -134,9 +173,10 @@ class MoELayer {
   std::string scheme() const;
   // The tolerance-table entry a check of this layer uses ("bf16", "fp8_w8a8", "mxfp4", ...).
   std::string tolerance_name() const;
-  // The routed experts' tensors as the kernel reads them (the plan's weight layout).
+  // The routed experts' tensors as the kernel reads them (the plan's weight layout); with folded
+  // shared experts, E_local + shared_chunks() experts.
   const ExpertWeights& kernel_weights() const { return kernel_weights_; }
-  // The non-routed tensors as given (router bias and weight, shared experts).
+  // The non-routed tensors as given (router bias and weight, shared experts unless folded).
   const MoELayerWeights& weights() const { return weights_; }
   // f32 host copies of local expert `e` in the standard layout, dequantized for quantized
   // schemes: w13 (N1, H), w2 (H, I), biases (N1,) / (H,) when present. Reads one expert.
@@ -146,10 +186,20 @@ class MoELayer {
 
   const Router& router() const { return *router_; }
   FusedMoEKernel& kernel() const { return *kernel_; }
-  // Whether the layer has shared experts (inside the kernel, or beside a monolithic one).
+  // Whether the layer has shared experts (folded into the routed experts, inside the kernel, or
+  // beside a monolithic one).
   bool has_shared_experts() const {
-    return kernel_->has_shared_experts() || shared_beside_kernel_ != nullptr;
+    return shared_chunks_ > 0 || kernel_->has_shared_experts() || shared_beside_kernel_ != nullptr;
   }
+  // "" when the shared experts run folded into the routed ones (MoELayerOptions::shared_experts),
+  // else why they run as a separate pass (or that there are none).
+  const std::string& shared_fold_reason() const { return shared_fold_reason_; }
+  // Extra routed experts the folded shared experts occupy: local experts [E_local, E_local + c)
+  // of kernel_weights(), I wide each; 0 when not folded.
+  int shared_chunks() const { return shared_chunks_; }
+  // The shared experts wherever the layer holds them (as given, or chunks of kernel_weights()).
+  // Throws when the layer has none.
+  SharedExpertWeights shared_reference() const;
   // The plan this layer was built from (experts, prepare/finalize, weight layout, every reason).
   const MoEPlan& plan() const { return plan_; }
   // The experts part of the plan as a table (chosen backend, every rejection and its reason).
@@ -165,6 +215,18 @@ class MoELayer {
   // The MoEConfig a layer of this model gets under these options (also used by `moekit explain`).
   static MoEConfig make_moe_config(const ModelPreset& model, const MoELayerOptions& options);
   static RouterConfig make_router_config(const ModelPreset& model, const Tensor& bias);
+  // Why a layer of this model, deployment, scheme and plan runs its shared experts as a separate
+  // pass, or "" when they fold into the routed experts (SharedExpertsMode). *impossible (when
+  // given) is set when the reason rules folding out, not just the mode.
+  static std::string shared_fold_reason_for(const ModelPreset& model, const MoEConfig& moe,
+                                            const QuantConfig& quant, const MoEPlan& plan,
+                                            SharedExpertsMode mode = SharedExpertsMode::kAuto,
+                                            bool* impossible = nullptr);
+  // How such a layer runs its shared experts, for `explain` ("folded into the routed experts: ..."
+  // or "separate pass (why)"); "" when the model has none.
+  static std::string shared_experts_note(const ModelPreset& model, const MoEConfig& moe,
+                                         const QuantConfig& quant, const MoEPlan& plan,
+                                         SharedExpertsMode mode = SharedExpertsMode::kAuto);
 
  private:
   ModelPreset model_;
@@ -185,11 +247,23 @@ class MoELayer {
   std::unique_ptr<CudaStream> stream_;
   Tensor routing_ids_;      // (max_num_tokens, k) int32: router output / converted int64 ids
   Tensor routing_weights_;  // (max_num_tokens, k) f32
+  // Folded shared experts: the routing with their slots, (max_num_tokens, k + c).
+  Tensor folded_ids_, folded_weights_;
+  Tensor shared_gate_;  // (H,) f32 on the device: the shared experts' per-token gate, if any
+  Tensor gate_values_;  // (max_num_tokens,) f32: the gate's values (separate pass only)
+  std::string shared_fold_reason_;
+  int shared_chunks_ = 0;
+  MoEConfig kernel_moe_;  // moe_, with the folded shared experts as extra experts and slots
   RunContext complete(RunContext ctx) const;
   void check_hidden_states(const Tensor& hidden_states) const;
   void check_weights() const;
-  // Adds the shared experts' output (M, H) to output when this rank contributes them.
-  void add_shared_output(Tensor& output, const Tensor& shared_output, RunContext ctx) const;
+  // Adds the shared experts' output (M, H) to output when this rank contributes them, scaled per
+  // token by the shared gate when the model has one (computed from hidden_states).
+  void add_shared_output(Tensor& output, const Tensor& shared_output, const Tensor& hidden_states,
+                         RunContext ctx) const;
+  void fold_shared_into_routed();
+  static std::string fold_obstacle(const ModelPreset& model, const MoEConfig& moe,
+                                   const QuantConfig& quant, const MoEPlan& plan);
   void forward_monolithic_into(Tensor& output, const Tensor& hidden_states,
                                const Tensor& router_logits, RunContext ctx);
 };

@@ -32,6 +32,9 @@ struct ModelPreset {
   // Shared experts: one dense MLP of width num_shared_experts * shared_intermediate_size.
   int num_shared_experts = 0;
   int64_t shared_intermediate_size = 0;
+  // The shared experts' output is scaled per token by sigmoid(x . shared_gate) (Qwen2-MoE's
+  // shared_expert_gate, a (1, H) linear layer).
+  bool shared_expert_gate = false;
   bool has_bias = false;  // expert biases (gpt-oss)
   std::optional<float> swiglu_limit;
   std::optional<float> swiglu_alpha;

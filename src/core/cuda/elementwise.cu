@@ -12,11 +12,62 @@ namespace {
 using cuda::from_f32;
 using cuda::to_f32;
 
+// row_scale null: plain sum; else row i / row of `other` is scaled by row_scale[i / row].
 template <typename T>
-__global__ void add_kernel(T* out, const T* other, int64_t n) {
+__global__ void add_kernel(T* out, const T* other, const float* row_scale, int64_t row, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = from_f32<T>(to_f32(out[i]) + to_f32(other[i]));
+    const float o = to_f32(other[i]);
+    out[i] = from_f32<T>(to_f32(out[i]) + (row_scale ? row_scale[i / row] * o : o));
+  }
+}
+
+// sigmoid(x_row . g) for one token, computed by the whole block (kGateThreads threads, every
+// thread gets the value): each thread's few products are independent loads, so the dot product
+// costs about one memory latency rather than H / 32 of them.
+constexpr int kGateThreads = 256;
+
+template <typename T>
+__device__ float block_gate(const T* x_row, const float* g, int64_t H) {
+  __shared__ float partial[kGateThreads / 32];
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int64_t h = threadIdx.x; h < H; h += kGateThreads)
+    acc += to_f32(x_row[h]) * g[h];
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2)
+    acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;
+  __syncthreads();
+  float dot = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kGateThreads / 32; ++w)
+    dot += partial[w];
+  __syncthreads();  // partial is reused by the next token
+  return 1.0f / (1.0f + expf(-dot));
+}
+
+// One block per token (the loop bound is block-uniform).
+template <typename T>
+__global__ void shared_gate_kernel(const T* x, const float* g, float* out, int64_t M, int64_t H) {
+  for (int64_t m = blockIdx.x; m < M; m += gridDim.x) {
+    const float v = block_gate(x + m * H, g, H);
+    if (threadIdx.x == 0) out[m] = v;
+  }
+}
+
+// One block per token: the k routed slots copied, then `count` shared slots (append_shared_slots).
+template <typename T>
+__global__ void append_slots_kernel(const int32_t* ids, const float* w, int first_id, int count,
+                                    const T* x, const float* g, int32_t* out_ids, float* out_w,
+                                    int64_t M, int k, int64_t H) {
+  const int k2 = k + count;
+  for (int64_t m = blockIdx.x; m < M; m += gridDim.x) {
+    const float slot_w = g != nullptr ? block_gate(x + m * H, g, H) : 1.0f;
+    for (int j = static_cast<int>(threadIdx.x); j < k2; j += kGateThreads) {
+      out_ids[m * k2 + j] = j < k ? ids[m * k + j] : first_id + (j - k);
+      out_w[m * k2 + j] = j < k ? w[m * k + j] : slot_w;
+    }
   }
 }
 
@@ -76,16 +127,55 @@ int grid_for(int64_t n) {
 
 }  // namespace
 
-void add_inplace_cuda(Tensor& out, const Tensor& other, Stream stream) {
+void add_inplace_cuda(Tensor& out, const Tensor& other, const Tensor& row_scale, Stream stream) {
   const int64_t n = out.numel();
   if (n == 0) return;
   MOEKIT_CHECK(stream.handle != nullptr, "add_inplace: a CUDA stream is required");
   MOEKIT_CHECK(cuda::is_float_storage(out.dtype()),
                "add_inplace: dtype {} is not supported (bf16, f16, f32)", dtype_name(out.dtype()));
+  const float* scale = row_scale.defined() ? row_scale.data_as<const float>() : nullptr;
+  const int64_t row = row_scale.defined() ? out.size(1) : n;
   cuda::dispatch_float_type(cuda::elem_type_of(out.dtype()), [&](auto tag) {
     using T = decltype(tag);
     add_kernel<<<grid_for(n), 256, 0, to_cuda(stream)>>>(out.data_as<T>(), other.data_as<const T>(),
-                                                         n);
+                                                         scale, row, n);
+  });
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void shared_expert_gate_cuda(const Tensor& x, const Tensor& gate_weight, Tensor& gate,
+                             Stream stream) {
+  const int64_t M = x.size(0), H = x.size(1);
+  if (M == 0) return;
+  MOEKIT_CHECK(stream.handle != nullptr, "shared_expert_gate: a CUDA stream is required");
+  MOEKIT_CHECK(cuda::is_float_storage(x.dtype()), "shared_expert_gate: dtype {} is not supported",
+               dtype_name(x.dtype()));
+  cuda::dispatch_float_type(cuda::elem_type_of(x.dtype()), [&](auto tag) {
+    using T = decltype(tag);
+    shared_gate_kernel<<<grid_for(256 * M), kGateThreads, 0, to_cuda(stream)>>>(
+        x.data_as<const T>(), gate_weight.data_as<const float>(), gate.data_as<float>(), M, H);
+  });
+  MOEKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void append_shared_slots_cuda(const Tensor& ids, const Tensor& weights, int first_id, int count,
+                              const Tensor& x, const Tensor& gate_weight, Tensor& out_ids,
+                              Tensor& out_weights, Stream stream) {
+  const int64_t M = ids.size(0);
+  if (M == 0) return;
+  MOEKIT_CHECK(stream.handle != nullptr, "append_shared_slots: a CUDA stream is required");
+  const bool gated = gate_weight.defined();
+  const int64_t H = gated ? x.size(1) : 0;
+  const cuda::ElemType xt = gated ? cuda::elem_type_of(x.dtype()) : cuda::ElemType::kF32;
+  MOEKIT_CHECK(!gated || cuda::is_float_storage(x.dtype()),
+               "append_shared_slots: dtype {} is not supported", dtype_name(x.dtype()));
+  cuda::dispatch_float_type(xt, [&](auto tag) {
+    using T = decltype(tag);
+    append_slots_kernel<<<grid_for(256 * M), kGateThreads, 0, to_cuda(stream)>>>(
+        ids.data_as<const int32_t>(), weights.data_as<const float>(), first_id, count,
+        gated ? x.data_as<const T>() : nullptr,
+        gated ? gate_weight.data_as<const float>() : nullptr, out_ids.data_as<int32_t>(),
+        out_weights.data_as<float>(), M, static_cast<int>(ids.size(1)), H);
   });
   MOEKIT_CUDA_CHECK(cudaGetLastError());
 }
