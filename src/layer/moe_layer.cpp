@@ -288,7 +288,8 @@ std::string MoELayer::shared_fold_reason_for(const ModelPreset& model, const MoE
   if (mode == SharedExpertsMode::kAuto && (chunks < 2 || I < kAutoFoldMinWidth)) {
     return fmt::format(
         "auto: {} chunk(s) of I={}; folding pays for two or more chunks of I >= {} (H200: "
-        "deepseek-v3 0.96x-1.04x, with --tp 8 0.83x at M = 16384; qwen1.5-moe-a2.7b 1.06x-1.43x)",
+        "deepseek-v3 0.96x-1.04x, with --tp 8 0.83x-0.88x at M >= 1024; qwen1.5-moe-a2.7b "
+        "0.98x-1.55x)",
         chunks, I, kAutoFoldMinWidth);
   }
   return "";

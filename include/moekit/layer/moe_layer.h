@@ -39,7 +39,8 @@ namespace moekit {
 enum class SharedExpertsMode {
   // Fold where possible and the shared experts span at least two chunks of I >= kAutoFoldMinWidth.
   // Measured on the H200 (bench/results/2026-12-02-h200-shared-fold), folded / separate: qwen1.5-
-  // moe-a2.7b (4 chunks of 1408) 1.06x-1.43x faster at every M; deepseek-v3 (1 chunk, whose own
+  // moe-a2.7b (4 chunks of 1408) 1.06x-1.55x faster at M <= 4096, 0.98x-1.17x at 16384;
+  // deepseek-v3 (1 chunk, whose own
   // pass overlaps the routed experts) 0.96x-1.04x; deepseek-v3 --tp 8 (8 chunks of 256) 1.01x-1.26x
   // at M <= 256 but 0.83x-0.88x at M >= 1024 (narrow chunks: GEMM2 with K = 256 and 8 more slots
   // per token to reduce).
