@@ -5,7 +5,8 @@
 # qwen1.5-moe-a2.7b, and deepseek-v3 with --tp 8) folded and as the separate pass
 # (--shared-experts folded / separate) at M = 1 .. 16384, the Triton peer's deepseek-v3 routed
 # experts beside them, and the fold's tables (bench/compare_fold.py); part gate: qwen1.5-moe-a2.7b
-# alone, folded and separate (the gated shared slots); packed into $OUT/all.tgz.
+# alone, folded and separate (the gated shared slots); part hybrid: deepseek-v3 --tp 8 with auto
+# (slots up to 256 tokens, the separate pass above) against separate; packed into $OUT/all.tgz.
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 tokens="1 16 64 256 1024 4096 16384"
@@ -22,6 +23,18 @@ for part in "$@"; do
     --gtest_filter='GpuLayer.CudaGraph*:Presets/GpuVsCpu.*qwen2*' \
     >"$log/sanitizer.log" 2>&1
   grep -h "SUMMARY\|PASSED\|FAILED" "$log/sanitizer.log"
+  fi
+  if [ "$part" = hybrid ]; then  # deepseek-v3 --tp 8: auto (slots up to 256 tokens) vs separate
+  for mode in auto separate; do
+    timeout 100 build/moekit bench --models deepseek-v3 --tp 8 --tokens $tokens --shared-experts $mode \
+      --json "$log/bench_hybrid_$mode.json" >"$log/bench_hybrid_$mode.log" 2>&1
+    echo "== deepseek-v3 --tp 8 $mode"
+    grep -E "^ +[0-9]+ " "$log/bench_hybrid_$mode.log"
+  done
+  python3 bench/compare_fold.py "$log/bench_hybrid_auto.json" "$log/bench_hybrid_separate.json" \
+    >"$log/fold_hybrid.md" 2>&1
+  cat "$log/fold_hybrid.md"
+  build/moekit explain --model deepseek-v3 --tp 8 | grep shared
   fi
   if [ "$part" = gate ]; then  # qwen1.5-moe-a2.7b alone: the gated shared slots' cost
   for mode in folded separate; do

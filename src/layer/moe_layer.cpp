@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/elementwise.h"
 #include "moekit/config/quant_factories.h"
@@ -285,14 +286,19 @@ std::string MoELayer::shared_fold_reason_for(const ModelPreset& model, const MoE
   }
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t chunks = model.shared_intermediate_size * model.num_shared_experts / I;
-  if (mode == SharedExpertsMode::kAuto && (chunks < 2 || I < kAutoFoldMinWidth)) {
+  if (mode == SharedExpertsMode::kAuto && chunks < 2) {
     return fmt::format(
-        "auto: {} chunk(s) of I={}; folding pays for two or more chunks of I >= {} (H200: "
-        "deepseek-v3 0.96x-1.04x, with --tp 8 0.83x-0.88x at M >= 1024; qwen1.5-moe-a2.7b "
-        "0.98x-1.55x)",
-        chunks, I, kAutoFoldMinWidth);
+        "auto: {} chunk of I={}; folding pays for two or more chunks (H200: deepseek-v3's one "
+        "chunk 0.96x-1.04x the separate pass, qwen1.5-moe-a2.7b's four 0.98x-1.55x)",
+        chunks, I);
   }
   return "";
+}
+
+int64_t MoELayer::shared_fold_token_limit(const MoEConfig& moe, SharedExpertsMode mode) {
+  if (mode == SharedExpertsMode::kAuto && moe.intermediate_size_per_partition() < kAutoFoldMinWidth)
+    return kAutoFoldMaxTokensNarrow;
+  return std::numeric_limits<int64_t>::max();
 }
 
 // What rules folding out, whatever the mode ("" when nothing does).
@@ -337,11 +343,17 @@ std::string MoELayer::shared_experts_note(const ModelPreset& model, const MoECon
   if (!why.empty()) return "separate pass (" + why + ")";
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t c = model.shared_intermediate_size * model.num_shared_experts / I;
+  const int64_t limit = shared_fold_token_limit(moe, mode);
   return fmt::format(
       "folded into the routed experts: {} extra expert(s) of I={} (experts {}..{}) that every "
-      "token visits with weight {}",
+      "token visits with weight {}{}",
       c, I, moe.num_local_experts, moe.num_local_experts + c - 1,
-      model.shared_expert_gate ? "sigmoid(x . shared_gate)" : "1");
+      model.shared_expert_gate ? "sigmoid(x . shared_gate)" : "1",
+      limit == std::numeric_limits<int64_t>::max()
+          ? std::string()
+          : fmt::format("; forwards of more than {} tokens run them as their own pass (auto: "
+                        "chunks of I < {})",
+                        limit, kAutoFoldMinWidth));
 }
 
 // The shared experts' width split into c = I_s / I chunks appended as local experts
@@ -388,7 +400,10 @@ void MoELayer::fold_shared_into_routed() {
   };
   kernel_weights_.w13 = extended(kernel_weights_.w13, c13);
   kernel_weights_.w2 = extended(kernel_weights_.w2, c2);
-  weights_.shared_w13 = weights_.shared_w2 = Tensor{};
+  // Above the token limit the separate pass runs from the given tensors: keep them only then.
+  if (shared_fold_max_tokens_ == std::numeric_limits<int64_t>::max()) {
+    weights_.shared_w13 = weights_.shared_w2 = Tensor{};
+  }
   shared_chunks_ = c;
   kernel_moe_.num_experts += c;
   kernel_moe_.num_logical_experts += c;
@@ -471,6 +486,7 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
                     model_.name, shared_fold_reason_));
   }
   if (shared_fold_reason_.empty()) {
+    shared_fold_max_tokens_ = shared_fold_token_limit(moe_, options_.shared_experts);
     fold_shared_into_routed();
     log::debug_once(
         fmt::format("shared experts folded into the routed experts as {} extra "
@@ -488,7 +504,7 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
   }
 
   std::shared_ptr<SharedExperts> shared;
-  if (model_.num_shared_experts > 0 && shared_chunks_ == 0) {
+  if (model_.num_shared_experts > 0 && weights_.shared_w13.defined()) {
     MOEKIT_CHECK(weights_.shared_w13.defined() && weights_.shared_w2.defined(),
                  "model {} has {} shared expert(s) but shared_w13/shared_w2 were not given",
                  model_.name, model_.num_shared_experts);
@@ -528,7 +544,8 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
     const Shape folded{options_.max_num_tokens, kernel_moe_.experts_per_token};
     folded_ids_ = Tensor::empty(folded, DType::kInt32, device);
     folded_weights_ = Tensor::empty(folded, DType::kF32, device);
-  } else if (shared_gate_.defined()) {
+  }
+  if (shared_gate_.defined() && weights_.shared_w13.defined()) {  // the separate pass runs
     gate_values_ = Tensor::empty({options_.max_num_tokens}, DType::kF32, device);
   }
 }
@@ -591,7 +608,7 @@ SharedExpertWeights MoELayer::shared_reference() const {
   MOEKIT_CHECK(has_shared_experts(), "layer of {} has no shared experts", model_.name);
   SharedExpertWeights out;
   if (shared_gate_.defined()) out.gate = to_host(shared_gate_).clone();
-  if (shared_chunks_ == 0) {
+  if (weights_.shared_w13.defined()) {
     out.w13 = to_host(weights_.shared_w13).to_dtype(DType::kF32);
     out.w2 = to_host(weights_.shared_w2).to_dtype(DType::kF32);
     return out;
@@ -744,14 +761,15 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
   args.expert_map = expert_map_;
   args.apply_router_weight_on_input = router_->apply_router_weight_on_input();
   args.output = output;
-  if (shared_chunks_ > 0) {  // every token also visits the shared chunks
+  if (shared_chunks_ > 0) args.global_num_experts = kernel_moe_.num_experts;
+  if (shared_chunks_ > 0 && M <= shared_fold_max_tokens_) {  // every token visits the chunks
+    args.skip_shared_experts = true;  // (the kernel's separate pass, held for larger forwards)
     expect_shape(ids, "topk_ids", {M, model_.top_k});
     args.topk_ids = folded_ids_.slice(0, 0, M);
     args.topk_weights = folded_weights_.slice(0, 0, M);
     append_shared_slots(ids, topk_weights, static_cast<int>(moe_.num_experts), shared_chunks_,
                         hidden_states, shared_gate_, args.topk_ids, args.topk_weights, ctx.stream);
     ctx.stage_done("shared_slots");
-    args.global_num_experts = kernel_moe_.num_experts;
   }
   MoEOutput out = kernel_->apply(args, ctx);
   add_shared_output(output, out.shared_output, hidden_states, ctx);

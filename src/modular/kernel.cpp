@@ -235,7 +235,7 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
   if (pf.supports_async()) {
     // Stage marks follow the order of the work: the shared experts, then the combine.
     AsyncHandle<void> handle = pf.finalize_async(finalize_args, ctx);
-    if (shared_experts_) {
+    if (shared_experts_ && !args.skip_shared_experts) {
       result.shared_output = shared_experts_->forward(shared_in, ctx);
       ctx.stage_done("shared_experts");
     }
@@ -245,7 +245,7 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
   } else {
     pf.finalize(finalize_args, ctx);
     ctx.stage_done("finalize");
-    if (shared_experts_) {
+    if (shared_experts_ && !args.skip_shared_experts) {
       result.shared_output = shared_experts_->forward(shared_in, ctx);
       ctx.stage_done("shared_experts");
     }

@@ -423,7 +423,12 @@ TEST(GpuLayer, SharedExpertsFoldedAndSeparateAgree) {
     MoELayerWeights w_copy = w;
     for (Tensor* t : {&w_copy.w13, &w_copy.w2, &w_copy.shared_w13, &w_copy.shared_w2})
       *t = t->clone();  // the separate layer rewrites its routed weights in place
-    MoELayer folded(m, w, opt), separate(m, w_copy, sep);
+    MoELayerWeights w_auto = w;
+    for (Tensor* t : {&w_auto.w13, &w_auto.w2, &w_auto.shared_w13, &w_auto.shared_w2})
+      *t = t->clone();
+    MoELayerOptions automatic_opt = opt;
+    automatic_opt.shared_experts = SharedExpertsMode::kAuto;  // narrow chunks: slots up to 256
+    MoELayer folded(m, w, opt), separate(m, w_copy, sep), automatic(m, w_auto, automatic_opt);
     ASSERT_EQ(folded.shared_fold_reason(), "");
     EXPECT_EQ(folded.shared_chunks(),
               m.shared_intermediate_size * m.num_shared_experts / m.intermediate_size);
@@ -439,10 +444,14 @@ TEST(GpuLayer, SharedExpertsFoldedAndSeparateAgree) {
       yf.fill_bytes(0xFF);
       ys.fill_bytes(0xFF);
       RunContext ctx{folded.default_stream(), nullptr};
+      Tensor ya = Tensor::empty({M, m.hidden_size}, DType::kBF16, gd);
+      ya.fill_bytes(0xFF);
       folded.forward_into(yf, xg, lg, ctx);
       separate.forward_into(ys, xg, lg, ctx);
+      automatic.forward_into(ya, xg, lg, ctx);
       synchronize(ctx.stream);
-      const Tensor f = yf.to(Device::cpu()), s = ys.to(Device::cpu());
+      const Tensor f = yf.to(Device::cpu()), s = ys.to(Device::cpu()), a = ya.to(Device::cpu());
+      ASSERT_FALSE(testing::has_nan(a));
       ASSERT_FALSE(testing::has_nan(f));
       ASSERT_FALSE(testing::has_nan(s));
       // The layer's own routing (its router holds the bias on the GPU), read back.
@@ -456,6 +465,7 @@ TEST(GpuLayer, SharedExpertsFoldedAndSeparateAgree) {
       const double tol = tolerance("bf16").rel_l2;
       EXPECT_LT(relative_error(f, ref, rows), tol);
       EXPECT_LT(relative_error(s, ref, rows), tol);
+      EXPECT_LT(relative_error(a, ref, rows), tol) << automatic.shared_fold_reason();
       const std::vector<float> sv = s.to_float_vector();
       EXPECT_LT(testing::relative_l2_error(f, std::vector<double>(sv.begin(), sv.end())), tol);
     }

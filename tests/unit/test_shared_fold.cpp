@@ -4,7 +4,9 @@
 // (append_shared_slots, shared_expert_gate, add_inplace with row scales).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -69,12 +71,14 @@ TEST_P(SharedFold, FoldedMatchesTheSeparatePassAndFloat64) {
   EXPECT_EQ(folded.kernel_weights().w13.size(0), model.num_experts + c.chunks);
   EXPECT_EQ(folded.kernel_weights().w2.size(0), model.num_experts + c.chunks);
   EXPECT_EQ(separate.shared_fold_reason(), "MoELayerOptions::shared_experts is separate");
-  // auto keeps these narrow experts (I = 128) in the separate pass.
+  // auto: one chunk keeps the separate pass; two narrow chunks (I = 128) fold up to 256 tokens.
   MoELayerOptions auto_options = options;
   auto_options.shared_experts = SharedExpertsMode::kAuto;
   const MoELayer automatic(model, w, auto_options);
-  EXPECT_EQ(automatic.shared_chunks(), 0);
-  EXPECT_TRUE(contains(automatic.shared_fold_reason(), "auto: ")) << automatic.shared_fold_reason();
+  EXPECT_EQ(automatic.shared_chunks(), c.chunks >= 2 ? c.chunks : 0)
+      << automatic.shared_fold_reason();
+  EXPECT_EQ(automatic.shared_fold_max_tokens(), c.chunks >= 2 ? kAutoFoldMaxTokensNarrow : 0);
+  EXPECT_EQ(folded.shared_fold_max_tokens(), std::numeric_limits<int64_t>::max());
   EXPECT_EQ(separate.shared_chunks(), 0);
   EXPECT_TRUE(separate.kernel().has_shared_experts());
   EXPECT_EQ(folded.expert_weight_bytes(), separate.expert_weight_bytes())
@@ -147,6 +151,41 @@ std::string reason(const ModelPreset& model, const MoELayerOptions& options,
   return MoELayer::shared_fold_reason_for(model, moe, quant, plan, options.shared_experts);
 }
 
+// auto with narrow chunks: forwards of up to kAutoFoldMaxTokensNarrow tokens visit the chunks,
+// larger ones run the separate pass (from the shared tensors the layer then also holds); both
+// match float64, and the stage marks say which ran.
+TEST(SharedFoldHybrid, SlotsUpTo256TokensThenTheSeparatePass) {
+  struct Recorder final : StageObserver {
+    mutable std::vector<std::string> names;
+    void stage_done(std::string_view stage, Stream) const override { names.emplace_back(stage); }
+  };
+  const ModelPreset& model = find_preset("small-qwen2-moe");
+  MoELayerOptions options;
+  options.max_num_tokens = 300;
+  MoELayer layer(model, MoELayer::random_weights(model, options, 31), options);
+  ASSERT_EQ(layer.shared_chunks(), 2);
+  ASSERT_EQ(layer.shared_fold_max_tokens(), 256);
+  EXPECT_TRUE(layer.weights().shared_w13.defined()) << "held for the separate pass";
+  EXPECT_TRUE(layer.kernel().has_shared_experts());
+  for (int64_t M : {int64_t{7}, int64_t{256}, int64_t{257}, int64_t{300}}) {
+    SCOPED_TRACE(M);
+    const Tensor x = random_tensor({M, model.hidden_size}, DType::kBF16, 40 + M);
+    const Tensor logits = random_tensor({M, model.num_experts}, DType::kF32, 50 + M, -2.0f, 2.0f);
+    Recorder rec;
+    Tensor y = testing::poisoned({M, model.hidden_size}, DType::kBF16);
+    layer.forward_into(y, x, logits, RunContext{Stream{}, nullptr, &rec});
+    const auto count = [&](const char* n) {
+      return std::count(rec.names.begin(), rec.names.end(), n);
+    };
+    EXPECT_EQ(count("shared_slots"), M <= 256 ? 1 : 0);
+    EXPECT_EQ(count("shared_experts"), M <= 256 ? 0 : 1);
+    ASSERT_FALSE(testing::has_nan(y));
+    const RoutingResult r = layer.router().select_experts(x, logits);
+    EXPECT_LT(relative_error(y, reference_forward(layer, x, r, all_rows(M)), all_rows(M)),
+              testing::tolerance("bf16").rel_l2);
+  }
+}
+
 // Every reason a layer keeps the separate pass is named; such layers still compute the shared
 // experts (checked against float64 where a layer is cheap to build here).
 TEST(SharedFoldReasons, EachIsNamed) {
@@ -154,13 +193,16 @@ TEST(SharedFoldReasons, EachIsNamed) {
   MoELayerOptions fold;
   fold.shared_experts = SharedExpertsMode::kFolded;
   EXPECT_EQ(reason(ds, fold), "");
-  EXPECT_TRUE(contains(reason(ds, {}), "auto: 1 chunk(s) of I=128")) << reason(ds, {});
-  ModelPreset wide_chunks = find_preset("small-qwen2-moe");  // 2 chunks of I = 128: auto keeps it
-  EXPECT_TRUE(contains(reason(wide_chunks, {}), "auto: 2 chunk(s) of I=128"))
-      << reason(wide_chunks, {});
-  wide_chunks.intermediate_size = kAutoFoldMinWidth;
-  wide_chunks.shared_intermediate_size = 2 * kAutoFoldMinWidth;
-  EXPECT_EQ(reason(wide_chunks, {}), "");
+  EXPECT_TRUE(contains(reason(ds, {}), "auto: 1 chunk of I=128")) << reason(ds, {});
+  EXPECT_EQ(reason(find_preset("small-qwen2-moe"), {}), "");  // 2 chunks fold (up to 256 tokens)
+  MoEConfig narrow = MoELayer::make_moe_config(ds, {}), wide_i = narrow;
+  wide_i.intermediate_size = kAutoFoldMinWidth;
+  EXPECT_EQ(MoELayer::shared_fold_token_limit(narrow, SharedExpertsMode::kAuto),
+            kAutoFoldMaxTokensNarrow);
+  EXPECT_EQ(MoELayer::shared_fold_token_limit(narrow, SharedExpertsMode::kFolded),
+            std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(MoELayer::shared_fold_token_limit(wide_i, SharedExpertsMode::kAuto),
+            std::numeric_limits<int64_t>::max());
   EXPECT_EQ(reason(find_preset("tiny"), {}), "the model has no shared experts");
   MoELayerOptions off;
   off.shared_experts = SharedExpertsMode::kSeparate;
@@ -235,7 +277,9 @@ TEST(SharedFoldReasons, ExplainNote) {
   EXPECT_TRUE(contains(note("deepseek-v3", 8, SharedExpertsMode::kFolded),
                        "8 extra expert(s) of I=256 (experts 256..263)"))
       << note("deepseek-v3", 8, SharedExpertsMode::kFolded);
-  EXPECT_TRUE(contains(note("deepseek-v3", 8), "auto: 8 chunk(s) of I=256"))
+  EXPECT_TRUE(contains(note("deepseek-v3", 8),
+                       "(experts 256..263) that every token visits with weight 1; forwards of "
+                       "more than 256 tokens run them as their own pass"))
       << note("deepseek-v3", 8);
   EXPECT_TRUE(contains(note("qwen1.5-moe-a2.7b", 1),
                        "4 extra expert(s) of I=1408 (experts 60..63) that every token visits "

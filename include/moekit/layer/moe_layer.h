@@ -37,18 +37,20 @@ namespace moekit {
 // input, I_s a multiple of I. NOTE: folding copies the routed experts once, at construction, into
 // tensors with room for the chunks; the device holds both copies for that moment.
 enum class SharedExpertsMode {
-  // Fold where possible and the shared experts span at least two chunks of I >= kAutoFoldMinWidth.
-  // Measured on the H200 (bench/results/2026-12-02-h200-shared-fold), folded / separate: qwen1.5-
-  // moe-a2.7b (4 chunks of 1408) 1.06x-1.55x faster at M <= 4096, 0.98x-1.17x at 16384;
-  // deepseek-v3 (1 chunk, whose own
-  // pass overlaps the routed experts) 0.96x-1.04x; deepseek-v3 --tp 8 (8 chunks of 256) 1.01x-1.26x
-  // at M <= 256 but 0.83x-0.88x at M >= 1024 (narrow chunks: GEMM2 with K = 256 and 8 more slots
-  // per token to reduce).
+  // Fold where possible and the shared experts span at least two chunks; chunks of
+  // I < kAutoFoldMinWidth only for forwards of up to kAutoFoldMaxTokensNarrow tokens (larger ones
+  // run the separate pass, from the shared tensors the layer then also keeps). Measured on the
+  // H200 (bench/results/2026-12-02-h200-shared-fold), folded / separate: qwen1.5-moe-a2.7b (4
+  // chunks of 1408) 1.06x-1.55x at M <= 4096, 0.98x-1.17x at 16384; deepseek-v3 (1 chunk, whose
+  // own pass overlaps the routed experts) 0.96x-1.04x; deepseek-v3 --tp 8 (8 chunks of 256)
+  // 1.01x-1.26x at M <= 256 but 0.83x-0.88x folded at M >= 1024 (GEMM2 with K = 256, 8 more slots
+  // per token to reduce), so there auto gives 1.00x-1.28x.
   kAuto,
   kFolded,    // fold; a layer that cannot throws moekit::UnsupportedError with the reason
   kSeparate,  // the shared experts' own pass, added after the routed experts
 };
 inline constexpr int64_t kAutoFoldMinWidth = 1024;
+inline constexpr int64_t kAutoFoldMaxTokensNarrow = 256;
 const char* shared_experts_mode_name(SharedExpertsMode mode);  // "auto", "folded", "separate"
 // Parses a name of shared_experts_mode_name; false for any other.
 bool parse_shared_experts_mode(std::string_view name, SharedExpertsMode* mode);
@@ -198,6 +200,11 @@ class MoELayer {
   // Extra routed experts the folded shared experts occupy: local experts [E_local, E_local + c)
   // of kernel_weights(), I wide each; 0 when not folded.
   int shared_chunks() const { return shared_chunks_; }
+  // Forwards of at most this many tokens visit the chunks; larger ones run the shared experts'
+  // own pass (shared_fold_token_limit). 0 when not folded.
+  int64_t shared_fold_max_tokens() const {
+    return shared_chunks_ > 0 ? shared_fold_max_tokens_ : 0;
+  }
   // The shared experts wherever the layer holds them (as given, or chunks of kernel_weights()).
   // Throws when the layer has none.
   SharedExpertWeights shared_reference() const;
@@ -225,6 +232,10 @@ class MoELayer {
                                             bool* impossible = nullptr);
   // How such a layer runs its shared experts, for `explain` ("folded into the routed experts: ..."
   // or "separate pass (why)"); "" when the model has none.
+  // The largest forward (tokens) that runs folded shared experts as slots; larger ones run the
+  // separate pass. auto with chunks of I < kAutoFoldMinWidth: kAutoFoldMaxTokensNarrow (the
+  // layer then holds the shared experts twice: chunks and dense); otherwise no limit.
+  static int64_t shared_fold_token_limit(const MoEConfig& moe, SharedExpertsMode mode);
   static std::string shared_experts_note(const ModelPreset& model, const MoEConfig& moe,
                                          const QuantConfig& quant, const MoEPlan& plan,
                                          SharedExpertsMode mode = SharedExpertsMode::kAuto);
@@ -251,9 +262,10 @@ class MoELayer {
   // Folded shared experts: the routing with their slots, (max_num_tokens, k + c).
   Tensor folded_ids_, folded_weights_;
   Tensor shared_gate_;  // (H,) f32 on the device: the shared experts' per-token gate, if any
-  Tensor gate_values_;  // (max_num_tokens,) f32: the gate's values (separate pass only)
+  Tensor gate_values_;  // (max_num_tokens,) f32: the gate's values (the separate pass)
   std::string shared_fold_reason_;
   int shared_chunks_ = 0;
+  int64_t shared_fold_max_tokens_ = 0;
   MoEConfig kernel_moe_;  // moe_, with the folded shared experts as extra experts and slots
   RunContext complete(RunContext ctx) const;
   void check_hidden_states(const Tensor& hidden_states) const;

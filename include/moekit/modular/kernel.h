@@ -35,6 +35,9 @@ struct ModularApplyArgs {
   Tensor expert_map;                // (E_global,) int32 or undefined
   bool apply_router_weight_on_input = false;
   Tensor shared_experts_input;  // optional separate input of the shared experts (latent MoE)
+  // The caller computes the shared experts another way in this forward (MoELayer's folded
+  // slots): the kernel's shared experts do not run and shared_output stays undefined.
+  bool skip_shared_experts = false;
   Tensor output;  // optional preallocated (M, K) output; allocated when undefined (CPU convenience)
 };
 
