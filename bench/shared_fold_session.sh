@@ -10,6 +10,21 @@
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 tokens="1 16 64 256 1024 4096 16384"
+# bench_pair NAME MODE_A MODE_B BENCH_ARGS...: moekit bench under two --shared-experts modes and
+# their table ($log/fold_NAME.md).
+bench_pair() {
+  local name=$1 a=$2 b=$3 mode
+  shift 3
+  for mode in "$a" "$b"; do
+    timeout 150 build/moekit bench "$@" --tokens $tokens --shared-experts "$mode" \
+      --json "$log/bench_${name}_$mode.json" >"$log/bench_${name}_$mode.log" 2>&1
+    echo "== $name $mode"
+    grep -E "^ +[0-9]+ " "$log/bench_${name}_$mode.log"
+  done
+  python3 bench/compare_fold.py "$log/bench_${name}_$a.json" "$log/bench_${name}_$b.json" \
+    >"$log/fold_$name.md" 2>&1
+  cat "$log/fold_$name.md"
+}
 for part in "$@"; do
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
@@ -25,27 +40,11 @@ for part in "$@"; do
   grep -h "SUMMARY\|PASSED\|FAILED" "$log/sanitizer.log"
   fi
   if [ "$part" = hybrid ]; then  # deepseek-v3 --tp 8: auto (slots up to 256 tokens) vs separate
-  for mode in auto separate; do
-    timeout 100 build/moekit bench --models deepseek-v3 --tp 8 --tokens $tokens --shared-experts $mode \
-      --json "$log/bench_hybrid_$mode.json" >"$log/bench_hybrid_$mode.log" 2>&1
-    echo "== deepseek-v3 --tp 8 $mode"
-    grep -E "^ +[0-9]+ " "$log/bench_hybrid_$mode.log"
-  done
-  python3 bench/compare_fold.py "$log/bench_hybrid_auto.json" "$log/bench_hybrid_separate.json" \
-    >"$log/fold_hybrid.md" 2>&1
-  cat "$log/fold_hybrid.md"
+  bench_pair hybrid auto separate --models deepseek-v3 --tp 8
   build/moekit explain --model deepseek-v3 --tp 8 | grep shared
   fi
   if [ "$part" = gate ]; then  # qwen1.5-moe-a2.7b alone: the gated shared slots' cost
-  for mode in folded separate; do
-    timeout 100 build/moekit bench --models qwen1.5-moe-a2.7b --tokens $tokens --shared-experts $mode \
-      --json "$log/bench_gate_$mode.json" >"$log/bench_gate_$mode.log" 2>&1
-    echo "== qwen1.5-moe-a2.7b $mode"
-    grep -E "^ +[0-9]+ " "$log/bench_gate_$mode.log"
-  done
-  python3 bench/compare_fold.py "$log/bench_gate_folded.json" "$log/bench_gate_separate.json" \
-    >"$log/fold_gate.md" 2>&1
-  cat "$log/fold_gate.md"
+  bench_pair gate folded separate --models qwen1.5-moe-a2.7b
   fi
   if [ "$part" = shared ]; then
   for run in "full:--models deepseek-v3 qwen1.5-moe-a2.7b" "tp8:--models deepseek-v3 --tp 8"; do
