@@ -38,6 +38,14 @@ expect 2 "--routing skewed cannot be used with this checkpoint.*router \(gate\) 
   run --checkpoint "$tmp/bf16" --routing skewed
 expect 2 "The following argument was not expected: --bogus" run --bogus
 expect 0 "Usage" run --help
+# Shared experts: how they run, said by explain; a fold that cannot be is refused with the reason.
+expect 0 "shared       folded into the routed experts: 4 extra expert" \
+  explain --model qwen1.5-moe-a2.7b --device h200
+expect 0 "shared       separate pass \(auto: 1 chunk" explain --model deepseek-v3 --device h200
+expect 0 "-> OK" run --model small-qwen2-moe -m 12 --shared-experts folded
+expect 2 "unknown --shared-experts 'bogus'" run --model small-deepseek -m 4 --shared-experts bogus
+expect 2 "cannot fold into the routed experts.*expert parallelism" \
+  run --model small-deepseek -m 4 --ep --tp 2 --shared-experts folded
 
 # A checkpoint without a router weight needs --routing, then runs with synthetic logits.
 python3 - "$tmp/bf16" "$tmp/nogate" <<'PY' || exit 1
