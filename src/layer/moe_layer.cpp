@@ -716,6 +716,18 @@ void MoELayer::forward_into(Tensor& output, const Tensor& hidden_states,
     forward_monolithic_into(output, hidden_states, router_logits, ctx);
     return;
   }
+  if (shared_chunks_ > 0 && M <= shared_fold_max_tokens_ && !shared_gate_.defined()) {
+    // Folded ungated shared experts: the router's launch writes their slots too.
+    check_hidden_states(hidden_states);
+    const Tensor weights = folded_weights_.slice(0, 0, M);
+    const Tensor ids = folded_ids_.slice(0, 0, M);
+    router_->select_experts_with_extra_into(hidden_states, router_logits, weights, ids,
+                                            {static_cast<int>(moe_.num_experts), shared_chunks_},
+                                            ctx);
+    ctx.stage_done("router");
+    apply_routed(output, hidden_states, ids, weights, /*slots_routed=*/true, ctx);
+    return;
+  }
   const Tensor weights = routing_weights_.slice(0, 0, M);
   const Tensor ids = routing_ids_.slice(0, 0, M);
   router_->select_experts_into(hidden_states, router_logits, weights, ids, ctx);
@@ -750,6 +762,12 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
     ids = routing_ids_.slice(0, 0, M);
     if (ids.data() != topk_ids.data()) convert_ids_to_int32(topk_ids, ids, ctx.stream);
   }
+  apply_routed(output, hidden_states, ids, topk_weights, /*slots_routed=*/false, ctx);
+}
+
+void MoELayer::apply_routed(Tensor& output, const Tensor& hidden_states, const Tensor& ids,
+                            const Tensor& topk_weights, bool slots_routed, RunContext ctx) {
+  const int64_t M = hidden_states.size(0);
   ModularApplyArgs args;
   args.hidden_states = hidden_states;
   args.w1 = kernel_weights_.w13;
@@ -762,7 +780,9 @@ void MoELayer::forward_routed_into(Tensor& output, const Tensor& hidden_states,
   args.apply_router_weight_on_input = router_->apply_router_weight_on_input();
   args.output = output;
   if (shared_chunks_ > 0) args.global_num_experts = kernel_moe_.num_experts;
-  if (shared_chunks_ > 0 && M <= shared_fold_max_tokens_) {  // every token visits the chunks
+  if (slots_routed) {  // the routing already holds the shared slots (forward_into)
+    args.skip_shared_experts = true;
+  } else if (shared_chunks_ > 0 && M <= shared_fold_max_tokens_) {  // every token visits them
     args.skip_shared_experts = true;  // (the kernel's separate pass, held for larger forwards)
     expect_shape(ids, "topk_ids", {M, model_.top_k});
     args.topk_ids = folded_ids_.slice(0, 0, M);

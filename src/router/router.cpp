@@ -147,6 +147,49 @@ void Router::select_experts_into(const Tensor& hidden_states, const Tensor& rout
   if (M > 0) compute(router_logits, topk_weights, topk_ids, ctx);
 }
 
+void Router::select_experts_with_extra_into(const Tensor& hidden_states,
+                                            const Tensor& router_logits, const Tensor& topk_weights,
+                                            const Tensor& topk_ids, ExtraSlots extra,
+                                            RunContext ctx) const {
+  if (extra.count == 0) {
+    select_experts_into(hidden_states, router_logits, topk_weights, topk_ids, ctx);
+    return;
+  }
+  check_inputs(config_, hidden_states, router_logits);
+  const int64_t M = router_logits.size(0), k = config_.top_k, k2 = k + extra.count;
+  MOEKIT_CHECK(extra.count > 0 && extra.first_id >= config_.num_experts,
+               "extra slots: count={} first_id={} (ids must follow the E={} routed experts)",
+               extra.count, extra.first_id, config_.num_experts);
+  const Device device = router_logits.device();
+  expect_tensor(topk_weights, "topk_weights with the extra slots", {M, k2}, {DType::kF32}, device);
+  expect_contiguous(topk_weights, "topk_weights with the extra slots");
+  expect_tensor(topk_ids, "topk_ids with the extra slots", {M, k2}, {DType::kInt32}, device);
+  expect_contiguous(topk_ids, "topk_ids with the extra slots");
+  if (M == 0) return;
+  const RouterConfig& kc = kernel_config();
+  if (device.is_cuda()) {
+    if constexpr (kCudaBuild) {
+      route_on_device_into(kc, router_logits, topk_weights, topk_ids, ctx, extra);
+      return;
+    } else {
+      throw_no_cuda("routing with extra slots on a GPU");
+    }
+  }
+  // The CPU: route into (M, k), then widen each row.
+  const Tensor w = Tensor::empty({M, k}, DType::kF32), ids = Tensor::empty({M, k}, DType::kInt32);
+  route_cpu(kc, router_logits, w, ids);
+  const float* wv = w.data_as<const float>();
+  const int32_t* iv = ids.data_as<const int32_t>();
+  float* ow = topk_weights.data_as<float>();
+  int32_t* oi = topk_ids.data_as<int32_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j < k2; ++j) {
+      oi[m * k2 + j] = j < k ? iv[m * k + j] : extra.first_id + static_cast<int32_t>(j - k);
+      ow[m * k2 + j] = j < k ? wv[m * k + j] : 1.0f;
+    }
+  }
+}
+
 void Router::compute(const Tensor& router_logits, const Tensor& topk_weights,
                      const Tensor& topk_ids, RunContext ctx) const {
   if (router_logits.device().is_cuda()) {

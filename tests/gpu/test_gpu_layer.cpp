@@ -2,6 +2,7 @@
 // expert maps, shared experts, awkward M, garbage ids, CUDA-graph capture/replay, routers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -349,6 +350,49 @@ TEST(GpuLayer, RouterMatchesCpu) {
     const Tensor logits = testing::random_tensor({200, m.num_experts}, DType::kF32, 21, -4, 4);
     // Random continuous logits: exact ties are practically impossible; allow none.
     EXPECT_EQ(router_mismatches(m, logits, router_bias(m)), 0) << preset;
+  }
+}
+
+// The router's extra slots (folded shared experts) on the GPU: the same routing as without them
+// (the CPU's), and the slots written in the same launch.
+TEST(GpuLayer, RouterExtraSlotsMatchCpu) {
+  REQUIRE_SM90_GPU();
+  for (const char* preset : {"deepseek-v3", "qwen3-30b-a3b"}) {
+    const ModelPreset m = find_preset(preset);
+    const int64_t M = 70, k = m.top_k, c = 3;
+    const Tensor logits = testing::random_tensor({M, m.num_experts}, DType::kF32, 31, -4, 4);
+    const Tensor bias = router_bias(m);
+    const auto cpu_router = make_router(MoELayer::make_router_config(m, bias));
+    const Device gd = default_device_info().device();
+    const auto gpu_router =
+        make_router(MoELayer::make_router_config(m, bias.defined() ? bias.to(gd) : Tensor{}));
+    Tensor wc = Tensor::empty({M, k + c}, DType::kF32),
+           ic = Tensor::empty({M, k + c}, DType::kInt32);
+    cpu_router->select_experts_with_extra_into(Tensor{}, logits, wc, ic, {m.num_experts, 3});
+    Tensor wg = Tensor::empty({M, k + c}, DType::kF32, gd);
+    Tensor ig = Tensor::empty({M, k + c}, DType::kInt32, gd);
+    wg.fill_bytes(0xFF);
+    ig.fill_bytes(0xFF);
+    CudaStream stream;
+    gpu_router->select_experts_with_extra_into(Tensor{}, logits.to(gd), wg, ig, {m.num_experts, 3},
+                                               {stream.get(), nullptr});
+    stream.synchronize();
+    const auto xc = ic.to_int_vector(), xg = ig.to(Device::cpu()).to_int_vector();
+    const auto a = wc.to_float_vector(), b = wg.to(Device::cpu()).to_float_vector();
+    const int64_t k2 = k + c;
+    for (int64_t r = 0; r < M; ++r) {
+      // The routed slots: the same (id, weight) pairs; the extra slots: ids E.., weight 1.
+      for (int64_t j = 0; j < k; ++j) {
+        const auto* at = std::find(&xg[r * k2], &xg[r * k2] + k, xc[r * k2 + j]);
+        ASSERT_NE(at, &xg[r * k2] + k) << preset << " row " << r;
+        const float wgot = b[static_cast<size_t>(at - xg.data())];
+        EXPECT_NEAR(a[r * k2 + j], wgot, 1e-5f * std::max(1.0f, std::fabs(a[r * k2 + j])));
+      }
+      for (int64_t j = k; j < k2; ++j) {
+        EXPECT_EQ(xg[r * k2 + j], m.num_experts + (j - k)) << preset << " row " << r;
+        EXPECT_EQ(b[r * k2 + j], 1.0f) << preset << " row " << r;
+      }
+    }
   }
 }
 

@@ -215,6 +215,41 @@ std::vector<float> weights_of(const RoutingResult& r) {
 
 // ---- closed-form cases -------------------------------------------------------------------------
 
+// Extra slots (MoELayer's folded shared experts): the routing unchanged, then count slots of ids
+// first_id.. with weight 1; a first_id inside the routed experts is refused.
+TEST(Router, ExtraSlotsFollowTheRouting) {
+  RouterConfig c;
+  c.num_experts = 12;
+  c.top_k = 3;
+  const auto router = make_router(c);
+  const int64_t M = 5;
+  const Tensor logits = testing::random_tensor({M, 12}, DType::kF32, 3, -2.0f, 2.0f);
+  const RoutingResult plain = router->select_experts(Tensor{}, logits);
+  Tensor w = Tensor::empty({M, 5}, DType::kF32), ids = Tensor::empty({M, 5}, DType::kInt32);
+  router->select_experts_with_extra_into(Tensor{}, logits, w, ids, {12, 2});
+  const auto pi = plain.topk_ids.to_int_vector(), xi = ids.to_int_vector();
+  const auto pw = plain.topk_weights.to_float_vector(), xw = w.to_float_vector();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_EQ(xi[m * 5 + j], pi[m * 3 + j]);
+      EXPECT_EQ(xw[m * 5 + j], pw[m * 3 + j]);
+    }
+    EXPECT_EQ(xi[m * 5 + 3], 12);
+    EXPECT_EQ(xi[m * 5 + 4], 13);
+    EXPECT_EQ(xw[m * 5 + 3], 1.0f);
+    EXPECT_EQ(xw[m * 5 + 4], 1.0f);
+  }
+  EXPECT_NE(testing::error_of([&] {
+              router->select_experts_with_extra_into(Tensor{}, logits, w, ids, {11, 2});
+            }).find("ids must follow the E=12 routed experts"),
+            std::string::npos);
+  Tensor narrow = Tensor::empty({M, 4}, DType::kInt32);
+  EXPECT_NE(testing::error_of([&] {
+              router->select_experts_with_extra_into(Tensor{}, logits, w, narrow, {12, 2});
+            }).find("topk_ids with the extra slots"),
+            std::string::npos);
+}
+
 TEST(Router, SoftmaxTopKKnownProbabilities) {
   // softmax(log(1), log(2), log(3), log(4)) = (0.1, 0.2, 0.3, 0.4).
   std::vector<float> x = {std::log(1.0f), std::log(2.0f), std::log(3.0f), std::log(4.0f)};

@@ -275,6 +275,10 @@ class MoELayer {
   void add_shared_output(Tensor& output, const Tensor& shared_output, const Tensor& hidden_states,
                          RunContext ctx) const;
   void fold_shared_into_routed();
+  // The kernel on a routing: ids / topk_weights (M, k), or (M, k + c) with the folded shared
+  // experts' slots already in it when slots_routed.
+  void apply_routed(Tensor& output, const Tensor& hidden_states, const Tensor& ids,
+                    const Tensor& topk_weights, bool slots_routed, RunContext ctx);
   static std::string fold_obstacle(const ModelPreset& model, const MoEConfig& moe,
                                    const QuantConfig& quant, const MoEPlan& plan);
   void forward_monolithic_into(Tensor& output, const Tensor& hidden_states,

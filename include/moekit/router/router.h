@@ -92,6 +92,16 @@ class Router {
   void select_experts_into(const Tensor& hidden_states, const Tensor& router_logits,
                            const Tensor& topk_weights, const Tensor& topk_ids,
                            RunContext ctx = {}) const;
+  // Slots every row gains after its k selected experts: ids first_id .. first_id + count - 1 with
+  // weight 1 (MoELayer's folded shared experts, written in the same launch on the GPU).
+  struct ExtraSlots {
+    int first_id = 0;
+    int count = 0;
+  };
+  // select_experts_into with outputs (M, k + extra.count): the routing, then the extra slots.
+  void select_experts_with_extra_into(const Tensor& hidden_states, const Tensor& router_logits,
+                                      const Tensor& topk_weights, const Tensor& topk_ids,
+                                      ExtraSlots extra, RunContext ctx = {}) const;
 
  protected:
   // The configuration the computation runs (after fallbacks), handed to the CPU and GPU paths.

@@ -8,7 +8,8 @@
 namespace moekit {
 
 void route_on_device_into(const RouterConfig& config, const Tensor& router_logits,
-                          const Tensor& topk_weights, const Tensor& topk_ids, RunContext ctx) {
+                          const Tensor& topk_weights, const Tensor& topk_ids, RunContext ctx,
+                          Router::ExtraSlots extra) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr, "the GPU router needs a CUDA stream in RunContext");
   expect_dim(router_logits, "router_logits", 2);
   MOEKIT_CHECK(router_logits.stride(1) == 1, "router_logits {} must have unit column stride",
@@ -40,6 +41,8 @@ void route_on_device_into(const RouterConfig& config, const Tensor& router_logit
   p.routed_scaling_factor = config.routed_scaling_factor.value_or(1.0f);
   p.topk_weights = topk_weights.data_as<float>();
   p.topk_ids = topk_ids.data_as<int32_t>();
+  p.extra_slots = extra.count;
+  p.extra_first_id = extra.first_id;
   if (const char* why = cuda::topk_router_unsupported_reason(p)) {
     MOEKIT_CHECK(false, "the GPU router cannot run {}: {}", config.to_string(), why);
   }

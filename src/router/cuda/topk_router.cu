@@ -265,9 +265,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   // 5. weights
   if (p.renormalize && total > 0.0f) my_w = my_w / total;
   my_w *= p.routed_scaling_factor;
+  const int64_t stride = p.top_k + p.extra_slots;
   if (lane < p.top_k) {
-    p.topk_ids[row * p.top_k + lane] = my_id;
-    p.topk_weights[row * p.top_k + lane] = my_w;
+    p.topk_ids[row * stride + lane] = my_id;
+    p.topk_weights[row * stride + lane] = my_w;
+  }
+  for (int j = lane; j < p.extra_slots; j += 32) {
+    p.topk_ids[row * stride + p.top_k + j] = p.extra_first_id + j;
+    p.topk_weights[row * stride + p.top_k + j] = 1.0f;
   }
 }
 
@@ -295,6 +300,7 @@ const char* topk_router_unsupported_reason(const TopkRouterParams& p) {
   if (p.num_experts < 1 || p.num_experts > 1024) return "num_experts must be in [1, 1024]";
   if (p.top_k < 1 || p.top_k > 32) return "top_k must be in [1, 32]";
   if (p.top_k > p.num_experts) return "top_k > num_experts";
+  if (p.extra_slots < 0 || p.extra_first_id < 0) return "extra_slots / extra_first_id < 0";
   if (p.num_tokens > 0 &&
       (p.logits == nullptr || p.topk_weights == nullptr || p.topk_ids == nullptr))
     return "null logits / topk_weights / topk_ids pointer";

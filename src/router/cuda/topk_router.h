@@ -41,8 +41,12 @@ struct TopkRouterParams {
   int topk_group = 0;
   bool renormalize = false;            // divide the k weights by their sum (when the sum is > 0)
   float routed_scaling_factor = 1.0f;  // applied last
-  float* topk_weights = nullptr;       // (M, k) fp32 out
-  int32_t* topk_ids = nullptr;         // (M, k) int32 out, in decreasing selection score
+  float* topk_weights = nullptr;       // (M, k + extra_slots) fp32 out
+  int32_t* topk_ids = nullptr;         // (M, k + extra_slots) int32 out, in decreasing score
+  // Slots appended to every row after the k selected: ids extra_first_id + j, weight 1 (the
+  // shared experts folded into the routed ones). 0 = none.
+  int extra_slots = 0;
+  int extra_first_id = 0;
 };
 
 // nullptr when the launcher supports `p`, otherwise a one-line reason.
