@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/cuda_seam.h"
+#include "core/elementwise.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/core/logging.h"
@@ -175,19 +176,12 @@ void Router::select_experts_with_extra_into(const Tensor& hidden_states,
       throw_no_cuda("routing with extra slots on a GPU");
     }
   }
-  // The CPU: route into (M, k), then widen each row.
+  // The CPU: route into (M, k), then widen each row (as the layer's append_shared_slots).
   const Tensor w = Tensor::empty({M, k}, DType::kF32), ids = Tensor::empty({M, k}, DType::kInt32);
   route_cpu(kc, router_logits, w, ids);
-  const float* wv = w.data_as<const float>();
-  const int32_t* iv = ids.data_as<const int32_t>();
-  float* ow = topk_weights.data_as<float>();
-  int32_t* oi = topk_ids.data_as<int32_t>();
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t j = 0; j < k2; ++j) {
-      oi[m * k2 + j] = j < k ? iv[m * k + j] : extra.first_id + static_cast<int32_t>(j - k);
-      ow[m * k2 + j] = j < k ? wv[m * k + j] : 1.0f;
-    }
-  }
+  Tensor out_w = topk_weights, out_ids = topk_ids;
+  append_shared_slots(ids, w, extra.first_id, extra.count, Tensor{}, Tensor{}, out_ids, out_w,
+                      Stream{});
 }
 
 void Router::compute(const Tensor& router_logits, const Tensor& topk_weights,
