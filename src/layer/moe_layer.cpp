@@ -230,7 +230,10 @@ void MoELayer::check_weights() const {
     expect_tensor(w.router_weight, "router_weight", {moe_.num_experts, H}, {DType::kF32},
                   Device::cpu());
   }
-  if (model_.num_shared_experts > 0 && w.shared_w13.defined() && w.shared_w2.defined()) {
+  if (model_.num_shared_experts > 0) {
+    MOEKIT_CHECK(w.shared_w13.defined() && w.shared_w2.defined(),
+                 "model {} has {} shared expert(s) but shared_w13/shared_w2 were not given",
+                 model_.name, model_.num_shared_experts);
     const int64_t Is = model_.shared_intermediate_size * model_.num_shared_experts;
     const int64_t Ns = moe_.is_act_and_mul() ? 2 * Is : Is;
     expect_tensor(w.shared_w13, "shared_w13", {Ns, H}, {options_.dtype}, device);
@@ -504,10 +507,8 @@ MoELayer::MoELayer(const ModelPreset& model, QuantConfig quant, MoELayerWeights 
   }
 
   std::shared_ptr<SharedExperts> shared;
+  // The separate pass: unless folded for every forward (then the shared tensors are released).
   if (model_.num_shared_experts > 0 && weights_.shared_w13.defined()) {
-    MOEKIT_CHECK(weights_.shared_w13.defined() && weights_.shared_w2.defined(),
-                 "model {} has {} shared expert(s) but shared_w13/shared_w2 were not given",
-                 model_.name, model_.num_shared_experts);
     if (device.is_cuda()) {
       shared = std::make_shared<Sm90SharedExperts>(weights_.shared_w13, weights_.shared_w2,
                                                    model_.activation, moe_.activation_params(),

@@ -234,6 +234,11 @@ TEST(SharedFoldReasons, EachIsNamed) {
   wide.shared_intermediate_size = 60 * ds.intermediate_size;
   EXPECT_EQ(reason(wide, fold), "");
 
+  // A model with shared experts needs their tensors, whichever way they would run.
+  MoELayerWeights missing = MoELayer::random_weights(ds, {}, 4);
+  missing.shared_w2 = Tensor{};
+  EXPECT_TRUE(contains(error_of([&] { (void)MoELayer(ds, missing, {}); }),
+                       "shared_w13/shared_w2 were not given"));
   // Forcing the fold where it cannot be is refused with the reason; under auto the same layer
   // runs the separate pass.
   EXPECT_TRUE(contains(error_of<UnsupportedError>([&] {
