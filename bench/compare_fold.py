@@ -7,8 +7,9 @@ peer/folded compares the peer's routed experts with moekit's whole layer).
     python3 bench/compare_fold.py folded.json separate.json [peer.json] > fold.md
 """
 import json
-import statistics
 import sys
+
+from compare_peer import print_summary
 
 
 def main() -> int:
@@ -38,9 +39,7 @@ def main() -> int:
         p_ratio = f"{p['us'] / f['us']:.2f}" if p else "-"
         print(f"| {key[0]} | {key[1]} | {s['us']:.1f} | {shared:.1f} | {f['us']:.1f} | "
               f"{s['us'] - f['us']:.1f} | {gain:.2f} | {p_us} | {p_ratio} |")
-    if gains:
-        print(f"\nseparate/folded over {len(gains)} cases: min {min(gains):.2f}, "
-              f"median {statistics.median(gains):.2f}, max {max(gains):.2f}")
+    print_summary("separate/folded", gains)
     return 0
 
 

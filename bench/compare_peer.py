@@ -10,6 +10,13 @@ import statistics
 import sys
 
 
+def print_summary(label: str, ratios: list) -> None:
+    """The closing line of a ratio table: min, median and max over the cases (none: nothing)."""
+    if ratios:
+        print(f"\n{label} over {len(ratios)} cases: min {min(ratios):.2f}, "
+              f"median {statistics.median(ratios):.2f}, max {max(ratios):.2f}")
+
+
 def main() -> int:
     argv = sys.argv[1:]
     dtype = "bf16"
@@ -40,9 +47,7 @@ def main() -> int:
         ratios.append(ratio)
         print(f"| {c['model']} | {c['M']} | {c['us']:.1f} | {routed:.1f} | {c['tbps']:.2f} | "
               f"{c['tflops']:.1f} | {p['us']:.1f} | {ratio:.2f} |")
-    if ratios:
-        print(f"\npeer/moekit over {len(ratios)} cases: min {min(ratios):.2f}, "
-              f"median {statistics.median(ratios):.2f}, max {max(ratios):.2f}")
+    print_summary("peer/moekit", ratios)
     return 0
 
 
