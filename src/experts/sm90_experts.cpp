@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -473,48 +474,96 @@ Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
 
 namespace {
 
-// MXFP4 rows are whole 32-element groups: hidden and intermediate multiples of 32.
-std::string sm90_mxfp4_shape_check(const MoEConfig& moe) {
-  if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
-  const int64_t I = moe.intermediate_size_per_partition();
-  if (moe.hidden_dim % 32 != 0 || I % 32 != 0) {
-    return fmt::format("(MXFP4 rows need hidden {} and intermediate {} multiples of 32)",
-                       moe.hidden_dim, I);
-  }
-  if (moe.in_dtype != DType::kBF16) {
-    return fmt::format("(MXFP4 weights run with bf16 activations, got {})",
-                       dtype_name(moe.in_dtype));
-  }
-  return {};
+// MXFP4 / NVFP4 (`format`) rows are whole 16-byte groups of 32 elements: hidden and intermediate
+// multiples of 32.
+ExpertsClass::ShapeCheck sm90_fp4_shape_check(const char* format) {
+  return [format](const MoEConfig& moe) -> std::string {
+    if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
+    const int64_t I = moe.intermediate_size_per_partition();
+    if (moe.hidden_dim % 32 != 0 || I % 32 != 0) {
+      return fmt::format("({} rows need hidden {} and intermediate {} multiples of 32)", format,
+                         moe.hidden_dim, I);
+    }
+    if (moe.in_dtype != DType::kBF16) {
+      return fmt::format("({} weights run with bf16 activations, got {})", format,
+                         dtype_name(moe.in_dtype));
+    }
+    return {};
+  };
 }
 
-// The e8m0 group scales (E, n, k / 32) of one weight with their rows in the kernel's order
-// (kernel row r holds standard row source[r]), on `device`.
-Tensor kernel_group_scale(const Tensor& scale, const std::vector<int32_t>& source, Device device) {
+// The group scale codes (E, n, k / group) of one weight (`name`) with their rows in the kernel's
+// order (kernel row r holds standard row source[r]), on `device`: MXFP4's e8m0 codes as they are,
+// NVFP4's ue4m3 codes as kernel scale codes (nvfp4_kernel_scale; a negative or NaN one is refused).
+Tensor kernel_group_scale(const Tensor& scale, const std::vector<int32_t>& source, Device device,
+                          std::string_view name, bool nvfp4) {
   const Tensor host = scale.device().is_cpu() ? scale : scale.to(Device::cpu());
-  expect_dim(host, "MXFP4 weight scale", 3);
+  expect_dim(host, name, 3);
   const int64_t E = host.size(0), n = host.size(1), g = host.size(2);
-  MOEKIT_CHECK(static_cast<int64_t>(source.size()) == n,
-               "MXFP4 weight scale {} has {} rows, the weight {}", host.describe(), n,
-               source.size());
+  MOEKIT_CHECK(static_cast<int64_t>(source.size()) == n, "{} {} has {} rows, the weight {}", name,
+               host.describe(), n, source.size());
   Tensor out = Tensor::empty({E, n, g}, DType::kUInt8);
   const Tensor src = host.is_contiguous() ? host : host.clone();
   const auto* s = static_cast<const uint8_t*>(src.data());
   auto* o = out.data_as<uint8_t>();
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t r = 0; r < n; ++r) {
-      std::memcpy(o + (e * n + r) * g, s + (e * n + source[static_cast<size_t>(r)]) * g,
-                  static_cast<size_t>(g));
+      const uint8_t* from = s + (e * n + source[static_cast<size_t>(r)]) * g;
+      uint8_t* to = o + (e * n + r) * g;
+      if (!nvfp4) {
+        std::memcpy(to, from, static_cast<size_t>(g));
+        continue;
+      }
+      for (int64_t i = 0; i < g; ++i) {
+        MOEKIT_CHECK((from[i] & 0x80) == 0 && from[i] != 0x7F,
+                     "{} holds ue4m3 code {:#04x} at expert {} row {} group {}: NVFP4 block scales "
+                     "must be finite and >= 0",
+                     name, from[i], e, source[static_cast<size_t>(r)], i);
+        to[i] = cuda::sm90::nvfp4_kernel_scale(from[i]);
+      }
     }
   }
   return device.is_cpu() ? out : out.to(device);
+}
+
+// The group scales of both weights in the kernel's layout (w13 in its kernel row order).
+void bind_group_scales(sm90::LaunchState& state, const MoEConfig& moe, const QuantConfig& quant,
+                       bool nvfp4) {
+  const int64_t H = moe.hidden_dim;
+  const int64_t I = moe.intermediate_size_per_partition();
+  const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
+  std::vector<int32_t> identity(static_cast<size_t>(H));
+  std::iota(identity.begin(), identity.end(), 0);
+  const Device device = moe.device.device();
+  const char* format = nvfp4 ? "NVFP4" : "MXFP4";
+  state.w1_scale = kernel_group_scale(quant.w1.scale, kernel_row_sources(N, moe), device,
+                                      fmt::format("{} w1 scale", format), nvfp4);
+  state.w2_scale = kernel_group_scale(quant.w2.scale, identity, device,
+                                      fmt::format("{} w2 scale", format), nvfp4);
+}
+
+// An NVFP4 weight's global scales (E,) f32 x 2^8 on `device` (the kernel's element products carry
+// 2^-8: sm90/mxfp4_layout.h).
+Tensor kernel_global_scale(const Tensor& alphas, int64_t E, Device device, std::string_view name) {
+  expect_defined(alphas, name);
+  const std::vector<float> v = alphas.to_float_vector();
+  MOEKIT_CHECK(static_cast<int64_t>(v.size()) == E, "{} {} must hold one scale per expert ({})",
+               name, alphas.describe(), E);
+  std::vector<float> scaled(v.size());
+  for (size_t e = 0; e < v.size(); ++e) {
+    MOEKIT_CHECK(std::isfinite(v[e]) && v[e] > 0.0f,
+                 "{} of expert {} is {}: the global scale must be finite and > 0", name, e, v[e]);
+    scaled[e] = v[e] * cuda::sm90::kNvfp4PairExponentScale;
+  }
+  const Tensor host = Tensor::from_floats(scaled, {E}, DType::kF32);
+  return device.is_cpu() ? host : host.to(device);
 }
 
 }  // namespace
 
 const ExpertsClass& Sm90Mxfp4Experts::klass() {
   static const ExpertsClass k = sm90_quantized_class<Sm90Mxfp4Experts>(
-      "Sm90Mxfp4Experts", {{quant_keys::kMxfp4Static, std::nullopt}}, sm90_mxfp4_shape_check,
+      "Sm90Mxfp4Experts", {{quant_keys::kMxfp4Static, std::nullopt}}, sm90_fp4_shape_check("MXFP4"),
       {DType::kBF16});
   return k;
 }
@@ -528,14 +577,37 @@ Sm90Mxfp4Experts::Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quan
                quant.describe());
   sm90::choose_tiles(*state_, moe, "Sm90Mxfp4Experts", cuda::sm90::TileFamily::kW4A16);
   state_->scales = sm90::LaunchState::WeightScales::kMxfp4;
-  const int64_t H = moe.hidden_dim;
-  const int64_t I = moe.intermediate_size_per_partition();
-  const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
-  std::vector<int32_t> identity(static_cast<size_t>(H));
-  std::iota(identity.begin(), identity.end(), 0);
+  bind_group_scales(*state_, moe, quant, /*nvfp4=*/false);
+}
+
+// ---- Sm90Nvfp4Experts -------------------------------------------------------------------------
+
+const ExpertsClass& Sm90Nvfp4Experts::klass() {
+  // The W4A4 key too: the sm90_nvfp4 backend is weight-only (its QuantConfig keeps the
+  // activations in bf16, as vLLM's marlin does on Hopper).
+  static const ExpertsClass k = sm90_quantized_class<Sm90Nvfp4Experts>(
+      "Sm90Nvfp4Experts",
+      {{quant_keys::kNvfp4Static, std::nullopt},
+       {quant_keys::kNvfp4Static, quant_keys::kNvfp4Dynamic}},
+      sm90_fp4_shape_check("NVFP4"), {DType::kBF16});
+  return k;
+}
+
+Sm90Nvfp4Experts::Sm90Nvfp4Experts(const MoEConfig& moe, const QuantConfig& quant)
+    : Sm90StandardExpertsBase(klass(), moe, quant) {
+  MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp4E2M1 && (quant.w1.shape == GroupShape{1, 16}) &&
+                   quant.a1.dtype == QuantDType::kNone,
+               "Sm90Nvfp4Experts runs NVFP4 weights (e2m1, ue4m3 per 16, a global scale per "
+               "expert) with bf16 activations only (the weight-only QuantConfig of the sm90_nvfp4 "
+               "backend), got {}",
+               quant.describe());
+  sm90::choose_tiles(*state_, moe, "Sm90Nvfp4Experts", cuda::sm90::TileFamily::kW4A16);
+  state_->scales = sm90::LaunchState::WeightScales::kNvfp4;
+  bind_group_scales(*state_, moe, quant, /*nvfp4=*/true);
   const Device device = moe.device.device();
-  state_->w1_scale = kernel_group_scale(quant.w1.scale, kernel_row_sources(N, moe), device);
-  state_->w2_scale = kernel_group_scale(quant.w2.scale, identity, device);
+  const int64_t E = moe.num_local_experts;
+  state_->w1_global = kernel_global_scale(quant.w1.alpha_or_gscale, E, device, "NVFP4 g1_alphas");
+  state_->w2_global = kernel_global_scale(quant.w2.alpha_or_gscale, E, device, "NVFP4 g2_alphas");
 }
 
 // ---- backend registrations (the unquantized oracle) -------------------------------------------
@@ -621,7 +693,7 @@ std::optional<WeightLayout> sm90_mxfp4_weight_layout(const MoEConfig& moe) {
   std::optional<WeightLayout> rows = sm90_weight_layout(moe);
   WeightLayout layout;
   layout.name = (rows ? rows->name + "; " : std::string()) +
-                "MXFP4 codes of each group of 32 in the W4A16 kernels' nibble order";
+                "e2m1 codes of each group of 32 in the W4A16 kernels' nibble order";
   layout.to_kernel = [rows](ExpertWeights& w, const MoEConfig& m, Stream stream) {
     if (rows) rows->to_kernel(w, m, stream);
     reorder_mxfp4_in_place(w.w13, true, stream);
@@ -704,6 +776,20 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4, [] {
   b.layout = sm90_mxfp4_weight_layout;
   b.traits.hidden_align = 32;
   b.traits.intermediate_align = 32;
+  return b;
+}());
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_nvfp4, [] {
+  ExpertsBackend b = sm90_quantized_backend(
+      "sm90_nvfp4", Sm90Nvfp4Experts::klass(), QuantOracleKind::kNvfp4,
+      "Hopper bf16 wgmma grouped GEMMs on NVFP4 weights, weight-only (Hopper has no fp4 tensor "
+      "cores: activations stay bf16 and a checkpoint's input scales are not used, as vLLM's "
+      "marlin): packed e2m1 converted to bf16 with its ue4m3 scale per 16, the global scale "
+      "in the epilogue");
+  b.layout = sm90_mxfp4_weight_layout;
+  b.traits.hidden_align = 32;
+  b.traits.intermediate_align = 32;
+  b.traits.weight_only = true;
   return b;
 }());
 

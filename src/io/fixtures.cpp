@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <system_error>
 
@@ -170,6 +171,11 @@ std::pair<json, json> scheme_hints(const std::string& scheme) {
     return {
         json::array({group_spec("fp4", 16, false, false), spec("fp8_e4m3", "per_tensor", false)}),
         json::array({group_spec("fp4", 16, true, false), spec("fp8_e4m3", "per_tensor", false)})};
+  }
+  if (scheme == "nvfp4_w4a16") {
+    return {
+        json::array({group_spec("fp4", 16, false, false), spec("fp8_e4m3", "per_tensor", false)}),
+        nullptr};
   }
   if (scheme == "mxfp4_w4a16") return {group_spec("fp4", 32, false, true), nullptr};
   if (scheme == "mxfp4_a8") {
@@ -344,7 +350,7 @@ void emit_projection(Emitter& out, const std::string& p, const std::vector<float
 // NVFP4: the projections in `rows_of` quantized as one tensor (one global scale), emitted apart.
 void emit_nvfp4(Emitter& out, const std::vector<std::string>& names,
                 const std::vector<const std::vector<float>*>& parts, int64_t rows, int64_t cols,
-                float act_amax) {
+                std::optional<float> act_amax) {
   std::vector<float> all;
   for (const auto* p : parts)
     all.insert(all.end(), p->begin(), p->end());
@@ -358,7 +364,7 @@ void emit_nvfp4(Emitter& out, const std::vector<std::string>& names,
     out.bytes(names[i] + ".weight_scale", "F8_E4M3", {rows, sc}, q.scale_codes.data() + r0 * sc,
               static_cast<size_t>(rows * sc));
     out.scalar(names[i] + ".weight_scale_2", 1.0f / q.global_scale);
-    out.scalar(names[i] + ".input_scale_2", act_amax / (448.0f * 6.0f));
+    if (act_amax) out.scalar(names[i] + ".input_scale_2", *act_amax / (448.0f * 6.0f));
   }
 }
 
@@ -452,9 +458,10 @@ void write_checkpoint(const std::filesystem::path& dir, const std::vector<Entry>
 
 const std::vector<std::string>& fixture_schemes() {
   static const std::vector<std::string> kSchemes = {
-      "bf16",       "fp8_per_tensor", "fp8_per_channel", "fp8_block128",    "w4a8_fp8",
-      "nvfp4",      "mxfp4_w4a16",    "mxfp4_a8",        "mxfp4_a4",        "mxfp6_e3m2",
-      "mxfp6_e2m3", "int8_w8a8",      "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor"};
+      "bf16",      "fp8_per_tensor",  "fp8_per_channel", "fp8_block128",
+      "w4a8_fp8",  "nvfp4",           "nvfp4_w4a16",     "mxfp4_w4a16",
+      "mxfp4_a8",  "mxfp4_a4",        "mxfp6_e3m2",      "mxfp6_e2m3",
+      "int8_w8a8", "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor"};
   return kSchemes;
 }
 
@@ -526,9 +533,12 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
       const std::vector<float> wd = uniform(rng, H * I, s2);
       // Static activation bounds differ a little per expert (exercises the max reduction).
       const float vary = 1.0f + 0.02f * static_cast<float>(e);
-      if (scheme == "nvfp4") {
-        emit_nvfp4(out, {p + g, p + u}, {&wg, &wu}, I, H, a13 * vary);
-        emit_nvfp4(out, {p + d}, {&wd}, H, I, a2 * vary);
+      if (scheme == "nvfp4" || scheme == "nvfp4_w4a16") {
+        const bool w4a4 = scheme == "nvfp4";  // W4A16: no input scales
+        emit_nvfp4(out, {p + g, p + u}, {&wg, &wu}, I, H,
+                   w4a4 ? std::optional<float>(a13 * vary) : std::nullopt);
+        emit_nvfp4(out, {p + d}, {&wd}, H, I,
+                   w4a4 ? std::optional<float>(a2 * vary) : std::nullopt);
         continue;
       }
       emit_projection(out, p + g, wg, I, H, scheme, a13 * vary);

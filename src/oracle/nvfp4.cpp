@@ -5,6 +5,7 @@
 
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
+#include "moekit/core/logging.h"
 #include "seed_backends.h"
 
 namespace moekit {
@@ -44,7 +45,7 @@ const SeedBackends kSeedNvfp4(QuantOracleKind::kNvfp4,
                                   {"flashinfer_cutedsl_batched"},
                                   {"flashinfer_cutlass"},
                                   {"vllm_cutlass", {}, "", {.per_expert_input_global_scale = true}},
-                                  {"marlin"},
+                                  {"marlin", {}, "", {.weight_only = true}},
                                   {"humming"},
                                   {"b12x", {}, "", {}, {}, /*only_when_forced=*/true},
                                   {"flashinfer_b12x", {}, "", {}, {}, /*only_when_forced=*/true},
@@ -66,7 +67,15 @@ QuantConfig Nvfp4MoEKernelOracle::make_quant_config(const ExpertsBackend& backen
   MOEKIT_CHECK(s.w13_input_scale.defined() == s.w2_input_scale.defined(),
                "nvfp4 make_quant_config: w13_input_scale and w2_input_scale must both be set "
                "(W4A4) or both unset (W4A16)");
-  if (!s.w13_input_scale.defined()) {
+  // W4A16: a checkpoint without input scales, or a weight-only backend (Hopper's, marlin),
+  // which leaves the activations in the model's dtype and does not use the input scales.
+  if (!s.w13_input_scale.defined() || backend.traits.weight_only) {
+    if (s.w13_input_scale.defined()) {
+      log::info_once(fmt::format(
+          "nvfp4 MoE backend '{}' is weight-only: the activations stay unquantized and the "
+          "checkpoint's input scales are not used",
+          backend.name));
+    }
     p.g1_alphas = f32_tensor(ws13);
     p.g2_alphas = f32_tensor(ws2);
     return nvfp4_w4a16_moe_quant_config(shape, p);

@@ -32,6 +32,12 @@ std::string MoEPlan::to_string() const {
   if (backend) {
     out += fmt::format("\nweights: {}\n",
                        weight_layout ? weight_layout->name : std::string("standard layout"));
+    if (backend->traits.weight_only) {
+      out += fmt::format(
+          "activations: unquantized ({} is weight-only: a checkpoint's activation scales are not "
+          "used)\n",
+          backend->name);
+    }
   }
   if (!kernel_notes.empty()) out += "\nkernels:\n" + kernel_notes;
   return out;

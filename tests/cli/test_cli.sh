@@ -109,6 +109,12 @@ expect 2 "needs about [0-9.]+ GB of host memory .* GB is available" \
 # An absent GPU is previewed, not probed.
 expect 0 "preview: NVIDIA H200.*not present here" explain --device h200 --model deepseek-v3
 expect 0 "sm90_grouped +Sm90GroupedExperts +CHOSEN" explain --device h200 --model deepseek-v3
+# NVFP4 on Hopper: the weight-only kernel, for a W4A4 scheme too (activations stay bf16).
+expect 0 "sm90_nvfp4 +Sm90Nvfp4Experts +CHOSEN" explain --device h200 --model small --quant nvfp4
+expect 0 "activations: unquantized \(sm90_nvfp4 is weight-only" \
+  explain --device h200 --model small --quant nvfp4
+expect 0 "sm90_nvfp4 +Sm90Nvfp4Experts +CHOSEN" \
+  explain --device h200 --model small --quant nvfp4_w4a16
 expect 0 "naive_allgather +naive +CHOSEN" explain --model deepseek-v3 --ep --dp 2
 expect 0 "all2all +nccl_all2all +CHOSEN" explain --model deepseek-v3 --ep --dp 2 --all2all nccl_all2all
 expect 1 "no prepare/finalize is registered for all-to-all backend 'megakernel'" \

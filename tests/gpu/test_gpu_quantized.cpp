@@ -1,9 +1,12 @@
-// Quantized layers on the GPU (Sm90Fp8Experts, Sm90Int8Experts, Sm90Mxfp4Experts) against the CPU
-// emulation of the same quantization (CpuFp8Experts / CpuInt8Experts / CpuMxfp4Experts, same
-// random weights through the same Quark method) and against the float64 reference: fp8 (128x128
-// blocks with 1x128 activation groups, per-tensor static, per-channel with per-token
-// activations), int8 (per-channel weights with per-token activations, per-tensor static) and
-// MXFP4 weights with bf16 activations (gpt-oss W4A16), H and I that are not multiples of 128,
+// Quantized layers on the GPU (Sm90Fp8Experts, Sm90Int8Experts, Sm90Mxfp4Experts,
+// Sm90Nvfp4Experts) against the CPU emulation of the same quantization (CpuFp8Experts /
+// CpuInt8Experts / CpuMxfp4Experts / CpuNvfp4Experts, same random weights through the same Quark
+// method) and against the float64 reference: fp8 (128x128 blocks with 1x128 activation groups,
+// per-tensor static, per-channel with per-token activations), int8 (per-channel weights with
+// per-token activations, per-tensor static), MXFP4 weights with bf16 activations (gpt-oss W4A16)
+// and NVFP4 weights with bf16 activations (a W4A16 checkpoint, and a W4A4 one that Hopper runs
+// weight-only: it is held to its own W4A16 float64 recomputation and to the W4A4 emulation within
+// the scheme's tolerance), H and I that are not multiples of 128,
 // M = 0 .. 65537, an expert map, shared experts, every tile forced, graph replay bitwise, the
 // device quantizer bit-exact against the host one.
 #include <gtest/gtest.h>
@@ -36,9 +39,18 @@ struct SchemeInfo {
   const char* cpu_experts;
   const char* vs_emulation;  // tolerance of the GPU against the emulation
   const char* vs_float64;    // tolerance of the scheme against float64
+  // The GPU runs another QuantConfig than the emulation (a weight-only backend): the float64
+  // recomputation follows the GPU layer's.
+  bool gpu_weight_only = false;
 };
 
 SchemeInfo scheme_info(const std::string& scheme) {
+  if (scheme == "nvfp4_w4a16") {
+    return {"Sm90Nvfp4Experts", "CpuNvfp4Experts", "nvfp4_w4a16_gpu", "nvfp4_w4a16_gpu"};
+  }
+  if (scheme == "nvfp4") {
+    return {"Sm90Nvfp4Experts", "CpuNvfp4Experts", "nvfp4", "nvfp4_w4a16_gpu", true};
+  }
   if (scheme == "mxfp4_w4a16") {
     return {"Sm90Mxfp4Experts", "CpuMxfp4Experts", "mxfp4_w4a16_gpu", "mxfp4"};
   }
@@ -69,7 +81,7 @@ struct Errors {
 
 // Routes on the CPU, runs both layers' routed experts (and shared experts) on the same input and
 // compares the GPU output with the emulation's and with the float64 recomputation.
-Errors compare(LayerPair& p, int64_t M, uint64_t seed) {
+Errors compare(LayerPair& p, int64_t M, uint64_t seed, bool gpu_weight_only = false) {
   const ModelPreset& model = p.cpu.model();
   const Tensor x = testing::random_tensor({M, model.hidden_size}, DType::kBF16, seed);
   const Tensor logits =
@@ -91,7 +103,8 @@ Errors compare(LayerPair& p, int64_t M, uint64_t seed) {
   for (int64_t m = 0; m < std::min<int64_t>(M, 64); ++m)
     rows.push_back(m);
   if (!rows.empty()) {
-    e.vs_float64 = relative_error(got, reference_forward(p.cpu, x, r, rows), rows);
+    e.vs_float64 =
+        relative_error(got, reference_forward(gpu_weight_only ? p.gpu : p.cpu, x, r, rows), rows);
   }
   return e;
 }
@@ -137,7 +150,7 @@ TEST_P(QuantizedGpuVsEmulation, MatchesEmulationAndFloat64) {
   LayerPair p = make_pair(model, c.scheme, std::max<int64_t>(c.M, 1));
   EXPECT_EQ(p.gpu.kernel().fused_experts().name(), info.gpu_experts);
   EXPECT_EQ(p.cpu.kernel().fused_experts().name(), info.cpu_experts);
-  const Errors e = compare(p, c.M, 11);
+  const Errors e = compare(p, c.M, 11, info.gpu_weight_only);
   if (c.M == 0) return;
   std::cout << "[quantized] " << c.scheme << " " << c.preset << " M=" << c.M << " vs emulation "
             << e.vs_emulation << ", vs float64 " << e.vs_float64 << "\n";
@@ -148,7 +161,7 @@ TEST_P(QuantizedGpuVsEmulation, MatchesEmulationAndFloat64) {
 std::vector<SchemeCase> scheme_cases() {
   std::vector<SchemeCase> v;
   for (const char* scheme : {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8",
-                             "int8_per_tensor", "mxfp4_w4a16"}) {
+                             "int8_per_tensor", "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4"}) {
     // small: H 256, I 384 (multiples of 128); small-h320: H 320 (partial K and N blocks);
     // small-deepseek: shared experts, grouped routing; small-gpt-oss: H = I = 192, swigluoai with
     // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128).
@@ -182,9 +195,10 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
       {"128x128", {"fp8_block128"}},
       {"128x256",
        {"fp8_block128", "fp8_per_channel", "fp8_per_tensor", "int8_w8a8", "int8_per_tensor"}},
-      {"16x64", {"fp8_block128", "fp8_per_channel", "fp8_per_tensor", "mxfp4_w4a16"}},
-      {"64x64", {"mxfp4_w4a16"}},
-      {"128x128", {"mxfp4_w4a16"}},
+      {"16x64",
+       {"fp8_block128", "fp8_per_channel", "fp8_per_tensor", "mxfp4_w4a16", "nvfp4_w4a16"}},
+      {"64x64", {"mxfp4_w4a16", "nvfp4_w4a16"}},
+      {"128x128", {"mxfp4_w4a16", "nvfp4_w4a16"}},
   };
   for (const TileCase& tc : cases) {
     const char* tile = tc.tile;
@@ -208,7 +222,7 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
 
 TEST(QuantizedGpu, ExpertMapRanksMatchEmulation) {
   REQUIRE_SM90_GPU();
-  for (const char* scheme : {"fp8_block128", "int8_w8a8", "mxfp4_w4a16"}) {
+  for (const char* scheme : {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16"}) {
     for (int rank = 0; rank < 2; ++rank) {
       const ParallelConfig par = ParallelConfig::make(2, 1, 0, rank, /*enable_ep=*/true);
       LayerPair p = make_pair(find_preset("small"), scheme, 64, par);
@@ -268,7 +282,7 @@ TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
 TEST(QuantizedGpu, CudaGraphReplayIsBitwiseIdentical) {
   REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph
-  for (const char* scheme : {"fp8_block128", "int8_w8a8", "mxfp4_w4a16"}) {
+  for (const char* scheme : {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16"}) {
     MoELayerOptions opt;
     opt.device = default_device_info();
     opt.max_num_tokens = 128;

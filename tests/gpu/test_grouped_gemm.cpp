@@ -877,26 +877,33 @@ TEST(GroupedGemmFp8, LongKBothFamiliesMatchFloat64) {
 
 // One W4A16 problem: bf16 A (rows, k), W as e2m1 pairs (E, n, k / 2) with e8m0 codes (E, n, k /
 // 32), the schedule `counts`; C (rows, n) bf16 poisoned before the run.
+// NVFP4 (`global` given): ue4m3 codes (E, n, k / 16) and a global scale per expert.
 struct W4Problem {
   int n = 0, k = 0, num_experts = 0, rows = 0;
   std::vector<int32_t> offsets;
   std::vector<uint16_t> a;  // bf16 bits
   std::vector<uint8_t> w, scale;
-  DeviceBuffer d_a, d_w, d_scale, d_c, d_offsets;
+  std::vector<float> global;  // NVFP4 only
+  DeviceBuffer d_a, d_w, d_scale, d_global, d_c, d_offsets;
   GroupedGemmArgs args;
 
-  // The exact value of W[e][c][kk] (e2m1 x 2^(s - 127)).
+  bool nvfp4() const { return !global.empty(); }
+  // The exact value of W[e][c][kk] (e2m1 x 2^(s - 127); NVFP4: e2m1 x ue4m3 x global).
   double w_value(int e, int c, int kk) const {
     const uint8_t byte = w[(static_cast<size_t>(e) * n + c) * (k / 2) + kk / 2];
     const uint8_t code = kk % 2 == 0 ? byte & 0xF : byte >> 4;
+    const double v = moekit::quant::decode_fp4_e2m1(code);
+    if (nvfp4()) {
+      const uint8_t s = scale[(static_cast<size_t>(e) * n + c) * (k / 16) + kk / 16];
+      return v * moekit::quant::decode_ue4m3(s) * global[static_cast<size_t>(e)];
+    }
     const uint8_t s = scale[(static_cast<size_t>(e) * n + c) * (k / 32) + kk / 32];
-    return static_cast<double>(moekit::quant::decode_fp4_e2m1(code)) *
-           static_cast<double>(moekit::quant::decode_e8m0(s));
+    return v * static_cast<double>(moekit::quant::decode_e8m0(s));
   }
 };
 
 void build_w4(W4Problem& p, std::vector<int> counts, int n, int k, std::vector<uint16_t> a,
-              std::vector<uint8_t> w, std::vector<uint8_t> scale) {
+              std::vector<uint8_t> w, std::vector<uint8_t> scale, std::vector<float> global = {}) {
   p.n = n;
   p.k = k;
   p.num_experts = static_cast<int>(counts.size());
@@ -913,7 +920,19 @@ void build_w4(W4Problem& p, std::vector<int> counts, int n, int k, std::vector<u
   sm90::mxfp4_reorder_groups(kernel_w.data(),
                              static_cast<int64_t>(kernel_w.size()) / sm90::kMxfp4GroupBytes, true);
   p.d_w = upload(kernel_w);
-  p.d_scale = upload(p.scale);
+  p.global = std::move(global);
+  if (p.nvfp4()) {  // kernel scale codes and global scales x 2^8 (sm90/mxfp4_layout.h)
+    std::vector<uint8_t> codes(p.scale.size());
+    for (size_t i = 0; i < codes.size(); ++i)
+      codes[i] = sm90::nvfp4_kernel_scale(p.scale[i]);
+    std::vector<float> g(p.global.size());
+    for (size_t e = 0; e < g.size(); ++e)
+      g[e] = p.global[e] * sm90::kNvfp4PairExponentScale;
+    p.d_scale = upload(codes);
+    p.d_global = upload(g);
+  } else {
+    p.d_scale = upload(p.scale);
+  }
   p.d_offsets = upload(p.offsets);
   p.d_c = DeviceBuffer(static_cast<size_t>(std::max(1, p.rows)) * n * 2);
   GroupedGemmArgs& g = p.args;
@@ -930,6 +949,11 @@ void build_w4(W4Problem& p, std::vector<int> counts, int n, int k, std::vector<u
   g.dtype = ElemType::kBF16;
   g.w_packing = moekit::cuda::WPacking::kMxfp4;
   g.w_group_scale = p.d_scale.as<uint8_t>();
+  if (p.nvfp4()) {
+    g.w_packing = moekit::cuda::WPacking::kNvfp4;
+    g.w_scale_kind = moekit::cuda::WScale::kExpert;
+    g.w_scale = p.d_global.as<float>();
+  }
 }
 
 std::vector<uint16_t> run_w4(const W4Problem& p, int tile) {
@@ -1061,6 +1085,107 @@ TEST(GroupedGemmW4A16, RandomProblemMatchesFloat64AndPropagatesNaNScale) {
       EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name << " k=" << k;
     }
   }
+}
+
+// NVFP4 on the same rows: one-hot rows give every (e2m1 code, ue4m3 scale) pair, over every
+// finite non-negative ue4m3 code (subnormal scales included), times a power-of-two global scale
+// exactly, on every tile; k = 96 has a partial K step, k = 128 swap-AB's whole steps.
+TEST(GroupedGemmNvfp4, OneHotRowsGiveEveryDequantizedWeightExactly) {
+  REQUIRE_GPU();
+  for (const int k : {96, 128}) {
+    const int n = 128;
+    std::mt19937 rng(23);
+    std::vector<uint8_t> w(static_cast<size_t>(n) * k / 2), sc(static_cast<size_t>(n) * k / 16);
+    for (auto& b : w)
+      b = static_cast<uint8_t>(rng() & 0xFF);
+    for (size_t i = 0; i < sc.size(); ++i)
+      sc[i] = static_cast<uint8_t>((i * 37) % 0x7F);  // 0 .. 0x7E, every code
+    const int rows = k;
+    std::vector<uint16_t> a(static_cast<size_t>(rows) * k, 0);
+    for (int r = 0; r < rows; ++r)
+      a[static_cast<size_t>(r) * k + r] = moekit::float_to_bf16_bits(1.0f);
+    W4Problem p;
+    build_w4(p, {rows}, n, k, a, w, sc, {0.5f});
+    ASSERT_EQ(moekit::cuda::can_implement(p.args), "");
+    for (int tile : w4_tiles_for(k)) {
+      const std::vector<uint16_t> c = run_w4(p, tile);
+      ASSERT_EQ(c.size(), static_cast<size_t>(rows) * n) << sm90::kTileTable[tile].name;
+      int wrong = 0;
+      for (int r = 0; r < rows; ++r) {
+        for (int col = 0; col < n; ++col) {
+          const float want = static_cast<float>(p.w_value(0, col, r));
+          const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * n + col]);
+          if (!(got == want) && wrong++ < 5) {
+            ADD_FAILURE() << sm90::kTileTable[tile].name << " k=" << k << " row " << r << " col "
+                          << col << ": got " << got << ", want " << want;
+          }
+        }
+      }
+      EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name << " k=" << k;
+    }
+  }
+}
+
+// Random A, W and scales over an uneven schedule with a different global scale per expert, every
+// tile, against float64; and can_implement's NVFP4 reasons.
+TEST(GroupedGemmNvfp4, RandomProblemMatchesFloat64) {
+  REQUIRE_GPU();
+  for (const int k : {160, 192}) {
+    const std::vector<int> counts = {5, 0, 70, 133};
+    const int n = 192, E = static_cast<int>(counts.size());
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::vector<uint8_t> w(static_cast<size_t>(E) * n * k / 2),
+        sc(static_cast<size_t>(E) * n * k / 16);
+    for (auto& b : w)
+      b = static_cast<uint8_t>(rng() & 0xFF);
+    for (auto& s : sc)
+      s = static_cast<uint8_t>(0x30 + rng() % 0x30);
+    const std::vector<float> global = {0.37f, 1.3e-3f, 2.5f, 0.011f};
+    int rows = 0;
+    for (int c : counts)
+      rows += c;
+    std::vector<uint16_t> a(static_cast<size_t>(rows) * k);
+    for (auto& x : a)
+      x = moekit::float_to_bf16_bits(uni(rng));
+    W4Problem p;
+    build_w4(p, counts, n, k, a, w, sc, global);
+    for (int tile : w4_tiles_for(k)) {
+      const std::vector<uint16_t> c = run_w4(p, tile);
+      ASSERT_EQ(c.size(), static_cast<size_t>(rows) * n) << sm90::kTileTable[tile].name;
+      int wrong = 0;
+      for (int e = 0; e < E; ++e) {
+        for (int r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
+          for (int col = 0; col < n; ++col) {
+            double ref = 0.0, mag = 0.0;
+            for (int kk = 0; kk < k; ++kk) {
+              const double t = static_cast<double>(
+                                   moekit::bf16_bits_to_float(a[static_cast<size_t>(r) * k + kk])) *
+                               p.w_value(e, col, kk);
+              ref += t;
+              mag += std::fabs(t);
+            }
+            const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * n + col]);
+            if (!(std::isfinite(got) && std::fabs(got - ref) <= 8e-3 * mag) && wrong++ < 5) {
+              ADD_FAILURE() << sm90::kTileTable[tile].name << " k=" << k << " expert " << e
+                            << " row " << r << " col " << col << ": got " << got << ", want "
+                            << ref;
+            }
+          }
+        }
+      }
+      EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name << " k=" << k;
+    }
+  }
+  W4Problem p;
+  build_w4(p, {8}, 64, 64, std::vector<uint16_t>(8 * 64, 0), std::vector<uint8_t>(64 * 32, 0),
+           std::vector<uint8_t>(64 * 4, 0), {1.0f});
+  GroupedGemmArgs g = p.args;
+  g.w_scale = nullptr;
+  EXPECT_NE(moekit::cuda::can_implement(g).find("global scales"), std::string::npos);
+  g = p.args;
+  g.w_group_scale = reinterpret_cast<const uint8_t*>(p.d_scale.get()) + 1;
+  EXPECT_NE(moekit::cuda::can_implement(g).find("2-byte aligned"), std::string::npos);
 }
 
 // The device reorder of MXFP4 codes is the host one, both ways, and the kernel order is a

@@ -80,6 +80,7 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
       {"fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"w4a8_fp8", "QuarkW4A8Fp8MoEMethod", "w4a8", "CpuW4A8Experts"},
       {"nvfp4", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
+      {"nvfp4_w4a16", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
       {"mxfp4_w4a16", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts"},
       {"mxfp4_a8", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts"},
       {"mxfp4_a4", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts"},

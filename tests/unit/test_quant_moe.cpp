@@ -18,6 +18,7 @@
 #include "moekit/core/error.h"
 #include "moekit/core/half.h"
 #include "moekit/experts/cpu_emulation.h"
+#include "moekit/experts/sm90_experts.h"
 #include "moekit/oracle/for_scheme.h"
 #include "moekit/oracle/fp8.h"
 #include "moekit/oracle/int8.h"
@@ -783,6 +784,53 @@ TEST(QuantOracles, PriorityLists) {
   EXPECT_EQ(Nvfp4MoEKernelOracle(moe).priority_backends(moe),
             (V{"flashinfer_trtllm", "flashinfer_cutedsl", "flashinfer_cutedsl_batched",
                "flashinfer_cutlass", "vllm_cutlass", "marlin", "humming", "emulation"}));
+}
+
+// On Hopper moekit's weight-only NVFP4 kernel leads the list and serves W4A4 checkpoints too:
+// their QuantConfig keeps the activations unquantized (g_alphas = weight_scale_2, no input
+// scales), as marlin's (which the seed runs weight-only) does; shapes it cannot take are refused
+// with the reason.
+TEST(QuantOracles, Nvfp4OnHopperIsWeightOnly) {
+  const Layer dims;
+  MoEConfig hopper = make_moe(dims.E, dims.topk, dims.H, dims.I);
+  hopper.device = cuda_device(90);
+  const Nvfp4MoEKernelOracle oracle(hopper);
+  EXPECT_EQ(oracle.priority_backends(hopper)[0], "sm90_nvfp4");
+  const auto sel = oracle.select_backend();
+  EXPECT_EQ(sel.backend.name, "sm90_nvfp4");
+  EXPECT_EQ(sel.experts, &Sm90Nvfp4Experts::klass());
+  EXPECT_TRUE(sel.backend.traits.weight_only);
+  EXPECT_TRUE(oracle.backend("marlin").traits.weight_only);
+  for (const char* backend : {"sm90_nvfp4", "marlin"}) {
+    SCOPED_TRACE(backend);
+    const Case w = nvfp4_case(/*weight_only=*/false, oracle.backend(backend));
+    EXPECT_EQ(w.quant.a1.dtype, QuantDType::kNone);
+    EXPECT_FALSE(w.quant.a1.alpha_or_gscale.defined());
+    EXPECT_FALSE(quant_keys_of(w.quant).second.has_value());
+    // g_alphas are the weight global scales alone (no input scale folded in).
+    const Case plain = nvfp4_case(/*weight_only=*/true);
+    EXPECT_EQ(w.quant.w1.alpha_or_gscale.to_float_vector(),
+              plain.quant.w1.alpha_or_gscale.to_float_vector());
+  }
+  // H = 48: not whole 32-element groups.
+  MoEConfig odd = make_moe(dims.E, dims.topk, 48, dims.I);
+  odd.device = cuda_device(90);
+  const OracleReport r = Nvfp4MoEKernelOracle(odd).explain();
+  bool seen = false;
+  for (const auto& cand : r.candidates) {
+    if (cand.backend != "sm90_nvfp4") continue;
+    seen = true;
+    EXPECT_FALSE(cand.supported);
+    EXPECT_TRUE(
+        testing::contains_all(cand.reason, {"NVFP4 rows need hidden 48", "multiples of 32"}))
+        << cand.reason;
+  }
+  EXPECT_TRUE(seen);
+  // The CPU keeps the emulation (sm90_nvfp4 is listed on CUDA devices only).
+  EXPECT_EQ(Nvfp4MoEKernelOracle(make_moe(dims.E, dims.topk, dims.H, dims.I))
+                .select_backend()
+                .backend.name,
+            "emulation");
 }
 
 TEST(QuantOracles, Fp8PriorityPolicy) {

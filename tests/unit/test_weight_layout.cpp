@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -350,6 +351,64 @@ TEST(WeightLayout, Mxfp4PairConversionIsExact) {
     }
   }
   EXPECT_EQ(wrong, 0);
+}
+
+// NVFP4's scales through the same pairs: every finite non-negative ue4m3 code (subnormals
+// included) as its kernel scale code gives the factor s x 2^118, and every pair of every byte
+// pattern times it is e2m1 x s x 2^-8 exactly (the 2^8 goes to the epilogue's global scale).
+TEST(WeightLayout, Nvfp4PairConversionIsExact) {
+  auto mul = [](uint32_t a, uint32_t b) {  // mul.rn.bf16x2
+    uint32_t out = 0;
+    for (int h = 0; h < 2; ++h) {
+      const float x = bf16_bits_to_float(static_cast<uint16_t>(a >> (16 * h)));
+      const float y = bf16_bits_to_float(static_cast<uint16_t>(b >> (16 * h)));
+      out |= static_cast<uint32_t>(float_to_bf16_bits(x * y)) << (16 * h);
+    }
+    return out;
+  };
+  auto pair = [](int p, uint32_t word) {
+    switch (p) {
+      case 0:
+        return cuda::sm90::e2m1_pair_bits<0>(word);
+      case 1:
+        return cuda::sm90::e2m1_pair_bits<1>(word);
+      case 2:
+        return cuda::sm90::e2m1_pair_bits<2>(word);
+      default:
+        return cuda::sm90::e2m1_pair_bits<3>(word);
+    }
+  };
+  EXPECT_EQ(cuda::sm90::nvfp4_kernel_scale(0), 0);
+  EXPECT_EQ(cuda::sm90::nvfp4_factor(0), 0u);
+  std::set<uint32_t> kernel_codes;
+  int wrong = 0;
+  for (uint32_t c = 0; c < 0x7F; ++c) {
+    const uint32_t b = cuda::sm90::nvfp4_kernel_scale(c);
+    kernel_codes.insert(b);
+    const uint32_t f = cuda::sm90::nvfp4_factor(b);
+    const float s = quant::decode_ue4m3(static_cast<uint8_t>(c));
+    EXPECT_EQ(f >> 16, f & 0xFFFFu) << "c=" << c;
+    EXPECT_EQ(bf16_bits_to_float(static_cast<uint16_t>(f)), std::ldexp(s, 118)) << "c=" << c;
+    for (uint32_t codes = 0; codes < 256; ++codes) {
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t word = ((codes & 0xFu) << (4 * p)) | ((codes >> 4) << (4 * (p + 4))) |
+                              (0xA5A5A5A5u & ~((0xFu << (4 * p)) | (0xFu << (4 * (p + 4)))));
+        const uint32_t v = mul(pair(p, word), f);
+        for (int h = 0; h < 2; ++h) {
+          const float got = bf16_bits_to_float(static_cast<uint16_t>(v >> (16 * h))) *
+                            cuda::sm90::kNvfp4PairExponentScale;
+          const float want =
+              quant::decode_fp4_e2m1(static_cast<uint8_t>((codes >> (4 * h)) & 0xFu)) * s;
+          if ((got != want || std::isnan(got)) && wrong++ < 5) {
+            ADD_FAILURE() << "c=" << c << " codes=" << codes << " p=" << p << " h=" << h << ": got "
+                          << got << ", want " << want;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(kernel_codes.size(), 0x7Fu);  // one kernel code per ue4m3 code
 }
 
 }  // namespace

@@ -114,6 +114,17 @@ class Sm90Mxfp4Experts final : public Sm90StandardExpertsBase {
   Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quant);
 };
 
+// NVFP4 weights with bf16 activations on Hopper, Standard format: the W4A16 kernels of
+// Sm90Mxfp4Experts with one ue4m3 scale per 16 of K (kernel scale codes laid out at construction)
+// and each expert's global scale applied in the GEMMs' epilogue. Scheme: (kNvfp4Static, no
+// activation quantization), reached also from W4A4 checkpoints through the weight-only sm90_nvfp4
+// backend (their input scales unused); bf16 activations; H and I multiples of 32.
+class Sm90Nvfp4Experts final : public Sm90StandardExpertsBase {
+ public:
+  static const ExpertsClass& klass();
+  Sm90Nvfp4Experts(const MoEConfig& moe, const QuantConfig& quant);
+};
+
 // BatchedExperts format: hidden_states (E_local, T, K) with per-expert token counts on the device
 // (ExpertTokensMetadata); the same GEMM on the batched schedule (expert e's rows are
 // [e*T, e*T + count_e)), the activation, GEMM2 into (E_local, T, K). The prepare/finalize's batched

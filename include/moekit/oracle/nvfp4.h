@@ -3,8 +3,9 @@
 //
 // The seed's backends are declared without a moekit kernel, in the original's priority:
 // flashinfer_trtllm, flashinfer_cutedsl, flashinfer_cutedsl_batched, flashinfer_cutlass,
-// vllm_cutlass, marlin, humming; b12x and flashinfer_b12x only when forced. "emulation"
-// (CpuNvfp4Experts) registers beside its class, last.
+// vllm_cutlass, marlin, humming; b12x and flashinfer_b12x only when forced. "sm90_nvfp4"
+// (Sm90Nvfp4Experts, weight-only on Hopper) and "emulation" (CpuNvfp4Experts) register beside
+// their classes.
 #pragma once
 
 #include <string>
@@ -45,8 +46,9 @@ class Nvfp4MoEKernelOracle : public MoEKernelOracle {
   // The QuantConfig of `backend` from checkpoint scales: g_alphas = input_scale *
   // weight_scale_2, a_gscale = 1 / input_scale. Backends that quantize after the permutation
   // (traits.per_expert_input_global_scale: emulation, vllm_cutlass) keep per-expert input scales;
-  // the others quantize before dispatch with the maximum input scale. Without input scales:
-  // nvfp4_w4a16 with g_alphas = weight_scale_2.
+  // the others quantize before dispatch with the maximum input scale. Without input scales, or
+  // for a weight-only backend (traits.weight_only: sm90_nvfp4, marlin; their input scales are
+  // not used): nvfp4_w4a16 with g_alphas = weight_scale_2.
   static QuantConfig make_quant_config(const ExpertsBackend& backend, const MoEWeightShape& shape,
                                        const Nvfp4CheckpointScales& scales);
 };

@@ -200,14 +200,15 @@ bool is_packed_fp4(DType d) {
 }
 
 // W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights; fp8 / int8 codes with
-// output `out`; MXFP4 pairs (k / 2 bytes per row) with bf16 A and C when `mxfp4`.
-cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, bool mxfp4) {
+// output `out`; e2m1 pairs (k / 2 bytes per row) with bf16 A and C when `packed_fp4` (MXFP4 or
+// NVFP4: the launch state is the same for both).
+cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, bool packed_fp4) {
   cuda::GroupedGemmArgs g;
   g.w = w.data();
   g.num_experts = static_cast<int>(w.dim() == 3 ? w.size(0) : 1);
   g.n = static_cast<int>(w.size(w.dim() - 2));
   g.k = static_cast<int>(w.size(w.dim() - 1));
-  if (mxfp4) {
+  if (packed_fp4) {
     g.k *= 2;
     g.dtype = gemm_dtype_of(out);
     g.w_packing = cuda::WPacking::kMxfp4;
@@ -221,15 +222,15 @@ cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, bool mxfp4) {
 }
 
 // W's launch state; empty (every launch prepares itself) for a tensor the GEMM cannot take.
-cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out, bool mxfp4 = false) {
+cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out, bool packed_fp4 = false) {
   cuda::sm90::WeightLaunchCache cache;
   if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) ||
-      (mxfp4
+      (packed_fp4
            ? !is_packed_fp4(w.dtype())
            : w.dtype() != DType::kBF16 && w.dtype() != DType::kF16 && !is_8bit_codes(w.dtype()))) {
     return cache;
   }
-  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w, out, mxfp4), &cache));
+  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w, out, packed_fp4), &cache));
   return cache;
 }
 
@@ -259,16 +260,17 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   const int64_t M = x.size(0), K = x.size(1), topk = args.topk_ids.size(1);
   const int64_t E = args.w1.size(0), N = args.w1.size(1);
   const int64_t d = activation_output_dim(args.activation, N);
-  // MXFP4: bf16 activations, W packed two elements per byte with e8m0 group scales.
-  const bool mxfp4 = state.scales == LaunchState::WeightScales::kMxfp4;
-  const int64_t per_byte = mxfp4 ? 2 : 1;
+  // MXFP4 / NVFP4: bf16 activations, W packed two elements per byte with group scale codes.
+  const bool nvfp4 = state.scales == LaunchState::WeightScales::kNvfp4;
+  const bool packed_fp4 = nvfp4 || state.scales == LaunchState::WeightScales::kMxfp4;
+  const int64_t per_byte = packed_fp4 ? 2 : 1;
   MOEKIT_CHECK(args.w2.size(2) * per_byte == d,
                "w2 {} has I={} but the activation of w1 (N={}) gives {}", args.w2.describe(),
                args.w2.size(2) * per_byte, N, d);
   MOEKIT_CHECK(args.w1.size(2) * per_byte == K, "w1 {} holds K={} elements per row, x has {}",
                args.w1.describe(), args.w1.size(2) * per_byte, K);
   const QuantConfig& quant = experts.quant_config();
-  const bool scaled = state.scales != LaunchState::WeightScales::kNone && !mxfp4;
+  const bool scaled = state.scales != LaunchState::WeightScales::kNone && !packed_fp4;
   // The activations' dtype (GEMM outputs, the activation, the output): x's, or for 8-bit codes
   // the output's; `codes` is the operands' dtype (the weights': e4m3 or int8).
   const DType dtype = scaled ? args.output.dtype() : x.dtype();
@@ -276,7 +278,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   MOEKIT_CHECK(!scaled || is_8bit_codes(codes), "w1 holds {}, the experts take e4m3 or int8 codes",
                args.w1.describe());
   expect_dtype(x, "hidden_states", {codes});
-  if (mxfp4) {
+  if (packed_fp4) {
     expect_dtype(args.w1, "w1", {DType::kUInt8, DType::kFp4E2M1x2});
     expect_dtype(args.w2, "w2", {DType::kUInt8, DType::kFp4E2M1x2});
   } else {
@@ -343,9 +345,13 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   if (scaled) {
     set_scaled_operands(g1, state, codes, state.w1_scale, quant.a1, args.a1q_scale, dtype);
   }
-  if (mxfp4) {
-    g1.w_packing = cuda::WPacking::kMxfp4;
+  if (packed_fp4) {
+    g1.w_packing = nvfp4 ? cuda::WPacking::kNvfp4 : cuda::WPacking::kMxfp4;
     g1.w_group_scale = state.w1_scale.data_as<const uint8_t>();
+    if (nvfp4) {
+      g1.w_scale_kind = cuda::WScale::kExpert;
+      g1.w_scale = state.w1_global.data_as<const float>();
+    }
   }
   void* act = at<void>(ws2, l.act);
   if (sm90_fuses_activation(experts.moe_config())) {
@@ -382,7 +388,8 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);
     g2.a = a2q.data();
   }
-  if (mxfp4) g2.w_group_scale = state.w2_scale.data_as<const uint8_t>();
+  if (packed_fp4) g2.w_group_scale = state.w2_scale.data_as<const uint8_t>();
+  if (nvfp4) g2.w_scale = state.w2_global.data_as<const float>();
   g2.gather_rows = nullptr;
   g2.w = args.w2.data();
   g2.bias = b2.defined() ? b2.data() : nullptr;
@@ -491,9 +498,10 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
 }
 
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype) {
-  const bool mxfp4 = state.scales == LaunchState::WeightScales::kMxfp4;
-  state.w1 = prepare(w1, act_dtype, mxfp4);
-  state.w2 = prepare(w2, act_dtype, mxfp4);
+  const bool packed_fp4 = state.scales == LaunchState::WeightScales::kMxfp4 ||
+                          state.scales == LaunchState::WeightScales::kNvfp4;
+  state.w1 = prepare(w1, act_dtype, packed_fp4);
+  state.w2 = prepare(w2, act_dtype, packed_fp4);
 }
 
 cuda::sm90::TileFamily fp8_tile_family(const GroupShape& weight, const GroupShape& activation) {
@@ -512,7 +520,7 @@ std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<Qua
   g.num_experts = static_cast<int>(moe.num_local_experts);
   g.dtype = gemm_dtype_of(moe.in_dtype);
   const QuantDType wd = weight ? weight->dtype : QuantDType::kNone;
-  if (wd == QuantDType::kFp4E2M1) {
+  if (wd == QuantDType::kFp4E2M1) {  // MXFP4 or NVFP4: the same rows, the same fits
     g.w_packing = cuda::WPacking::kMxfp4;
   } else if (wd == QuantDType::kFp8E4M3 || wd == QuantDType::kInt8) {
     g.dtype = wd == QuantDType::kInt8 ? cuda::ElemType::kS8 : cuda::ElemType::kE4M3;

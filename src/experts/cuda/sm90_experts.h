@@ -38,10 +38,13 @@ struct LaunchState {
   // see cuda::WScale: (E,), (E, N) in w13's kernel row order, or (E, ceil(N / 32), ceil(K / 128)));
   // kNone for 16-bit weights. The codes' dtype is the weights' (kFp8E4M3 or kInt8).
   // kMxfp4: W packed as e2m1 pairs (bf16 activations); the scales are the e8m0 codes (E, N, K / 32)
-  // in the kernel row order (cuda::WPacking::kMxfp4).
-  enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock, kMxfp4 };
+  // in the kernel row order (cuda::WPacking::kMxfp4). kNvfp4: likewise with the kernel scale codes
+  // (E, N, K / 16) of the ue4m3 scales and w1_global / w2_global (E,) f32, each expert's global
+  // scale x 2^8 (cuda::WPacking::kNvfp4).
+  enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock, kMxfp4, kNvfp4 };
   WeightScales scales = WeightScales::kNone;
   Tensor w1_scale, w2_scale;
+  Tensor w1_global, w2_global;
 };
 
 // The table row MoEConfig::tile_config names ("auto": -1); throws moekit::Error listing the valid

@@ -97,8 +97,9 @@ std::string tile_fits(const GroupedGemmArgs& args, int row) {
       return std::string("tile ") + t.name + ": k=" + to_string(args.k) +
              " is not a multiple of 64 (whole K steps of packed weights)";
     }
-    // NOTE: the kernel reads each K step's two codes as their aligned 4-byte word; n % 8 == 0
-    // (check_grouped_gemm_args) and an even k / 32 keep the last word inside the scales.
+    // NOTE: the kernel reads each K step's codes (MXFP4: two, NVFP4: four) as their aligned
+    // 4-byte word; n % 8 == 0 (check_grouped_gemm_args) and an even k / 32 keep the last word
+    // inside the scales.
     if (reinterpret_cast<uintptr_t>(args.w_group_scale) % 4 != 0) {
       return std::string("tile ") + t.name + ": w_group_scale is not 4-byte aligned";
     }
@@ -131,7 +132,9 @@ std::string check_8bit_operands(const GroupedGemmArgs& args, const char* what) {
 }  // namespace detail
 
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args) {
-  if (args.w_packing == WPacking::kMxfp4) return sm90::TileFamily::kW4A16;
+  if (args.w_packing == WPacking::kMxfp4 || args.w_packing == WPacking::kNvfp4) {
+    return sm90::TileFamily::kW4A16;
+  }
   if (args.dtype == ElemType::kS8) return sm90::TileFamily::kInt8;
   if (elem_bytes(args.dtype) != 1) return sm90::TileFamily::k16Bit;
   const bool block_scales =

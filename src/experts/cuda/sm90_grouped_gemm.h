@@ -81,6 +81,11 @@ enum class WPacking : uint8_t {
            // converts the standard order, element 2i in the low nibble of byte i),
            // w_group_scale (num_experts, n, k / 32) e8m0 codes; dtype (A and C) bf16. Each
            // 32-element group is converted exactly to bf16 (e2m1 x 2^(s - 127)).
+  kNvfp4,  // NVFP4: w as for kMxfp4 (the same nibble order), w_group_scale (num_experts, n,
+           // k / 16) kernel scale codes of the ue4m3 scales (nvfp4_kernel_scale), w_scale_kind
+           // kExpert with w_scale (num_experts,) = each expert's global scale x 2^8
+           // (kNvfp4PairExponentScale); dtype bf16. Each element converts exactly to the bf16
+           // e2m1 x s x 2^-8; the epilogue applies the rest in fp32.
 };
 
 // Row alignment the kernel requires of expert_offsets: none. Offsets need not be padded to the tile
@@ -135,7 +140,7 @@ struct GroupedGemmArgs {
   const float* w_scale = nullptr;
   // Packed W (see WPacking); kNone: W is in dtype.
   WPacking w_packing = WPacking::kNone;
-  const uint8_t* w_group_scale = nullptr;  // kMxfp4: (num_experts, n, k / 32) e8m0 codes
+  const uint8_t* w_group_scale = nullptr;  // kMxfp4 / kNvfp4: the group scale codes
   // Fused gated activation (see above); kNone = plain GEMM (C has n columns).
   FusedActivation fused_act = FusedActivation::kNone;
   bool has_clamp_limit = false;  // kSiluMul only: clamp g above and u to [-L, L]
@@ -191,8 +196,8 @@ void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_
 cudaError_t reorder_mxfp4_groups(void* w, int64_t groups, bool to_kernel, cudaStream_t stream);
 
 // The tile family that serves the operand type of `args` (k16Bit for bf16 / f16; e4m3: kFp8 with
-// block scales on A or W, kFp8Direct otherwise; kInt8 for int8, kW4A16 for MXFP4-packed W with
-// bf16 A).
+// block scales on A or W, kFp8Direct otherwise; kInt8 for int8, kW4A16 for MXFP4- or
+// NVFP4-packed W with bf16 A).
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args);
 
 namespace detail {

@@ -1,9 +1,10 @@
 // The W4A16 family of the Hopper grouped GEMM (sm90_grouped_gemm.h): MXFP4-packed W (e2m1 codes in
-// the kernel nibble order + one e8m0 scale per 32 of K) with bf16 A and C, fp32 accumulation on
-// the bf16 wgmma. The packed weights stream from memory at 4.25 bits per element and are converted
-// to bf16 each K step, into registers (the swap-AB decode row, w4a16_swapab_kernel) or into shared
-// memory (w4a16_kernel), over the kW4A16 rows of the tile table; and the in-place reorder of
-// standard MXFP4 codes into the kernel order.
+// the kernel nibble order + one e8m0 scale per 32 of K) or NVFP4-packed W (the same codes, a ue4m3
+// scale per 16 of K as kernel scale codes, a global scale per expert in the epilogue) with bf16 A
+// and C, fp32 accumulation on the bf16 wgmma. The packed weights stream from memory at 4.25 bits
+// per element and are converted to bf16 each K step, into registers (the swap-AB decode row,
+// w4a16_swapab_kernel) or into shared memory (w4a16_kernel), over the kW4A16 rows of the tile
+// table; and the in-place reorder of standard MXFP4 codes into the kernel order.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -17,21 +18,37 @@ namespace detail {
 using namespace sm90;  // NOLINT: the kit
 
 // Supported and compiled: bf16 A and C (f16 activations would need another conversion); W
-// packed as MXFP4 with its e8m0 group scales; k a multiple of 32 (whole MX groups, 16-byte
-// packed chunks); no fp8 / int8 scales; every kW4A16 row of the tile table.
+// packed as MXFP4 with its e8m0 group scales, or as NVFP4 with its kernel scale codes and the
+// experts' global scales; k a multiple of 32 (whole 16-byte packed chunks); no A scales; every
+// kW4A16 row of the tile table.
 std::string can_implement_w4a16(const GroupedGemmArgs& args) {
   using std::to_string;
-  if (args.w_packing != WPacking::kMxfp4) return "W is not MXFP4-packed";
+  const bool nvfp4 = args.w_packing == WPacking::kNvfp4;
+  if (args.w_packing != WPacking::kMxfp4 && !nvfp4) return "W is not MXFP4- or NVFP4-packed";
+  const char* format = nvfp4 ? "NVFP4" : "MXFP4";
   if (args.dtype != ElemType::kBF16) {
-    return std::string("dtype ") + elem_type_name(args.dtype) +
-           " is not bf16 (MXFP4 weights run with bf16 activations)";
+    return std::string("dtype ") + elem_type_name(args.dtype) + " is not bf16 (" + format +
+           " weights run with bf16 activations)";
   }
   if (args.k % 32 != 0) {
-    return "k=" + to_string(args.k) + " is not a multiple of 32 (MXFP4 groups of 32)";
+    return "k=" + to_string(args.k) + " is not a multiple of 32 (" + format +
+           " rows of whole 16-byte groups)";
   }
-  if (args.w_group_scale == nullptr) return "MXFP4 W needs its e8m0 group scales (w_group_scale)";
-  if (args.a_scale_kind != AScale::kNone || args.w_scale_kind != WScale::kNone) {
-    return "fp8 / int8 scales are given for MXFP4 W with bf16 A";
+  if (args.w_group_scale == nullptr) {
+    return std::string(format) + " W needs its group scale codes (w_group_scale)";
+  }
+  if (args.a_scale_kind != AScale::kNone) {
+    return std::string("A scales are given for ") + format + " W with bf16 A";
+  }
+  if (nvfp4) {
+    if (args.w_scale_kind != WScale::kExpert || args.w_scale == nullptr) {
+      return "NVFP4 W needs its experts' global scales (w_scale_kind kExpert, w_scale)";
+    }
+    if (reinterpret_cast<uintptr_t>(args.w_group_scale) % 2 != 0) {
+      return "NVFP4 w_group_scale is not 2-byte aligned";
+    }
+  } else if (args.w_scale_kind != WScale::kNone) {
+    return "fp8 / int8 W scales are given for MXFP4 W";
   }
   return "";
 }

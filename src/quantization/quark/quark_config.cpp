@@ -520,7 +520,7 @@ std::optional<QuantKeyMatch> is_fp8_w4a8(const TensorHint& w, const TensorHint& 
 }
 
 std::optional<QuantKeyMatch> is_nvfp4(const TensorHint& w, const TensorHint& a) {
-  if (w.size() != 2 || a.size() != 2) return std::nullopt;
+  if (w.size() != 2 || (a.size() != 2 && !a.empty())) return std::nullopt;
   auto fp4_group16 = [](const QuantSpec& s) {
     return is_spec(&s, "fp4") && qscheme_is(&s, "per_group") && s.group_size == 16;
   };
@@ -528,6 +528,7 @@ std::optional<QuantKeyMatch> is_nvfp4(const TensorHint& w, const TensorHint& a) 
     return is_spec(&s, "fp8_e4m3") && qscheme_is(&s, "per_tensor") && !s.dynamic();
   };
   if (!fp4_group16(w[0]) || w[0].dynamic() || !fp8_tensor_static(w[1])) return std::nullopt;
+  if (a.empty()) return QuantKeyMatch{qk::kNvfp4Static, std::nullopt};  // weight-only (W4A16)
   if (!fp4_group16(a[0]) || !a[0].dynamic() || !fp8_tensor_static(a[1])) return std::nullopt;
   return QuantKeyMatch{qk::kNvfp4Static, qk::kNvfp4Dynamic};
 }

@@ -791,7 +791,7 @@ std::pair<Tensor, Tensor> QuarkW4A8Fp8MoEMethod::dequantized_weights(
 // ---- NVFP4 --------------------------------------------------------------------------------
 
 QuarkNvfp4MoEMethod::QuarkNvfp4MoEMethod(MoEConfig moe, std::optional<QuantKey> ak)
-    : QuarkMoEMethod(std::move(moe), qk::kNvfp4Static, ak, {qk::kNvfp4Dynamic},
+    : QuarkMoEMethod(std::move(moe), qk::kNvfp4Static, ak, {qk::kNvfp4Dynamic, std::nullopt},
                      {qk::kNvfp4Static}) {
   select_backend(QuantOracleKind::kNvfp4);
 }
@@ -810,8 +810,10 @@ void QuarkNvfp4MoEMethod::create_weights(ExpertParams& layer, int64_t E, int64_t
   layer.register_parameter("w2_weight_scale", {E, H, I / kGroupSize}, DType::kFp8E4M3);
   layer.register_parameter("w13_weight_scale_2", {E, S}, DType::kF32, 1.0);
   layer.register_parameter("w2_weight_scale_2", {E}, DType::kF32, 1.0);
-  layer.register_parameter("w13_input_scale_2", {E, S}, DType::kF32, 1.0);
-  layer.register_parameter("w2_input_scale_2", {E}, DType::kF32, 1.0);
+  if (activation_key_) {  // W4A4; weight-only (W4A16) checkpoints have no input scales
+    layer.register_parameter("w13_input_scale_2", {E, S}, DType::kF32, 1.0);
+    layer.register_parameter("w2_input_scale_2", {E}, DType::kF32, 1.0);
+  }
   register_biases(layer, has_bias(), E, N1, H);
 }
 
@@ -819,7 +821,7 @@ void QuarkNvfp4MoEMethod::process_weights_after_loading(ExpertParams& layer) {
   const int64_t E = layer.get("w13_weight").size(0);
   for (const char* n :
        {"w13_weight_scale_2", "w2_weight_scale_2", "w13_input_scale_2", "w2_input_scale_2"}) {
-    check_f32_scales(layer.get(n), n, E);
+    if (layer.has(n)) check_f32_scales(layer.get(n), n, E);
   }
   for (const char* n : {"w13_weight_scale", "w2_weight_scale"}) {
     const Tensor& s = layer.get(n);
@@ -848,8 +850,10 @@ QuantConfig QuarkNvfp4MoEMethod::get_fused_moe_quant_config(const ExpertParams& 
   s.w2_weight_scale = layer.get("w2_weight_scale");
   s.w13_weight_scale_2 = layer.get("w13_weight_scale_2");
   s.w2_weight_scale_2 = layer.get("w2_weight_scale_2");
-  s.w13_input_scale = layer.get("w13_input_scale_2");
-  s.w2_input_scale = layer.get("w2_input_scale_2");
+  if (layer.has("w13_input_scale_2")) {
+    s.w13_input_scale = layer.get("w13_input_scale_2");
+    s.w2_input_scale = layer.get("w2_input_scale_2");
+  }
   s.bias = biases_of(layer);
   s.swiglu = layer.swiglu;
   return Nvfp4MoEKernelOracle::make_quant_config(chosen_backend(), MoEWeightShape::from(moe_), s);

@@ -222,7 +222,7 @@ struct KStep {
   }
 
   // The accumulator as fp32 in out, with the scales applied once per tile (fp8 / int8
-  // per-tensor / per-row A, per-expert / per-channel W).
+  // per-tensor / per-row A, per-expert / per-channel W; NVFP4's per-expert global scale).
   __device__ __forceinline__ void finish(const Acc (&acc)[kAcc], float (&out)[kAcc],
                                          const KernelParams& p, const WorkItem& w,
                                          const FragmentRows& rows, int lane) {
@@ -257,6 +257,12 @@ struct KStep {
           out[4 * j + 2 * h + 1] *= fa[h] * fc.y;
         }
       }
+    } else if (p.w_scale_kind == WScale::kExpert) {
+      // bf16 operands converted from packed W with a global scale (NVFP4): the expert's.
+      const float fe = __ldg(&p.w_scale[w.expert]);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i)
+        out[i] *= fe;
     }
   }
 };
@@ -552,12 +558,18 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
+// The bf16x2 factors of one 32-element group: `lo` for pairs 0, 1 of its words (elements 0..15),
+// `hi` for pairs 2, 3 (16..31), then f2 when two_steps. MXFP4 (`codes` its e8m0 code): lo = hi =
+// w4_first_factor, f2 above scale 2. NVFP4 (`codes` the kernel scale codes of its two 16-element
+// groups, bytes 0 and 1): one multiply each.
 struct W4Factors {
-  uint32_t f1, f2;
+  uint32_t lo, hi, f2;
   bool two_steps;
 };
-__device__ __forceinline__ W4Factors w4_factors(uint32_t s) {
-  return {w4_first_factor(s), w4_second_factor(s), s > 128u};
+__device__ __forceinline__ W4Factors w4_factors(uint32_t codes, bool nvfp4) {
+  if (nvfp4) return {nvfp4_factor(codes & 0xFFu), nvfp4_factor((codes >> 8) & 0xFFu), 0u, false};
+  const uint32_t f1 = w4_first_factor(codes);
+  return {f1, f1, w4_second_factor(codes), codes > 128u};
 }
 
 // Single-role mainloop of the kW4A16 rows. Every thread copies its part of a stage (gathered A
@@ -609,7 +621,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     const int n = w.n0 + w_row;
     const int64_t w_index = static_cast<int64_t>(w.expert) * p.n + n;
     const uint8_t* w_src = n < p.n ? p.w + w_index * w_row_bytes + w_half * kChunkBytes : nullptr;
-    const uint8_t* scale_src = n < p.n ? p.w_group_scale + w_index * p.k_groups + w_half : nullptr;
+    // The scale code(s) of this thread's group: one e8m0 (MXFP4), two kernel codes (NVFP4).
+    const int codes_per_group = p.nvfp4 ? 2 : 1;
+    const uint8_t* scale_src =
+        n < p.n ? p.w_group_scale + w_index * p.k_groups + w_half * codes_per_group : nullptr;
 
     auto load_stage = [&](int kt) {
       if (kt < p.k_tiles) {
@@ -624,10 +639,15 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       }
       cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
     };
-    // The e8m0 code of this thread's group in K step kt (127 = 1.0 past k or n: the codes are 0).
+    // The scale code(s) of this thread's group in K step kt (past k or n, where the codes are 0:
+    // 127 = 1.0 for MXFP4, 0 for NVFP4). NVFP4's two codes are one aligned 2-byte load (k_groups
+    // is even: k % 32 == 0).
     auto load_scale = [&](int kt) -> uint32_t {
-      const bool ok = scale_src != nullptr && kt < p.k_tiles && kt * 2 + w_half < p.k_groups;
-      return ok ? __ldg(scale_src + 2 * kt) : 127u;
+      const int first = (kt * 2 + w_half) * codes_per_group;
+      const bool ok = scale_src != nullptr && kt < p.k_tiles && first < p.k_groups;
+      if (!ok) return p.nvfp4 ? 0u : 127u;
+      const uint8_t* codes = scale_src + 2 * codes_per_group * kt;
+      return p.nvfp4 ? __ldg(reinterpret_cast<const uint16_t*>(codes)) : __ldg(codes);
     };
 
     typename Step::Acc acc[kAcc];
@@ -640,19 +660,19 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       const uint4 q = *reinterpret_cast<const uint4*>(
           smem_generic + Shape::kConvertedBytes + (kt % kStages) * Shape::kStageBytes +
           Shape::kStageABytes + w_row * kPackedRow + w_half * kChunkBytes);
-      const W4Factors f = w4_factors(scale);
+      const W4Factors f = w4_factors(scale, p.nvfp4);
       const uint32_t tile = static_cast<uint32_t>((kt % kConvertedTiles) * kBN * kRowBytes);
       const uint32_t words[4] = {q.x, q.y, q.z, q.w};
       uint32_t v[4][4];
       [&]<int... kP>(std::integer_sequence<int, kP...>) {
-        ((v[kP][0] = mul_bf16x2(e2m1_pair_bits<kP>(words[0]), f.f1),
-          v[kP][1] = mul_bf16x2(e2m1_pair_bits<kP>(words[1]), f.f1),
-          v[kP][2] = mul_bf16x2(e2m1_pair_bits<kP>(words[2]), f.f1),
-          v[kP][3] = mul_bf16x2(e2m1_pair_bits<kP>(words[3]), f.f1)),
+        ((v[kP][0] = mul_bf16x2(e2m1_pair_bits<kP>(words[0]), kP < 2 ? f.lo : f.hi),
+          v[kP][1] = mul_bf16x2(e2m1_pair_bits<kP>(words[1]), kP < 2 ? f.lo : f.hi),
+          v[kP][2] = mul_bf16x2(e2m1_pair_bits<kP>(words[2]), kP < 2 ? f.lo : f.hi),
+          v[kP][3] = mul_bf16x2(e2m1_pair_bits<kP>(words[3]), kP < 2 ? f.lo : f.hi)),
          ...);
       }
       (std::make_integer_sequence<int, 4>{});
-      if (f.two_steps) {  // scales above 2: one branch per group
+      if (f.two_steps) {  // MXFP4 scales above 2: one branch per group
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
 #pragma unroll
@@ -837,10 +857,11 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
                     w_src != nullptr ? w_src + static_cast<int64_t>(kt) * kPackedRow : p.w,
                     w_src != nullptr);
         if (tid < kBN) {
-          // Codes 2kt and 2kt + 1 of the row: bytes 0-1 or 2-3 of their aligned word.
+          // MXFP4: codes 2kt and 2kt + 1 of the row, bytes 0-1 or 2-3 of their aligned word;
+          // NVFP4: codes 4kt .. 4kt + 3, one aligned word (k_groups = k / 16 is a multiple of 4).
           const uint8_t* word = p.w_group_scale;
           if (scale_src != nullptr) {
-            const uint8_t* codes = scale_src + 2 * kt;
+            const uint8_t* codes = scale_src + (p.nvfp4 ? 4 : 2) * kt;
             word = codes - (reinterpret_cast<uintptr_t>(codes) & 3u);
           }
           cp_async_4(smem_u32(&s_scale_words[s][tid]), word, scale_src != nullptr);
@@ -852,15 +873,17 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     float acc[kBM / 2];
     zero_accumulators(acc);
     uint32_t frag[2][kSteps][4];  // two sets of A fragments (K steps kt and kt - 1)
-    // Byte offset parity (0 or 2 within the word) of the codes of rows r0, r0 + 8 at K step 0;
-    // each step adds 2 bytes.
+    // MXFP4: byte offset parity (0 or 2 within the word) of the codes of rows r0, r0 + 8 at K
+    // step 0; each step adds 2 bytes. NVFP4: a step's four codes are the whole word.
     const uint32_t par0 = static_cast<uint32_t>(((w_first + r0) * p.k_groups) & 2);
     const uint32_t par1 = static_cast<uint32_t>(((w_first + r0 + 8) * p.k_groups) & 2);
 
-    // The byte offset (0 or 16 bits) of a step's two codes in their word, by step parity: the
-    // loop below runs even steps with fragment set 0 and odd ones with set 1.
-    const uint32_t code_shift[2][2] = {{(par0 & 2) * 8, ((par0 + 2) & 2) * 8},
-                                       {(par1 & 2) * 8, ((par1 + 2) & 2) * 8}};
+    // The byte offset (0 or 16 bits) of a step's codes in their word, by step parity (the loop
+    // below runs even steps with fragment set 0 and odd ones with set 1), and their mask.
+    const uint32_t code_shift[2][2] = {
+        {p.nvfp4 ? 0u : (par0 & 2) * 8, p.nvfp4 ? 0u : ((par0 + 2) & 2) * 8},
+        {p.nvfp4 ? 0u : (par1 & 2) * 8, p.nvfp4 ? 0u : ((par1 + 2) & 2) * 8}};
+    const uint32_t code_mask = p.nvfp4 ? 0xFFFFFFFFu : 0xFFFFu;
 
     // K step kt into fragment set kSet (= kt % 2). Even steps open a pair of steps: they wait
     // for both steps' copies, pass the one barrier of the pair and refill the stages of steps
@@ -885,9 +908,24 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
           word[r][g] = *reinterpret_cast<const uint32_t*>(packed + (r0 + 8 * r) * kPackedRow +
                                                           g * kMxfp4GroupBytes + word_offset);
       }
-      // codes[r]: the e8m0 codes of groups 2kt (byte 0) and 2kt + 1 (byte 1) of row r0 + 8r.
-      const uint32_t codes[2] = {(s_scale_words[s][r0] >> code_shift[0][kSet]) & 0xFFFFu,
-                                 (s_scale_words[s][r0 + 8] >> code_shift[1][kSet]) & 0xFFFFu};
+      // codes[r] of row r0 + 8r: MXFP4's e8m0 codes of groups 2kt (byte 0) and 2kt + 1 (byte
+      // 1); NVFP4's kernel codes of its 16-element groups 4kt .. 4kt + 3 (bytes 0..3).
+      const uint32_t codes[2] = {(s_scale_words[s][r0] >> code_shift[0][kSet]) & code_mask,
+                                 (s_scale_words[s][r0 + 8] >> code_shift[1][kSet]) & code_mask};
+      // f[g][r][h]: the factor of elements 16h .. 16h + 15 of 32-element group g of row r0 + 8r.
+      uint32_t f[2][2][2];
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (p.nvfp4) {
+            f[g][r][0] = nvfp4_factor((codes[r] >> (16 * g)) & 0xFFu);
+            f[g][r][1] = nvfp4_factor((codes[r] >> (16 * g + 8)) & 0xFFu);
+          } else {
+            f[g][r][0] = f[g][r][1] = w4_first_factor((codes[r] >> (8 * g)) & 0xFFu);
+          }
+        }
+      }
       // Pair p of group g's word is K elements 16 (2g + p / 2) + 8 (p % 2) + 2q (+1): wgmma
       // 2g + p / 2, register 2 (p % 2) + r of the A fragment.
       uint32_t(&a)[kSteps][4] = frag[kSet];
@@ -896,17 +934,17 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         for (int g = 0; g < 2; ++g) {
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            const uint32_t f1 = w4_first_factor((codes[r] >> (8 * g)) & 0xFFu);
-            ((a[2 * g + kP / 2][2 * (kP % 2) + r] = mul_bf16x2(e2m1_pair_bits<kP>(word[r][g]), f1)),
+            ((a[2 * g + kP / 2][2 * (kP % 2) + r] =
+                  mul_bf16x2(e2m1_pair_bits<kP>(word[r][g]), f[g][r][kP / 2])),
              ...);
           }
         }
       }
       (std::make_integer_sequence<int, 4>{});
-      // Codes above 128 (scales above 2, and NaN) need the second multiply: one warp-uniform
-      // branch, rarely taken.
+      // MXFP4 codes above 128 (scales above 2, and NaN) need the second multiply: one
+      // warp-uniform branch, rarely taken.
       const uint32_t above = __vcmpgtu4(codes[0], 0x8080u) | __vcmpgtu4(codes[1], 0x8080u);
-      if (__any_sync(0xFFFFFFFFu, above != 0)) {
+      if (!p.nvfp4 && __any_sync(0xFFFFFFFFu, above != 0)) {
 #pragma unroll
         for (int j = 0; j < kSteps; ++j) {
 #pragma unroll
@@ -1212,7 +1250,8 @@ KernelParams kernel_params(const GroupedGemmArgs& args) {
   p.w_scale = args.w_scale;
   p.w_scale_row_blocks = div_up(args.n, 32);
   p.w_group_scale = args.w_group_scale;
-  p.k_groups = args.k / 32;
+  p.nvfp4 = args.w_packing == WPacking::kNvfp4;
+  p.k_groups = args.k / (p.nvfp4 ? kNvfp4GroupElems : 32);
   return p;
 }
 

@@ -1,6 +1,7 @@
-// The order of the e2m1 codes inside each 32-element MXFP4 group of W as the Hopper W4A16 kernels
-// read it. Plain data and host code, no CUDA headers; the same function serves the device kernels
-// (constexpr) and the weight layout of the sm90_mxfp4 backend.
+// The order of the e2m1 codes inside each 32-element MXFP4 (or NVFP4) group of W as the Hopper
+// W4A16 kernels read it, and the NVFP4 scales' kernel codes. Plain data and host code, no CUDA
+// headers; the same function serves the device kernels (constexpr) and the weight layout of the
+// sm90_mxfp4 backend.
 //
 // Standard layout (the checkpoint's, cuda::WPacking::kMxfp4 before this reorder): element 2i of a
 // row in the low nibble of byte i. Kernel layout: each group's 16 bytes are 4 words; word q holds
@@ -46,6 +47,34 @@ constexpr uint32_t w4_first_factor(uint32_t s) {
 }
 constexpr uint32_t w4_second_factor(uint32_t s) {
   return s == 255u ? 0x7FC07FC0u : ((s > 128u ? s : 128u) - 1u) * 0x00800080u;
+}
+
+// NVFP4 (e2m1 codes, one ue4m3 scale per 16 elements) reuses the codes' layout above: each 16-byte
+// group holds two scale groups, pairs p = 0, 1 of a word (elements 0..15) and p = 2, 3 (16..31).
+// Its scales are rewritten once on the host into kernel scale codes b that expand to the bf16x2
+// factor F = s x 2^118 with a shift and an add: the kernel's pair (e2m1 x 2^-126) times F is
+// e2m1 x s x 2^-8 exactly (|e2m1 x s| <= 6 x 448 and >= 0.5 x 2^-9: a bf16 with at most 6
+// significant bits), and the GEMM's epilogue multiplies by the expert's global scale times 2^8.
+// Code b: 0 for s = 0, else bits 3..7 hold e' = log2-exponent of s + 21 (12..29 for the ue4m3
+// range 2^-9 .. 448) and bits 0..2 its mantissa, so F's bf16 bits are (b << 4) + (224 << 7).
+inline constexpr int kNvfp4GroupElems = 16;
+inline constexpr float kNvfp4PairExponentScale = 256.0f;  // 2^8, applied in the epilogue
+
+// The kernel scale code of a ue4m3 scale code c (0 .. 0x7E: finite and non-negative; callers
+// check), normalising the seven subnormal codes (m x 2^-9).
+constexpr uint8_t nvfp4_kernel_scale(uint32_t c) {
+  if (c == 0) return 0;
+  if (c >= 8) return static_cast<uint8_t>(c + 112);  // 2^(E - 7) x 1.m: e' = E + 14
+  int k = 2;  // m x 2^-9 = 2^(k - 9) x (m / 2^k), 2^k <= m < 2^(k + 1)
+  while ((c >> k) == 0)
+    --k;
+  const uint32_t mantissa = ((c - (1u << k)) << (3 - k)) & 7u;
+  return static_cast<uint8_t>(((12 + k) << 3) | mantissa);
+}
+
+// The bf16x2 factor F of kernel scale code b, both halves (0 for b = 0).
+constexpr uint32_t nvfp4_factor(uint32_t b) {
+  return b == 0 ? 0u : ((b << 4) + 0x7000u) * 0x00010001u;
 }
 
 // Rewrites `groups` consecutive 16-byte groups at `bytes` from the standard layout into the kernel
