@@ -3,6 +3,7 @@
 # sm90_nvfp4 backend). Parts (arguments, in order):
 #   tests     every GPU test binary; compute-sanitizer memcheck + racecheck on the NVFP4 grouped
 #             GEMM tests and memcheck on NVFP4 layers (H = 320 at M = 33, graph replay)
+#   quicktests  the W4A16 / NVFP4 grouped GEMM tests and quantized-layer tests only
 #   fixtures  `moekit make-fixture` nvfp4 (W4A4, run weight-only) and nvfp4_w4a16 for tiny and
 #             tiny-deepseek, each through `moekit run --checkpoint` on the GPU (float64 check)
 #   bench     moekit bench --quant nvfp4_w4a16 and mxfp4_w4a16 on gpt-oss-120b and qwen3-30b-a3b at
@@ -31,6 +32,13 @@ for part in "$@"; do
   } >"$log/sanitizer.log" 2>&1
   grep -h "SUMMARY\|PASSED\|FAILED" "$log/sanitizer.log"
   fi
+  if [ "$part" = quicktests ]; then  # the packed-W4 kernels' tests only
+  build/tests/test_grouped_gemm --gtest_brief=1 --gtest_filter='GroupedGemmW4A16.*:GroupedGemmNvfp4.*' \
+    >"$log/test_grouped_gemm_w4.log" 2>&1
+  build/tests/test_gpu_quantized --gtest_brief=1 --gtest_filter='*w4a16*:*nvfp4*:QuantizedGpu.*' \
+    >"$log/test_gpu_quantized_w4.log" 2>&1
+  grep -h "PASSED\|FAILED" "$log/test_grouped_gemm_w4.log" "$log/test_gpu_quantized_w4.log"
+  fi
   if [ "$part" = fixtures ]; then
   for scheme in nvfp4 nvfp4_w4a16; do
     for model in tiny tiny-deepseek; do
@@ -43,7 +51,7 @@ for part in "$@"; do
   fi
   if [ "$part" = bench ]; then
   for q in nvfp4_w4a16 mxfp4_w4a16; do
-    timeout 150 build/moekit bench --quant $q --models $models --tokens $tokens \
+    timeout 240 build/moekit bench --quant $q --models $models --tokens $tokens \
       --json "$log/bench_$q.json" >"$log/bench_$q.log" 2>&1
     echo "== $q"
     grep -E "^ +[0-9]+ |experts:" "$log/bench_$q.log"

@@ -31,11 +31,12 @@ std::string can_implement_w4a16(const GroupedGemmArgs& args) {
            " weights run with bf16 activations)";
   }
   if (args.k % 32 != 0) {
-    return "k=" + to_string(args.k) + " is not a multiple of 32 (" + format +
-           " rows of whole 16-byte groups)";
+    return "k=" + to_string(args.k) + " is not a multiple of 32 (" +
+           (nvfp4 ? "NVFP4 rows in whole 16-byte groups of 32" : "MXFP4 groups of 32") + ")";
   }
   if (args.w_group_scale == nullptr) {
-    return std::string(format) + " W needs its group scale codes (w_group_scale)";
+    return nvfp4 ? "NVFP4 W needs its ue4m3 group scale codes (w_group_scale)"
+                 : "MXFP4 W needs its e8m0 group scales (w_group_scale)";
   }
   if (args.a_scale_kind != AScale::kNone) {
     return std::string("A scales are given for ") + format + " W with bf16 A";

@@ -566,8 +566,11 @@ struct W4Factors {
   uint32_t lo, hi, f2;
   bool two_steps;
 };
-__device__ __forceinline__ W4Factors w4_factors(uint32_t codes, bool nvfp4) {
-  if (nvfp4) return {nvfp4_factor(codes & 0xFFu), nvfp4_factor((codes >> 8) & 0xFFu), 0u, false};
+template <bool kNvfp4>
+__device__ __forceinline__ W4Factors w4_factors(uint32_t codes) {
+  if constexpr (kNvfp4) {
+    return {nvfp4_factor(codes & 0xFFu), nvfp4_factor((codes >> 8) & 0xFFu), 0u, false};
+  }
   const uint32_t f1 = w4_first_factor(codes);
   return {f1, f1, w4_second_factor(codes), codes > 128u};
 }
@@ -578,7 +581,7 @@ __device__ __forceinline__ W4Factors w4_factors(uint32_t codes, bool nvfp4) {
 // swizzled, the layout the 16-bit wgmma reads) one K step ahead: while the tensor cores run step
 // kt on tile kt % 3, the threads convert step kt + 1 into the tile step kt - 2 read. One block
 // barrier per K step.
-template <typename T, typename OutT, int kTile>
+template <typename T, typename OutT, int kTile, bool kNvfp4>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     w4a16_kernel(const KernelParams p) {
   using Shape = ShapeOf<T, kTile>;
@@ -622,7 +625,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     const int64_t w_index = static_cast<int64_t>(w.expert) * p.n + n;
     const uint8_t* w_src = n < p.n ? p.w + w_index * w_row_bytes + w_half * kChunkBytes : nullptr;
     // The scale code(s) of this thread's group: one e8m0 (MXFP4), two kernel codes (NVFP4).
-    const int codes_per_group = p.nvfp4 ? 2 : 1;
+    constexpr int codes_per_group = kNvfp4 ? 2 : 1;
     const uint8_t* scale_src =
         n < p.n ? p.w_group_scale + w_index * p.k_groups + w_half * codes_per_group : nullptr;
 
@@ -645,9 +648,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     auto load_scale = [&](int kt) -> uint32_t {
       const int first = (kt * 2 + w_half) * codes_per_group;
       const bool ok = scale_src != nullptr && kt < p.k_tiles && first < p.k_groups;
-      if (!ok) return p.nvfp4 ? 0u : 127u;
+      if (!ok) return kNvfp4 ? 0u : 127u;
       const uint8_t* codes = scale_src + 2 * codes_per_group * kt;
-      return p.nvfp4 ? __ldg(reinterpret_cast<const uint16_t*>(codes)) : __ldg(codes);
+      if constexpr (kNvfp4) return __ldg(reinterpret_cast<const uint16_t*>(codes));
+      return __ldg(codes);
     };
 
     typename Step::Acc acc[kAcc];
@@ -660,7 +664,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       const uint4 q = *reinterpret_cast<const uint4*>(
           smem_generic + Shape::kConvertedBytes + (kt % kStages) * Shape::kStageBytes +
           Shape::kStageABytes + w_row * kPackedRow + w_half * kChunkBytes);
-      const W4Factors f = w4_factors(scale, p.nvfp4);
+      const W4Factors f = w4_factors<kNvfp4>(scale);
       const uint32_t tile = static_cast<uint32_t>((kt % kConvertedTiles) * kBN * kRowBytes);
       const uint32_t words[4] = {q.x, q.y, q.z, q.w};
       uint32_t v[4][4];
@@ -792,7 +796,7 @@ __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
 // transposes the accumulator through shared memory into the 16-bit kernels' fragment layout, and
 // warp 0 stores it with store_tile (bias, fused activation). Needs k % 64 == 0 (whole K steps; the
 // two codes of a step in one aligned word) and a 4-byte aligned w_group_scale.
-template <typename T, typename OutT, int kTile>
+template <typename T, typename OutT, int kTile, bool kNvfp4>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     w4a16_swapab_kernel(const KernelParams p) {
   using Shape = ShapeOf<T, kTile>;
@@ -861,7 +865,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
           // NVFP4: codes 4kt .. 4kt + 3, one aligned word (k_groups = k / 16 is a multiple of 4).
           const uint8_t* word = p.w_group_scale;
           if (scale_src != nullptr) {
-            const uint8_t* codes = scale_src + (p.nvfp4 ? 4 : 2) * kt;
+            const uint8_t* codes = scale_src + (kNvfp4 ? 4 : 2) * kt;
             word = codes - (reinterpret_cast<uintptr_t>(codes) & 3u);
           }
           cp_async_4(smem_u32(&s_scale_words[s][tid]), word, scale_src != nullptr);
@@ -881,9 +885,9 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     // The byte offset (0 or 16 bits) of a step's codes in their word, by step parity (the loop
     // below runs even steps with fragment set 0 and odd ones with set 1), and their mask.
     const uint32_t code_shift[2][2] = {
-        {p.nvfp4 ? 0u : (par0 & 2) * 8, p.nvfp4 ? 0u : ((par0 + 2) & 2) * 8},
-        {p.nvfp4 ? 0u : (par1 & 2) * 8, p.nvfp4 ? 0u : ((par1 + 2) & 2) * 8}};
-    const uint32_t code_mask = p.nvfp4 ? 0xFFFFFFFFu : 0xFFFFu;
+        {kNvfp4 ? 0u : (par0 & 2) * 8, kNvfp4 ? 0u : ((par0 + 2) & 2) * 8},
+        {kNvfp4 ? 0u : (par1 & 2) * 8, kNvfp4 ? 0u : ((par1 + 2) & 2) * 8}};
+    constexpr uint32_t code_mask = kNvfp4 ? 0xFFFFFFFFu : 0xFFFFu;
 
     // K step kt into fragment set kSet (= kt % 2). Even steps open a pair of steps: they wait
     // for both steps' copies, pass the one barrier of the pair and refill the stages of steps
@@ -918,7 +922,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       for (int g = 0; g < 2; ++g) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          if (p.nvfp4) {
+          if constexpr (kNvfp4) {
             f[g][r][0] = nvfp4_factor((codes[r] >> (16 * g)) & 0xFFu);
             f[g][r][1] = nvfp4_factor((codes[r] >> (16 * g + 8)) & 0xFFu);
           } else {
@@ -944,7 +948,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       // MXFP4 codes above 128 (scales above 2, and NaN) need the second multiply: one
       // warp-uniform branch, rarely taken.
       const uint32_t above = __vcmpgtu4(codes[0], 0x8080u) | __vcmpgtu4(codes[1], 0x8080u);
-      if (!p.nvfp4 && __any_sync(0xFFFFFFFFu, above != 0)) {
+      if (!kNvfp4 && __any_sync(0xFFFFFFFFu, above != 0)) {
 #pragma unroll
         for (int j = 0; j < kSteps; ++j) {
 #pragma unroll
@@ -1178,15 +1182,17 @@ cudaError_t set_kernel_attributes(Kernel kernel, int dynamic_smem) {
                               cudaSharedmemCarveoutMaxShared);
 }
 
-// The kernel of table row kTile for operand T and output OutT.
-template <typename T, typename OutT, int kTile>
+// The kernel of table row kTile for operand T and output OutT; the packed-W4 rows' NVFP4 variant
+// when kNvfp4 (a compile-time choice: the MXFP4 mainloop keeps its instructions).
+template <typename T, typename OutT, int kTile, bool kNvfp4 = false>
 constexpr auto kernel_of() {
+  static_assert(!kNvfp4 || ShapeOf<T, kTile>::kPackedW4, "NVFP4 is a packed-W4 variant");
   if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kPackedW4) {
-    return &w4a16_swapab_kernel<T, OutT, kTile>;
+    return &w4a16_swapab_kernel<T, OutT, kTile, kNvfp4>;
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB) {
     return &fp8_swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kPackedW4) {
-    return &w4a16_kernel<T, OutT, kTile>;
+    return &w4a16_kernel<T, OutT, kTile, kNvfp4>;
   } else if constexpr (ShapeOf<T, kTile>::kTma) {
     return &ws_tma_kernel<T, OutT, kTile>;
   } else {
@@ -1255,19 +1261,12 @@ KernelParams kernel_params(const GroupedGemmArgs& args) {
   return p;
 }
 
-// Launches row kTile for operand T / output OutT with W's prepared state when `cache` describes
-// args.w, else preparing it now.
-template <typename T, typename OutT, int kTile>
-cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
-                   cudaStream_t stream) {
+// The launch of `kernel` (row kTile's) with the parameter block p.
+template <typename T, int kTile, typename Kernel>
+cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, const KernelParams& p,
+                          const WeightLaunchCache* cache, const GroupedGemmParams& params,
+                          cudaStream_t stream) {
   using Shape = ShapeOf<T, kTile>;
-  const KernelParams p = kernel_params<T, kTile>(args);
-  const WeightLaunchCache* cache = params.cache;
-  if (cache != nullptr &&
-      !cache->matches(args.w, args.n, args.k, args.num_experts, args.dtype, output_type(args))) {
-    cache = nullptr;
-  }
-  constexpr auto kernel = kernel_of<T, OutT, kTile>();
   int sms = 0;
   if (cache != nullptr) {
     sms = cache->sms;
@@ -1294,6 +1293,27 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
   return cudaGetLastError();
 }
 
+// Launches row kTile for operand T / output OutT with W's prepared state when `cache` describes
+// args.w, else preparing it now.
+template <typename T, typename OutT, int kTile>
+cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
+                   cudaStream_t stream) {
+  using Shape = ShapeOf<T, kTile>;
+  const KernelParams p = kernel_params<T, kTile>(args);
+  const WeightLaunchCache* cache = params.cache;
+  if (cache != nullptr &&
+      !cache->matches(args.w, args.n, args.k, args.num_experts, args.dtype, output_type(args))) {
+    cache = nullptr;
+  }
+  if constexpr (Shape::kPackedW4) {
+    if (p.nvfp4) {
+      return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile, true>(), args, p, cache, params,
+                                     stream);
+    }
+  }
+  return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile>(), args, p, cache, params, stream);
+}
+
 // The launch state of W for every row of kFamily, with the kernels of output OutT (T operands).
 template <typename T, typename OutT, TileFamily kFamily>
 cudaError_t prepare_rows(const GroupedGemmArgs& args, WeightLaunchCache* c) {
@@ -1303,6 +1323,10 @@ cudaError_t prepare_rows(const GroupedGemmArgs& args, WeightLaunchCache* c) {
       constexpr int kRow = decltype(tile)::value;
       using Shape = ShapeOf<T, kRow>;
       MOEKIT_CUDA_TRY(set_kernel_attributes(kernel_of<T, OutT, kRow>(), Shape::kDynamicSmem));
+      if constexpr (Shape::kPackedW4) {
+        MOEKIT_CUDA_TRY(
+            set_kernel_attributes(kernel_of<T, OutT, kRow, true>(), Shape::kDynamicSmem));
+      }
       if constexpr (Shape::kTma) {
         return encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype, Shape::kBK,
                             Shape::kBN, &c->tma[kRow]);
