@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Device call for NVFP4 weights with bf16 activations on Hopper (Sm90Nvfp4Experts, the weight-only
 # sm90_nvfp4 backend). Parts (arguments, in order):
-#   tests     every GPU test binary; compute-sanitizer memcheck + racecheck on the NVFP4 grouped
+#   tests     every GPU test binary (plaintests: only that); compute-sanitizer memcheck + racecheck on the NVFP4 grouped
 #             GEMM tests and memcheck on NVFP4 layers (H = 320 at M = 33, graph replay)
 #   quicktests  the W4A16 / NVFP4 grouped GEMM tests and quantized-layer tests only
+#   tune      moekit tune: the W4A16 family on gpt-oss-120b (MXFP4; NVFP4 runs the same rows), bf16
+#             on gpt-oss-120b and mixtral-8x7b, one table each
 #   fixtures  `moekit make-fixture` nvfp4 (W4A4, run weight-only) and nvfp4_w4a16 for tiny and
 #             tiny-deepseek, each through `moekit run --checkpoint` on the GPU (float64 check)
 #   bench     moekit bench --quant nvfp4_w4a16 and mxfp4_w4a16 on gpt-oss-120b and qwen3-30b-a3b at
@@ -17,11 +19,13 @@ models="gpt-oss-120b qwen3-30b-a3b"
 for part in "$@"; do
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  if [ "$part" = tests ]; then
+  if [ "$part" = tests ] || [ "$part" = plaintests ]; then
   timeout 200 bash bench/h200_session.sh tests
   mv "$out"/test_*.log "$out"/summary.txt "$log"/ 2>/dev/null
   cat "$log/summary.txt"
   grep -h "^\[quantized\] nvfp4" "$log/test_gpu_quantized.log" | head -60
+  fi
+  if [ "$part" = tests ]; then
   {
     for tool in memcheck racecheck; do
       timeout 60 compute-sanitizer --tool $tool build/tests/test_grouped_gemm --gtest_brief=1 \
@@ -31,6 +35,16 @@ for part in "$@"; do
       --gtest_filter='*nvfp4_w4a16_small_h320_M33*:*nvfp4_small_M257*:QuantizedGpu.CudaGraph*'
   } >"$log/sanitizer.log" 2>&1
   grep -h "SUMMARY\|PASSED\|FAILED" "$log/sanitizer.log"
+  fi
+  if [ "$part" = tune ]; then  # tile tables: W4A16 (MXFP4 / NVFP4 share it) and bf16
+  timeout 220 build/moekit tune --quant mxfp4_w4a16 --models gpt-oss-120b --reps 5 \
+    --out "$log/h200_w4a16_gpt-oss-120b.json" >"$log/tune_w4a16_gpt-oss-120b.log" 2>&1
+  grep -E "tune M=|wrote" "$log/tune_w4a16_gpt-oss-120b.log"
+  for m in gpt-oss-120b mixtral-8x7b; do
+    timeout 80 build/moekit tune --models $m --reps 5 --out "$log/h200_bf16_$m.json" \
+      >"$log/tune_bf16_$m.log" 2>&1
+    grep -E "tune M=|wrote" "$log/tune_bf16_$m.log"
+  done
   fi
   if [ "$part" = quicktests ]; then  # the packed-W4 kernels' tests only
   build/tests/test_grouped_gemm --gtest_brief=1 --gtest_filter='GroupedGemmW4A16.*:GroupedGemmNvfp4.*' \
