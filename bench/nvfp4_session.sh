@@ -3,6 +3,7 @@
 # sm90_nvfp4 backend). Parts (arguments, in order):
 #   tests     every GPU test binary (plaintests: only that); compute-sanitizer memcheck + racecheck on the NVFP4 grouped
 #             GEMM tests and memcheck on NVFP4 layers (H = 320 at M = 33, graph replay)
+#   align     moekit bench bf16 on the same models at M = 1 .. 256 (the align stage's cost)
 #   quicktests  the W4A16 / NVFP4 grouped GEMM tests and quantized-layer tests only
 #   tune      moekit tune: the W4A16 family on gpt-oss-120b (MXFP4; NVFP4 runs the same rows), bf16
 #             on gpt-oss-120b and mixtral-8x7b, one table each
@@ -37,7 +38,7 @@ for part in "$@"; do
   grep -h "SUMMARY\|PASSED\|FAILED" "$log/sanitizer.log"
   fi
   if [ "$part" = tune ]; then  # tile tables: W4A16 (MXFP4 / NVFP4 share it) and bf16
-  timeout 220 build/moekit tune --quant mxfp4_w4a16 --models gpt-oss-120b --reps 5 \
+  timeout ${TUNE_SECONDS:-220} build/moekit tune --quant mxfp4_w4a16 --models gpt-oss-120b --reps 5 \
     --out "$log/h200_w4a16_gpt-oss-120b.json" >"$log/tune_w4a16_gpt-oss-120b.log" 2>&1
   grep -E "tune M=|wrote" "$log/tune_w4a16_gpt-oss-120b.log"
   for m in gpt-oss-120b mixtral-8x7b; do
@@ -45,6 +46,11 @@ for part in "$@"; do
       >"$log/tune_bf16_$m.log" 2>&1
     grep -E "tune M=|wrote" "$log/tune_bf16_$m.log"
   done
+  fi
+  if [ "$part" = align ]; then  # decode after the token rows moved into align (one launch less)
+  timeout 90 build/moekit bench --models $models --tokens 1 16 64 256 \
+    --json "$log/bench_bf16_align.json" >"$log/bench_bf16_align.log" 2>&1
+  grep -E "^ +[0-9]+ " "$log/bench_bf16_align.log"
   fi
   if [ "$part" = quicktests ]; then  # the packed-W4 kernels' tests only
   build/tests/test_grouped_gemm --gtest_brief=1 --gtest_filter='GroupedGemmW4A16.*:GroupedGemmNvfp4.*' \

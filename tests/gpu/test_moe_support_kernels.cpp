@@ -618,6 +618,7 @@ AlignRef align_ref(const std::vector<int32_t>& ids, const std::vector<int32_t>& 
 
 struct AlignOut {
   AlignRef got;
+  std::vector<int32_t> token_rows;
   int32_t total = 0;
 };
 
@@ -626,12 +627,14 @@ void run_align(const std::vector<int32_t>& ids, int64_t M, int k, const std::vec
                int Eg, int El, int align, AlignOut* out) {
   const int64_t cap = mc::moe_align_capacity(M, k, El, align);
   DevBuf<int32_t> d_ids(ids), d_map(map), d_counts(El), d_offsets(El + 1), d_perm(cap),
-      d_s2r(static_cast<size_t>(M * k)), d_total(1);
+      d_s2r(static_cast<size_t>(M * k)), d_total(1), d_tok(cap);
   const size_t ws_bytes = mc::moe_align_workspace_bytes(M, k, El);
   DevBuf<uint8_t> d_ws(ws_bytes);
   d_counts.poison();
   d_offsets.poison();
   d_perm.poison();
+  // Not 0xFF: -1 is what a padding row must hold, so an unwritten one would pass.
+  CUDA_OK(cudaMemset(d_tok.get(), 0x5A, static_cast<size_t>(std::max<int64_t>(cap, 1)) * 4));
   d_s2r.poison();
   d_total.poison();
   d_ws.poison();
@@ -648,6 +651,7 @@ void run_align(const std::vector<int32_t>& ids, int64_t M, int k, const std::vec
   p.permuted_rows = d_perm.get();
   p.slot_to_row = d_s2r.get();
   p.total_rows = d_total.get();
+  p.token_rows = d_tok.get();
   p.workspace = d_ws.get();
   p.workspace_bytes = ws_bytes;
   ASSERT_EQ(mc::moe_align_unsupported_reason(p), nullptr);
@@ -657,6 +661,7 @@ void run_align(const std::vector<int32_t>& ids, int64_t M, int k, const std::vec
   out->got.offsets = d_offsets.download();
   out->got.permuted = d_perm.download();
   out->got.slot_to_row = d_s2r.download();
+  out->token_rows = d_tok.download();
   out->total = d_total.download()[0];
 }
 
@@ -672,6 +677,11 @@ void check_align(const std::vector<int32_t>& ids, int64_t M, int k, const std::v
   EXPECT_EQ(out.total, ref.offsets.back());
   EXPECT_TRUE(out.got.permuted == ref.permuted) << "permuted_rows differ";
   EXPECT_TRUE(out.got.slot_to_row == ref.slot_to_row) << "slot_to_row differ";
+  // Every row's token (the experts' gather index), written with the permutation.
+  std::vector<int32_t> tokens(ref.permuted.size());
+  for (size_t r = 0; r < tokens.size(); ++r)
+    tokens[r] = ref.permuted[r] < 0 ? -1 : ref.permuted[r] / k;
+  EXPECT_TRUE(out.token_rows == tokens) << "token_rows differ";
 }
 
 // Per-row distinct ids from [0, E) avoiding `empty_expert`, with a fraction of garbage ids.

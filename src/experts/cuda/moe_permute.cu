@@ -46,6 +46,13 @@ __device__ __forceinline__ int local_expert(const MoeAlignParams& p, int64_t slo
   return (l >= 0 && l < p.num_local_experts) ? l : -1;
 }
 
+// Row r of the permutation holds `slot` (-1: padding or tail) and, when the caller asks for it,
+// token_rows[r] its token (slot / top_k; -1 with it): the gather index GEMM1 reads.
+__device__ __forceinline__ void put_row(const MoeAlignParams& p, int64_t r, int32_t slot) {
+  p.permuted_rows[r] = slot;
+  if (p.token_rows != nullptr) p.token_rows[r] = slot < 0 ? -1 : slot / p.top_k;
+}
+
 __device__ __forceinline__ void zero_table(AlignSmem& sm) {
   uint32_t* t = reinterpret_cast<uint32_t*>(&sm.tbl[0][0]);
   for (int i = threadIdx.x; i < kWarps * kMaxE / 4; i += kThreads)
@@ -100,7 +107,7 @@ __device__ void place_range(const MoeAlignParams& p, AlignSmem& sm, int64_t begi
       int pos = sm.base[x] + rank;
       for (int w = 0; w < warp; ++w)
         pos += sm.tbl[w][x];
-      p.permuted_rows[pos] = static_cast<int32_t>(slot);
+      put_row(p, pos, static_cast<int32_t>(slot));
       p.slot_to_row[slot] = pos;
     } else if (slot < end) {
       p.slot_to_row[slot] = -1;
@@ -121,7 +128,7 @@ __device__ void pad_experts(const MoeAlignParams& p, const int* offset, const in
   for (int e = first + warp * stride; e < p.num_local_experts; e += kWarps * stride) {
     const int end = offset[e + 1];
     for (int r = offset[e] + count[e] + lane; r < end; r += 32)
-      p.permuted_rows[r] = -1;
+      put_row(p, r, -1);
   }
 }
 
@@ -152,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) align_single_block_kernel(const MoeA
   pad_experts(p, sm.offset, sm.count, 0, 1);
   const int64_t cap = capacity_of(p);
   for (int64_t r = sm.offset[E] + threadIdx.x; r < cap; r += kThreads)
-    p.permuted_rows[r] = -1;
+    put_row(p, r, -1);
 }
 
 __device__ __forceinline__ int64_t range_begin(int64_t n, int64_t per_block, int b) {
@@ -237,7 +244,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t r = sm.offset[E] + static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        r < cap; r += stride)
-    p.permuted_rows[r] = -1;
+    put_row(p, r, -1);
 }
 
 // ---- small align, M*k <= kTinySlots: one thread per slot, B redundant blocks -------------------
@@ -314,7 +321,7 @@ __global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignPara
     if (tid < n) {
       if (x >= 0) {
         const int pos = sm.offset[x] + sm.tbl[warp * Es + x] + rank;
-        p.permuted_rows[pos] = tid;
+        put_row(p, pos, tid);
         p.slot_to_row[tid] = pos;
       } else {
         p.slot_to_row[tid] = -1;
@@ -327,25 +334,29 @@ __global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignPara
     for (int e = gw; e < E; e += nw) {
       const int end = sm.offset[e + 1];
       for (int r = sm.offset[e] + sm.count[e] + lane; r < end; r += 32)
-        p.permuted_rows[r] = -1;
+        put_row(p, r, -1);
     }
   }
   const int64_t cap = capacity_of(p);
   const int64_t gt = static_cast<int64_t>(blockIdx.x) * T + tid;
   const int64_t gstride = static_cast<int64_t>(gridDim.x) * T;
   int64_t body = total;
-  if ((reinterpret_cast<uintptr_t>(p.permuted_rows) & 15u) == 0) {
+  if (((reinterpret_cast<uintptr_t>(p.permuted_rows) | reinterpret_cast<uintptr_t>(p.token_rows)) &
+       15u) == 0) {
     const int64_t a4 = ((static_cast<int64_t>(total) + 3) & ~static_cast<int64_t>(3));
     const int64_t head_end = a4 < cap ? a4 : cap;
-    if (gt < head_end - total) p.permuted_rows[total + gt] = -1;
+    if (gt < head_end - total) put_row(p, total + gt, -1);
     const int64_t q_end = head_end + ((cap - head_end) & ~static_cast<int64_t>(3));
     int4* v4 = reinterpret_cast<int4*>(p.permuted_rows);
-    for (int64_t q = head_end / 4 + gt; q < q_end / 4; q += gstride)
+    int4* t4 = reinterpret_cast<int4*>(p.token_rows);
+    for (int64_t q = head_end / 4 + gt; q < q_end / 4; q += gstride) {
       v4[q] = make_int4(-1, -1, -1, -1);
+      if (t4 != nullptr) t4[q] = make_int4(-1, -1, -1, -1);
+    }
     body = q_end;
   }
   for (int64_t r = body + gt; r < cap; r += gstride)
-    p.permuted_rows[r] = -1;
+    put_row(p, r, -1);
 }
 
 cudaError_t launch_align_tiny(const MoeAlignParams& p, int64_t n, cudaStream_t stream) {

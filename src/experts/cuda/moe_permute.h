@@ -41,6 +41,9 @@ struct MoeAlignParams {
   int32_t* permuted_rows = nullptr;   // (capacity,) out: source slot per row, -1 for padding/tail
   int32_t* slot_to_row = nullptr;     // (M * k,) out: row of each slot, -1 when skipped
   int32_t* total_rows = nullptr;      // (1,) out, optional: expert_offsets[E_local]
+  // (capacity,) out, optional: the token of each row, permuted_rows[r] / top_k (-1 where that is
+  // -1): the gather index of the experts' first GEMM, written with the permutation.
+  int32_t* token_rows = nullptr;
 
   void* workspace = nullptr;  // moe_align_workspace_bytes(...) bytes, 4-byte aligned
   size_t workspace_bytes = 0;

@@ -69,15 +69,6 @@ Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, A
   return l;
 }
 
-__global__ void slots_to_tokens_kernel(const int32_t* permuted, int32_t* token_rows,
-                                       int64_t capacity, int top_k) {
-  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < capacity;
-       r += int64_t(gridDim.x) * blockDim.x) {
-    const int32_t slot = permuted[r];
-    token_rows[r] = slot < 0 ? -1 : slot / top_k;
-  }
-}
-
 __global__ void set_single_expert_offsets(int32_t* offsets, int32_t rows) {
   offsets[0] = 0;
   offsets[1] = rows;
@@ -312,6 +303,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   align.permuted_rows = permuted;
   align.slot_to_row = slot_to_row;
   align.total_rows = total;
+  align.token_rows = token_rows;  // GEMM1's gather index, with the permutation (no extra launch)
   align.workspace = at<void>(ws2, l.align_ws);
   align.workspace_bytes = l.align_ws_bytes;
   if (const char* why = cuda::moe_align_unsupported_reason(align)) {
@@ -319,9 +311,6 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   }
   MOEKIT_CUDA_CHECK(cuda::launch_moe_align(align, stream));
   const int64_t capacity = M * topk;
-  slots_to_tokens_kernel<<<static_cast<int>(std::min<int64_t>((capacity + 255) / 256, 1024)), 256,
-                           0, stream>>>(permuted, token_rows, capacity, static_cast<int>(topk));
-  MOEKIT_CUDA_CHECK(cudaGetLastError());
   ctx.stage_done("align");
 
   // 2. GEMM1 with the token gather: (rows, N) into workspace13.
