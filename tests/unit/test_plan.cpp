@@ -288,7 +288,7 @@ TEST(KernelNotes, Sm90BackendsNameTheirTilesByBatchSize) {
   ASSERT_TRUE(bf16.ok()) << bf16.error();
   EXPECT_EQ(bf16.backend->name, "sm90_grouped");
   EXPECT_TRUE(contains_all(bf16.to_string(),
-                           {"kernels:", "M=1      gemm1 64x64    gemm2 64x64",
+                           {"kernels:", "M=1      gemm1 16x64    gemm2 16x64",
                             "M=16384  gemm1 128x256  gemm2 128x256", "rows per expert <= "}))
       << bf16.to_string();
   // gpt-oss's MXFP4 layer: swap-AB at decode; the tiny preset's I = 96 keeps GEMM2 off it.

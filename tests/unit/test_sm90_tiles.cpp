@@ -17,11 +17,12 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   for (int i = 0; i < sm90::kNumTiles; ++i) {
     EXPECT_EQ(sm90::find_tile(sm90::kTileTable[i].name, sm90::kTileTable[i].family), i);
   }
-  EXPECT_EQ(sm90::find_tile("64x64"), 0);
-  EXPECT_EQ(sm90::find_tile("128x256"), 1);
+  EXPECT_EQ(sm90::find_tile("16x64"), 0);
+  EXPECT_EQ(sm90::find_tile("64x64"), 1);
+  EXPECT_EQ(sm90::find_tile("128x256"), 2);
   EXPECT_EQ(sm90::find_tile("256x128"), -1);
   EXPECT_EQ(sm90::find_tile("auto"), -1);
-  EXPECT_EQ(sm90::tile_names(), "64x64, 128x256");
+  EXPECT_EQ(sm90::tile_names(), "16x64, 64x64, 128x256");
   // The fp8 family has its own rows (a 64x64 of its own; its 128x256 promotes in 128-column
   // chunks, a row of its own too).
   EXPECT_EQ(sm90::kTileTable[sm90::find_tile("64x64", sm90::TileFamily::kFp8)].family,
@@ -34,11 +35,14 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
 }
 
-// Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): below 64 rows per
-// expert the decode tile, from 64 on the prefill tile.
+// Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): swap-AB up to 8 rows
+// per expert, then the 64x64 decode tile below 64 rows per expert, from 64 on the prefill tile.
 TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
   std::string why;
-  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(0, &why)].name, std::string("64x64"));
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(0, &why)].name, std::string("16x64"));
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(8, &why)].name, std::string("16x64"));
+  EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 8", "16x64", "swap-AB"}));
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(9, &why)].name, std::string("64x64"));
   EXPECT_EQ(sm90::kTileTable[sm90::select_tile(63, &why)].name, std::string("64x64"));
   EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 63", "64x64", "weight streaming"}));
   EXPECT_EQ(sm90::kTileTable[sm90::select_tile(64, &why)].name, std::string("128x256"));
@@ -91,7 +95,7 @@ TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
   moe.tile_config = "96x96";
   const std::string msg =
       testing::error_of([&] { Sm90GroupedExperts e(moe, QuantConfig::unquantized()); });
-  EXPECT_TRUE(testing::contains_all(msg, {"tile_config '96x96'", "auto, 64x64, 128x256"}));
+  EXPECT_TRUE(testing::contains_all(msg, {"tile_config '96x96'", "auto, 16x64, 64x64, 128x256"}));
   moe.tile_config = "128x256";
   EXPECT_NO_THROW(Sm90GroupedExperts(moe, QuantConfig::unquantized()));
   moe.tile_config = "auto";

@@ -987,7 +987,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   }
 }
 
-// ---- kSwapAB: fp8 with the weights as the wgmma's A operand -----------------------------------
+// ---- kSwapAB: 16-bit and fp8 with the weights as the wgmma's A operand ------------------------
 
 // The block scales of a swap-AB thread (kFp8 rows): its two weight rows r0, r0 + 8 lie in one
 // 32-row W scale block, its four tokens 8j + 2 (lane % 4) + v (i = 2j + v) have one 1x128 A scale
@@ -1041,23 +1041,24 @@ struct SwapBlockScales {
   }
 };
 
-// Swap-AB mainloop of the fp8 decode rows: one warpgroup computes D^T = W_tile . A_tile^T for a
-// work item of kBM (16) tokens x kBN (64) weight rows, both operands read from the ring by
-// descriptor (4 m64n16k32 wgmma per 128-byte K step), so that a few tokens per expert still fill
-// the wgmma's M with weights and every CTA streams weights. Every thread copies its chunks of a
-// stage as the single-role rows do (StageCopies: one token row, four W rows). The copies run
-// kStages - 2 steps ahead of the compute across work items (a load cursor of its own walks the
-// CTA's items), so that a work item of a few K steps (GEMM2 of a small expert: 6 steps) does not
-// restart the pipeline; one 128-thread barrier per K step. kFp8 (block scales): each K step goes
-// into one of two 8-register temporaries by the step's parity, and step kt - 1's is promoted with
-// its scales while step kt's wgmma run (as KStep's kOverlapped: wgmma_wait<0> before each issue);
-// kFp8Direct: the tensor cores accumulate over all of K. Epilogue: store_swapped_tile, through a
-// buffer of its own (the ring is filling with the next item).
+// Swap-AB mainloop of the 16-bit and fp8 decode rows: one warpgroup computes D^T = W_tile .
+// A_tile^T for a work item of kBM (16) tokens x kBN (64) weight rows, both operands read from the
+// ring by descriptor (4 wgmma per 128-byte K step: m64n16k16 for bf16 / f16, m64n16k32 for e4m3),
+// so that a few tokens per expert still fill the wgmma's M with weights and every CTA streams
+// weights. Every thread copies its chunks of a stage as the single-role rows do (StageCopies: one
+// token row, four W rows). The copies run kStages - 2 steps ahead of the compute across work items
+// (a load cursor of its own walks the CTA's items), so that a work item of a few K steps (GEMM2 of
+// a small expert: 6 steps) does not restart the pipeline; one 128-thread barrier per K step. kFp8
+// (block scales): each K step goes into one of two 8-register temporaries by the step's parity, and
+// step kt - 1's is promoted with its scales while step kt's wgmma run (as KStep's kOverlapped:
+// wgmma_wait<0> before each issue); 16-bit and kFp8Direct: the tensor cores accumulate over all of
+// K. Epilogue: store_swapped_tile, through a buffer of its own (the ring is filling with the next
+// item).
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
-    fp8_swapab_kernel(const KernelParams p) {
+    swapab_kernel(const KernelParams p) {
   using Shape = ShapeOf<T, kTile>;
-  static_assert(Shape::kSwapAB && kIsFp8<T>);
+  static_assert(Shape::kSwapAB && !Shape::kPackedW4 && !std::is_same_v<T, int8_t>);
   constexpr int kBM = Shape::kBM;  // tokens of an item: the wgmma's N
   constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
   static_assert(kBM == 16 && kBN == 64 && Shape::kThreads == 128 && Shape::kAPasses == 1);
@@ -1190,7 +1191,7 @@ constexpr auto kernel_of() {
   if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_swapab_kernel<T, OutT, kTile, kNvfp4>;
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB) {
-    return &fp8_swapab_kernel<T, OutT, kTile>;
+    return &swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_kernel<T, OutT, kTile, kNvfp4>;
   } else if constexpr (ShapeOf<T, kTile>::kTma) {

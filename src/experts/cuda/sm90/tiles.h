@@ -23,9 +23,9 @@ enum class MainloopKind : uint8_t {
   // mbarriers; the consumer warpgroups compute and run the epilogue while it loads ahead.
   kWarpSpecializedTma,
   // Swap-AB for a few rows per expert: the item's bn weight rows are the wgmma's M (W4A16:
-  // converted from the packed ring into registers, k % 64 == 0; fp8: read from the ring by
-  // descriptor, block scales promoted per weight row block and token), its bm tokens the wgmma's
-  // N. One warpgroup per CTA, every thread loads, one 128-thread barrier per two K steps.
+  // converted from the packed ring into registers, k % 64 == 0; 16-bit and fp8: read from the
+  // ring by descriptor, fp8 block scales promoted per weight row block and token), its bm tokens
+  // the wgmma's N. One warpgroup per CTA, every thread loads.
   kSwapAB,
 };
 
@@ -76,7 +76,11 @@ struct TileConfig {
 // 16 (qwen3-30b-a3b M=256 block-128 332 vs 286 us, mixtral-8x7b M=64 486 vs 438 us: experts with
 // more than 16 rows read their weights once per token block), bench/results/
 // 2026-12-02-h200-fp8-swapab.
+// 16-bit swap-AB: the fp8 row's kernel on bf16 / f16 (a stage is 64 elements of K, the same 8 KB
+// of weights per step); its bound is the fp8 row's until measured (bench/grouped_gemm_notes.md).
 inline constexpr TileConfig kTileTable[] = {
+    {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
+     "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
     {"64x64", TileFamily::k16Bit, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
     {"128x256", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
@@ -120,12 +124,12 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 // NOTE: the rows the kernels assume of every table row; fp8 rows promote per 128 columns of K
 // (one K stage) with one weight scale per 32 rows, and their bn is 64, 128 or 256; W4A16 rows are
 // single-role with one thread per 32-value weight group of a stage (2 bn threads); swap-AB rows
-// (W4A16, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage) x 64 weight rows,
-// at least 6 stages (W4A16: an even number, two K steps per barrier).
+// (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage) x 64 weight
+// rows, at least 6 stages (W4A16: an even number, two K steps per barrier).
 constexpr bool valid_tile(const TileConfig& t) {
   if (t.kind == MainloopKind::kSwapAB) {
     return (t.family == TileFamily::kW4A16 || t.family == TileFamily::kFp8 ||
-            t.family == TileFamily::kFp8Direct) &&
+            t.family == TileFamily::kFp8Direct || t.family == TileFamily::k16Bit) &&
            t.bm == 16 && t.bn == 64 && t.consumers == 1 && t.stages >= 6 &&
            (t.family != TileFamily::kW4A16 || t.stages % 2 == 0);
   }

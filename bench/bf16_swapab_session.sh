@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Device call for the 16-bit swap-AB decode row (tile "16x64" of the k16Bit family: the fp8
+# swap-AB kernel on bf16 / f16 operands). Parts (arguments, in order):
+#   tests     every GPU test binary; compute-sanitizer memcheck + racecheck on the 16-bit grouped
+#             GEMM tests that walk every row of the family (the new one included)
+#   tiles     moekit bench bf16 at M = 1 .. 256 on the four presets with the tile forced to 16x64
+#             and to 64x64 (the bound of the new row)
+#   tune      moekit tune bf16 on the four presets (every 16-bit row timed per batch size), one
+#             table each, named for data/tile_tables/
+#   bench     moekit bench bf16 (4 presets x 7 batch sizes, auto tiles; $TABLES: a directory of
+#             tile tables to read through MOEKIT_TILE_TABLES) and the Triton peer in the same call,
+#             the ratio table
+# Everything is packed into $OUT/all.tgz (the device tool returns few files).
+# shellcheck source=bench/device_prelude.sh
+. bench/device_prelude.sh
+presets="mixtral-8x7b qwen3-30b-a3b deepseek-v3 gpt-oss-120b"
+for part in "$@"; do
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  if [ "$part" = tests ]; then
+  timeout 200 bash bench/h200_session.sh tests
+  mv "$out"/test_*.log "$out"/summary.txt "$log"/ 2>/dev/null
+  cat "$log/summary.txt"
+  for tool in memcheck racecheck; do
+    timeout 90 compute-sanitizer --tool $tool build/tests/test_grouped_gemm --gtest_brief=1 \
+      --gtest_filter='GroupedGemm.FewCtasManyItemsPerCta:GroupedGemm.AwkwardScheduleGatherPaddingFp32Bias:GroupedGemmFused.BatchedFewCtasNoBias'
+  done >"$log/sanitizer.log" 2>&1
+  timeout 60 compute-sanitizer --tool memcheck build/tests/test_gpu_layer --gtest_brief=1 \
+    --gtest_filter='GpuLayer.CudaGraphReplayIsBitwiseEqual*:GpuLayer.BatchedFormatMatchesReference' \
+    >>"$log/sanitizer.log" 2>&1
+  grep -h "SUMMARY\|PASSED\|FAILED" "$log/sanitizer.log"
+  fi
+  if [ "$part" = tiles ]; then
+  for tile in 16x64 64x64; do
+    timeout 120 build/moekit bench --models $presets --tokens 1 16 64 256 --tile $tile \
+      --json "$log/bench_tile_$tile.json" >"$log/bench_tile_$tile.log" 2>&1
+    echo "== tile $tile"
+    grep -E "^[a-z]|^ +[0-9]+ " "$log/bench_tile_$tile.log" | grep -v "weights:"
+  done
+  fi
+  if [ "$part" = tune ]; then
+  for m in $presets; do
+    timeout 110 build/moekit tune --models $m --reps 5 --out "$log/h200_bf16_$m.json" \
+      >"$log/tune_bf16_$m.log" 2>&1
+    grep -E "tune M=|wrote" "$log/tune_bf16_$m.log"
+  done
+  fi
+  if [ "$part" = bench ]; then
+  tables=()
+  [ -n "${TABLES:-}" ] && tables=(env "MOEKIT_TILE_TABLES=$TABLES")
+  "${tables[@]}" timeout 150 build/moekit bench --models $presets --json "$log/bench_bf16.json" \
+    >"$log/bench_bf16.log" 2>&1
+  grep -E "^[a-z]|^ +[0-9]+ " "$log/bench_bf16.log" | grep -v "weights:"
+  PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --json "$log/peer_bf16.json" \
+    >"$log/peer_bf16.log" 2>&1
+  python3 bench/compare_peer.py "$log/bench_bf16.json" "$log/peer_bf16.json" \
+    >"$log/ratio_bf16.md" 2>&1
+  cat "$log/ratio_bf16.md"
+  fi
+} 2>&1 | tee -a "$log/session.log"
+done
+rm -f "$out"/memory_invariance.txt "$out"/device.txt
+tar czf "$out/all.tgz" -C "$out" logs && rm -rf "$log"
