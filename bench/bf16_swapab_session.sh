@@ -5,11 +5,11 @@
 #             GEMM tests that walk every row of the family (the new one included)
 #   tiles     moekit bench bf16 at M = 1 .. 256 on the four presets with the tile forced to 16x64
 #             and to 64x64 (the bound of the new row)
-#   tune      moekit tune bf16 on the four presets (every 16-bit row timed per batch size), one
-#             table each, named for data/tile_tables/
-#   bench     moekit bench bf16 (4 presets x 7 batch sizes, auto tiles; $TABLES: a directory of
-#             tile tables to read through MOEKIT_TILE_TABLES) and the Triton peer in the same call,
-#             the ratio table
+#   tune      moekit tune bf16 on $TUNE_MODELS (default: the four presets; every 16-bit row timed
+#             at M = 1 .. 16384), one table each in logs/tables/, named for data/tile_tables/
+#   bench     moekit bench bf16 (4 presets x 7 batch sizes, auto tiles, reading the tables the tune
+#             part wrote through MOEKIT_TILE_TABLES) and the Triton peer in the same call, the
+#             ratio table
 # Everything is packed into $OUT/all.tgz (the device tool returns few files).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
@@ -39,15 +39,19 @@ for part in "$@"; do
   done
   fi
   if [ "$part" = tune ]; then
-  for m in $presets; do
-    timeout 110 build/moekit tune --models $m --reps 5 --out "$log/h200_bf16_$m.json" \
-      >"$log/tune_bf16_$m.log" 2>&1
+  mkdir -p "$log/tables"
+  for m in ${TUNE_MODELS:-$presets}; do
+    timeout 150 build/moekit tune --models $m --tokens 1 16 64 256 1024 4096 16384 --reps 5 \
+      --out "$log/tables/h200_bf16_$m.json" >"$log/tune_bf16_$m.log" 2>&1
     grep -E "tune M=|wrote" "$log/tune_bf16_$m.log"
   done
+  MOEKIT_TILE_TABLES="$log/tables" build/moekit explain --model qwen3-30b-a3b \
+    >"$log/explain_tuned.log" 2>&1
+  grep -A8 "kernels:" "$log/explain_tuned.log"
   fi
   if [ "$part" = bench ]; then
   tables=()
-  [ -n "${TABLES:-}" ] && tables=(env "MOEKIT_TILE_TABLES=$TABLES")
+  [ -d "$log/tables" ] && tables=(env "MOEKIT_TILE_TABLES=$log/tables")
   "${tables[@]}" timeout 150 build/moekit bench --models $presets --json "$log/bench_bf16.json" \
     >"$log/bench_bf16.log" 2>&1
   grep -E "^[a-z]|^ +[0-9]+ " "$log/bench_bf16.log" | grep -v "weights:"
