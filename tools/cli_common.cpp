@@ -19,7 +19,7 @@ void BenchKernelsOptions::add_to(CLI::App& app) {
   app.add_option("--reps", reps, "timed graph replays per case (median)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--tile", tile, "gemm1: a tile-table name (16x64, 64x64, 128x256) or all")
+  app.add_option("--tile", tile, "gemm1: a 16-bit tile-table name (the error lists them) or all")
       ->capture_default_str();
 }
 

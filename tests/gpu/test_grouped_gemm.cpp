@@ -610,7 +610,7 @@ TEST(GroupedGemm, CanImplementGivesReasons) {
   EXPECT_EQ(cache.w, nullptr);
   moekit::cuda::GroupedGemmParams params;
   params.tile = sm90::kNumTiles;
-  EXPECT_NE(moekit::cuda::can_implement(g, params).find("16x64, 64x64, 128x256"),
+  EXPECT_NE(moekit::cuda::can_implement(g, params).find("16x64, 16x64tma, 64x64, 128x256"),
             std::string::npos);
 }
 

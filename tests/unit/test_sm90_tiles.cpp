@@ -18,19 +18,21 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
     EXPECT_EQ(sm90::find_tile(sm90::kTileTable[i].name, sm90::kTileTable[i].family), i);
   }
   EXPECT_EQ(sm90::find_tile("16x64"), 0);
-  EXPECT_EQ(sm90::find_tile("64x64"), 1);
-  EXPECT_EQ(sm90::find_tile("128x256"), 2);
+  EXPECT_EQ(sm90::find_tile("16x64tma"), 1);
+  EXPECT_EQ(sm90::find_tile("64x64"), 2);
+  EXPECT_EQ(sm90::find_tile("128x256"), 3);
   EXPECT_EQ(sm90::find_tile("256x128"), -1);
   EXPECT_EQ(sm90::find_tile("auto"), -1);
-  EXPECT_EQ(sm90::tile_names(), "16x64, 64x64, 128x256");
+  EXPECT_EQ(sm90::tile_names(), "16x64, 16x64tma, 64x64, 128x256");
   // The fp8 family has its own rows (a 64x64 of its own; its 128x256 promotes in 128-column
   // chunks, a row of its own too).
   EXPECT_EQ(sm90::kTileTable[sm90::find_tile("64x64", sm90::TileFamily::kFp8)].family,
             sm90::TileFamily::kFp8);
   EXPECT_NE(sm90::find_tile("128x256", sm90::TileFamily::kFp8), sm90::find_tile("128x256"));
-  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8), "16x64, 64x64, 64x128, 128x128, 128x256");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8),
+            "16x64, 16x64tma, 64x64, 64x128, 128x128, 128x256");
   // fp8 without block scales keeps no temporary accumulator: its prefill row is 128x256.
-  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct), "16x64, 64x64, 128x256");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct), "16x64, 16x64tma, 64x64, 128x256");
   EXPECT_NE(sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
 }
@@ -95,7 +97,8 @@ TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
   moe.tile_config = "96x96";
   const std::string msg =
       testing::error_of([&] { Sm90GroupedExperts e(moe, QuantConfig::unquantized()); });
-  EXPECT_TRUE(testing::contains_all(msg, {"tile_config '96x96'", "auto, 16x64, 64x64, 128x256"}));
+  EXPECT_TRUE(
+      testing::contains_all(msg, {"tile_config '96x96'", "auto, 16x64, 16x64tma, 64x64, 128x256"}));
   moe.tile_config = "128x256";
   EXPECT_NO_THROW(Sm90GroupedExperts(moe, QuantConfig::unquantized()));
   moe.tile_config = "auto";

@@ -738,20 +738,21 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // (kSwappedTileFloats; the ring where the caller's copies into it have landed and its wgmma
 // completed) into the 16-bit kernels' fragment of warp 0 (token lane / 4 + 8h, weight row 8j + 2
 // (lane % 4) + v), scaled as every kernel's accumulator is (KStep::finish: the K-invariant scales
-// of 8-bit operands) and stored by store_tile (bias, fused activation).
+// of 8-bit operands) and stored by store_tile (bias, fused activation). The warpgroup meets at
+// sync() (the whole CTA, or a named barrier of its 128 threads where a producer runs beside it).
 template <int kBM, int kBN>
 inline constexpr int kSwappedTileFloats = kBM*(kBN + 4);  // the transposed tile, padded rows
 
-template <typename T, typename OutT, int kBM, int kBN>
+template <typename T, typename OutT, int kBM, int kBN, typename Sync>
 __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
                                                    const float (&acc)[kBM / 2], const WorkItem& w,
-                                                   float* s_out, int tid) {
+                                                   float* s_out, int tid, Sync&& sync) {
   static_assert(kBM == 16 && kBN == 64, "one warpgroup: 64 weight rows x 16 tokens");
   constexpr int kOutLd = kBN + 4;  // floats per token of the transposed tile
   const int lane = tid & 31;
   const int r0 = (tid >> 5) * 16 + (lane >> 2);
   const int q2 = (lane & 3) * 2;
-  __syncthreads();  // every thread is done with s_out (the previous item) or the ring
+  sync();  // every thread is done with s_out (the previous item) or the ring
 #pragma unroll
   for (int j = 0; j < kBM / 8; ++j) {
 #pragma unroll
@@ -761,7 +762,7 @@ __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
         s_out[(8 * j + q2 + v) * kOutLd + r0 + 8 * h] = acc[4 * j + 2 * h + v];
     }
   }
-  __syncthreads();
+  sync();
   if (tid < 32) {
     float tile[kBN / 2];
 #pragma unroll
@@ -983,7 +984,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     fence_registers(frag[1]);
 
     // Every copy into the ring has landed (the last real step was waited for).
-    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, reinterpret_cast<float*>(ring_generic), tid);
+    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, reinterpret_cast<float*>(ring_generic), tid,
+                                          [] { __syncthreads(); });
   }
 }
 
@@ -1158,9 +1160,140 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       }
     }
     fence_registers(acc);
-    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, s_out, tid);
+    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, s_out, tid, [] { __syncthreads(); });
   }
   cp_async_wait<0>();
+}
+
+// Swap-AB mainloop of the kSwapABTma rows (16-bit and fp8): swapab_kernel's computation with the
+// loads moved to a producer warpgroup. Per K step the producer waits for the stage's "empty"
+// mbarrier, thread 0 loads the 64 weight rows x 128 bytes by one bulk tensor copy (TMA, 3-D map
+// {k, n, E}, zeros past N and K) and every producer thread copies one 16-byte chunk of the 16
+// gathered token rows by cp.async (zeros past the expert's rows, past K and for gather rows < 0),
+// all completing on the stage's "full" mbarrier; it walks the CTA's work items without waiting
+// for the consumers except on a full ring (kStages steps ahead). The consumer warpgroup waits on
+// "full", issues the stage's 4 wgmma and releases the stage on "empty" once they completed (one
+// step later), promotes fp8 block scales as swapab_kernel does, and stores each item through
+// store_swapped_tile with a named barrier of its own 128 threads.
+template <typename T, typename OutT, int kTile>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    ws_swapab_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
+  using Shape = ShapeOf<T, kTile>;
+  static_assert(Shape::kSwapAB && Shape::kTma && !Shape::kPackedW4 && !std::is_same_v<T, int8_t>);
+  constexpr int kBM = Shape::kBM;  // tokens of an item: the wgmma's N
+  constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
+  static_assert(kBM == 16 && kBN == 64 && Shape::kThreads == 256 && Shape::kAPasses == 1);
+  constexpr int kStages = Shape::kStages;
+  constexpr bool kPromote = Shape::kConfig.family == TileFamily::kFp8;
+
+  extern __shared__ uint8_t smem_dynamic[];
+  __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
+  __shared__ float s_out[kSwappedTileFloats<kBM, kBN>];
+  __shared__ alignas(8) uint64_t s_full[kStages];   // stage landed (producer -> consumers)
+  __shared__ alignas(8) uint64_t s_empty[kStages];  // stage consumed (consumers -> producer)
+  const uint32_t ring = ring_base(smem_dynamic);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < 32) {
+    tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
+  } else if (tid == 32) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_u32(&s_full[s]), 128 + 1);  // each producer thread's cp.async + the TMA
+      mbar_init(smem_u32(&s_empty[s]), 4);       // one per consumer warp
+    }
+    fence_proxy_async();
+  }
+  __syncthreads();
+  const int total_m_tiles = s_tile_prefix[p.num_experts];
+  const int total_items = total_m_tiles * p.n_tiles;
+
+  if (tid >= 128) {
+    // ---- producer warpgroup: token row ptid / 8, 16-byte chunk ptid % 8 of each stage -----------
+    const int ptid = tid - 128;
+    const int chunk = ptid & 7;
+    const int row_in_item = ptid >> 3;
+    const uint32_t dst = swizzled_offset(row_in_item, chunk);
+    int it = 0;  // K steps issued so far by this CTA (all items)
+    for (int item = static_cast<int>(blockIdx.x); item < total_items;
+         item += static_cast<int>(gridDim.x)) {
+      const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+      const uint8_t* src[1];
+      gathered_a_sources<Shape>(p, w, row_in_item, chunk, src);
+      for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+        const int s = it % kStages;
+        mbar_wait(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
+        const uint32_t stage = ring + static_cast<uint32_t>(s * Shape::kStageBytes);
+        const uint32_t full = smem_u32(&s_full[s]);
+        if (ptid == 0) {  // W tile: one bulk tensor copy (zeros past N and K)
+          mbar_arrive_expect_tx(full, Shape::kStageBBytes);
+          tma_load_3d(stage + Shape::kStageABytes, &w_map, full, kt * Shape::kBK, w.n0, w.expert);
+        }
+        const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
+        copy_a_stage<Shape>(p, src, stage + dst, k_ok, static_cast<int64_t>(kt) * kRowBytes);
+        cp_async_mbar_arrive(full);
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- consumer warpgroup ---------------------------------------------------------------------
+  const int lane = tid & 31;
+  SwapBlockScales scales;
+  int it = 0;                     // K steps consumed so far by this CTA (all items)
+  auto release = [&](int step) {  // the stage of the CTA's step `step`: its wgmma completed
+    if (lane == 0) mbar_arrive(smem_u32(&s_empty[step % kStages]));
+  };
+  for (int item = static_cast<int>(blockIdx.x); item < total_items;
+       item += static_cast<int>(gridDim.x)) {
+    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+    if constexpr (kPromote) scales.begin(p, w, tid);
+    float acc[kBM / 2];
+    float tmp[2][kBM / 2];
+    zero_accumulators(acc);
+
+    for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
+      [[maybe_unused]] constexpr int kParity = decltype(parity)::value;
+      const int s = it % kStages;
+      mbar_wait(smem_u32(&s_full[s]), (it / kStages) & 1);
+      fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
+      const uint32_t tokens = ring + static_cast<uint32_t>(s * Shape::kStageBytes);
+      const uint32_t weights = tokens + Shape::kStageABytes;
+      if constexpr (kPromote) {
+        // NOTE: an unconditional wait before the issue (as swapab_kernel: ptxas serializes every
+        // wgmma otherwise); step kt - 1's wgmma are then done and its stage may be refilled.
+        wgmma_wait<0>();
+        if (kt > 0) release(it - 1);
+        fence_registers(tmp[kParity ^ 1]);
+        mma_stage<T, kBM, /*kOverwrite=*/true>(tmp[kParity], weights, tokens);
+        if (kt > 0) scales.promote(acc, tmp[kParity ^ 1]);  // step kt - 1, its scales
+        scales.load(kt);
+      } else {
+        mma_stage<T, kBM>(acc, weights, tokens);
+        wgmma_wait<1>();  // step kt - 1's wgmma are done
+        fence_registers(acc);
+        if (kt > 0) release(it - 1);
+      }
+      ++it;
+    });
+    wgmma_wait<0>();
+    if (p.k_tiles > 0) release(it - 1);
+    if constexpr (kPromote) {
+      if (p.k_tiles > 0) {
+        if (((p.k_tiles - 1) & 1) != 0) {
+          fence_registers(tmp[1]);
+          scales.promote(acc, tmp[1]);
+        } else {
+          fence_registers(tmp[0]);
+          scales.promote(acc, tmp[0]);
+        }
+      }
+    }
+    fence_registers(acc);
+    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, s_out, tid,
+                                          [] { named_barrier_sync(1, 128); });
+  }
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -1190,6 +1323,8 @@ constexpr auto kernel_of() {
   static_assert(!kNvfp4 || ShapeOf<T, kTile>::kPackedW4, "NVFP4 is a packed-W4 variant");
   if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_swapab_kernel<T, OutT, kTile, kNvfp4>;
+  } else if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kTma) {
+    return &ws_swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB) {
     return &swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kPackedW4) {

@@ -42,7 +42,7 @@ struct KernelParams {
   // k / 16), with the expert's global scale x 2^8 as WScale::kExpert.
   const uint8_t* w_group_scale;
   int k_groups;  // scale codes per row: k / 32, or k / 16 (nvfp4)
-  bool nvfp4;     // the host launches the kernels' NVFP4 variant (their kNvfp4)
+  bool nvfp4;    // the host launches the kernels' NVFP4 variant (their kNvfp4)
 };
 
 }  // namespace moekit::cuda::sm90

@@ -35,7 +35,9 @@ enum class Promotion : uint8_t { kNone, kOverlapped, kChunked };
 template <int kTile, int kElemBytes>
 struct TileShape {
   static constexpr TileConfig kConfig = kTileTable[kTile];
-  static constexpr bool kTma = kConfig.kind == MainloopKind::kWarpSpecializedTma;
+  // W by TMA from a producer warpgroup (the kernel takes W's tensor map).
+  static constexpr bool kTma =
+      kConfig.kind == MainloopKind::kWarpSpecializedTma || kConfig.kind == MainloopKind::kSwapABTma;
   static constexpr int kBM = kConfig.bm;
   static constexpr int kBN = kConfig.bn;
   static constexpr int kStages = kConfig.stages;
@@ -55,7 +57,9 @@ struct TileShape {
   // convert each stage into one of three bf16 W tiles (kConvertedBytes) in front of the ring,
   // swap-AB rows into registers (A holds the item's tokens, bm rows of 128 bytes per stage).
   static constexpr bool kPackedW4 = kConfig.family == TileFamily::kW4A16;
-  static constexpr bool kSwapAB = kConfig.kind == MainloopKind::kSwapAB;  // converts to registers
+  // The weights as the wgmma's M, the tokens as its N (W4A16: converted into registers).
+  static constexpr bool kSwapAB =
+      kConfig.kind == MainloopKind::kSwapAB || kConfig.kind == MainloopKind::kSwapABTma;
   static constexpr int kPackedRowBytes = kRowBytes / 4;
   static constexpr int kConvertedTiles = kSwapAB ? 0 : 3;
   static constexpr int kStageABytes = kBM * kRowBytes;

@@ -27,6 +27,10 @@ enum class MainloopKind : uint8_t {
   // ring by descriptor, fp8 block scales promoted per weight row block and token), its bm tokens
   // the wgmma's N. One warpgroup per CTA, every thread loads.
   kSwapAB,
+  // Swap-AB (16-bit and fp8) with a producer warpgroup: W by TMA (one 8 KB copy per K step), the
+  // tokens by cp.async, both on the stage's mbarriers; the consumer warpgroup only computes, so
+  // its stalls (barriers, epilogue, the next item's lookups) never stop the loads.
+  kSwapABTma,
 };
 
 // The mainloop family a row serves.
@@ -81,12 +85,16 @@ struct TileConfig {
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
+    {"16x64tma", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
+     "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
     {"64x64", TileFamily::k16Bit, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
     {"128x256", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each W and A tile"},
     {"16x64", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, 8 weight rows promoted per thread and step"},
+    {"16x64tma", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
+     "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
     {"64x64", TileFamily::kFp8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
     {"64x128", TileFamily::kFp8, 64, 128, 8, 1, 1, MainloopKind::kWarpSpecializedTma, 63,
@@ -99,6 +107,8 @@ inline constexpr TileConfig kTileTable[] = {
     // fits); a stage holds 128 elements of K.
     {"16x64", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
+    {"16x64tma", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
+     "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
     {"64x64", TileFamily::kFp8Direct, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
     {"128x256", TileFamily::kFp8Direct, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
@@ -127,6 +137,10 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 // (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage) x 64 weight
 // rows, at least 6 stages (W4A16: an even number, two K steps per barrier).
 constexpr bool valid_tile(const TileConfig& t) {
+  if (t.kind == MainloopKind::kSwapABTma) {
+    return t.family != TileFamily::kW4A16 && t.family != TileFamily::kInt8 && t.bm == 16 &&
+           t.bn == 64 && t.consumers == 1 && t.stages >= 2;
+  }
   if (t.kind == MainloopKind::kSwapAB) {
     return (t.family == TileFamily::kW4A16 || t.family == TileFamily::kFp8 ||
             t.family == TileFamily::kFp8Direct || t.family == TileFamily::k16Bit) &&
