@@ -3,8 +3,11 @@
 # swap-AB kernel on bf16 / f16 operands). Parts (arguments, in order):
 #   tests     every GPU test binary; compute-sanitizer memcheck + racecheck on the 16-bit grouped
 #             GEMM tests that walk every row of the family (the new one included)
-#   tiles     moekit bench bf16 at M = 1 .. 256 on the four presets with the tile forced to 16x64
-#             and to 64x64 (the bound of the new row)
+#   tiles     moekit bench bf16 at M = 1 .. 256 on the four presets with the tile forced to each
+#             of $TILES (default "16x64 64x64")
+#   fp8tiles  moekit bench fp8 block-128 (deepseek-v3, qwen3-30b-a3b; routed like the peer) and
+#             per-tensor (qwen3-30b-a3b, mixtral-8x7b) at M = 1 .. 256, each of $FP8_TILES
+#             (default "16x64 16x64tma")
 #   tune      moekit tune bf16 on $TUNE_MODELS (default: the four presets; every 16-bit row timed
 #             at M = 1 .. 16384), one table each in logs/tables/, named for data/tile_tables/
 #   bench     moekit bench bf16 (4 presets x 7 batch sizes, auto tiles, reading the tables the tune
@@ -25,17 +28,34 @@ for part in "$@"; do
     timeout 90 compute-sanitizer --tool $tool build/tests/test_grouped_gemm --gtest_brief=1 \
       --gtest_filter='GroupedGemm.FewCtasManyItemsPerCta:GroupedGemm.AwkwardScheduleGatherPaddingFp32Bias:GroupedGemmFused.BatchedFewCtasNoBias'
   done >"$log/sanitizer.log" 2>&1
+  timeout 120 compute-sanitizer --tool memcheck build/tests/test_grouped_gemm --gtest_brief=1 \
+    --gtest_filter='GroupedGemmFp8.*' >>"$log/sanitizer.log" 2>&1
+  timeout 120 compute-sanitizer --tool memcheck build/tests/test_gpu_quantized --gtest_brief=1 \
+    --gtest_filter='QuantizedGpu.Every8BitTileMatchesEmulation' >>"$log/sanitizer.log" 2>&1
   timeout 60 compute-sanitizer --tool memcheck build/tests/test_gpu_layer --gtest_brief=1 \
     --gtest_filter='GpuLayer.CudaGraphReplayIsBitwiseEqual*:GpuLayer.BatchedFormatMatchesReference' \
     >>"$log/sanitizer.log" 2>&1
   grep -h "SUMMARY\|PASSED\|FAILED" "$log/sanitizer.log"
   fi
   if [ "$part" = tiles ]; then
-  for tile in 16x64 64x64; do
+  for tile in ${TILES:-16x64 64x64}; do
     timeout 120 build/moekit bench --models $presets --tokens 1 16 64 256 --tile $tile \
       --json "$log/bench_tile_$tile.json" >"$log/bench_tile_$tile.log" 2>&1
     echo "== tile $tile"
     grep -E "^[a-z]|^ +[0-9]+ " "$log/bench_tile_$tile.log" | grep -v "weights:"
+  done
+  fi
+  if [ "$part" = fp8tiles ]; then
+  for tile in ${FP8_TILES:-16x64 16x64tma}; do
+    timeout 100 build/moekit bench --quant fp8_block128 --plain-topk \
+      --models deepseek-v3 qwen3-30b-a3b --tokens 1 16 64 256 --tile $tile \
+      --json "$log/bench_fp8_block128_$tile.json" >"$log/bench_fp8_block128_$tile.log" 2>&1
+    timeout 60 build/moekit bench --quant fp8_per_tensor --models qwen3-30b-a3b mixtral-8x7b \
+      --tokens 1 16 64 256 --tile $tile --json "$log/bench_fp8_per_tensor_$tile.json" \
+      >"$log/bench_fp8_per_tensor_$tile.log" 2>&1
+    echo "== fp8 tile $tile"
+    grep -hE "^[a-z]|^ +[0-9]+ " "$log/bench_fp8_block128_$tile.log" \
+      "$log/bench_fp8_per_tensor_$tile.log" | grep -v "weights:\|experts:"
   done
   fi
   if [ "$part" = tune ]; then
