@@ -8,6 +8,10 @@
 #   fp8tiles  moekit bench fp8 block-128 (deepseek-v3, qwen3-30b-a3b; routed like the peer) and
 #             per-tensor (qwen3-30b-a3b, mixtral-8x7b) at M = 1 .. 256, each of $FP8_TILES
 #             (default "16x64 16x64tma")
+#   fp8peer   the fp8 decode rows as auto-selected: fp8 block-128 (deepseek-v3, qwen3-30b-a3b; routed
+#             like the peer) and per-tensor (qwen3-30b-a3b, mixtral-8x7b) at M = 1 .. 256, the
+#             Triton peer's fp8block / fp8tensor on the same shapes, the ratio tables; before them
+#             the grouped GEMM tests and QuantizedGpu.Every8BitTileMatchesEmulation
 #   tune      moekit tune bf16 on $TUNE_MODELS (default: the four presets; every 16-bit row timed
 #             at M = 1 .. 16384), one table each in logs/tables/, named for data/tile_tables/
 #   bench     moekit bench bf16 (4 presets x 7 batch sizes, auto tiles, reading the tables the tune
@@ -57,6 +61,29 @@ for part in "$@"; do
     grep -hE "^[a-z]|^ +[0-9]+ " "$log/bench_fp8_block128_$tile.log" \
       "$log/bench_fp8_per_tensor_$tile.log" | grep -v "weights:\|experts:"
   done
+  fi
+  if [ "$part" = fp8peer ]; then
+  build/tests/test_grouped_gemm --gtest_brief=1 >"$log/test_grouped_gemm.log" 2>&1
+  build/tests/test_gpu_quantized --gtest_brief=1 \
+    --gtest_filter='QuantizedGpu.Every8BitTileMatchesEmulation' >"$log/test_gpu_quantized_tiles.log" 2>&1
+  grep -h "PASSED\|FAILED" "$log/test_grouped_gemm.log" "$log/test_gpu_quantized_tiles.log"
+  timeout 100 build/moekit bench --quant fp8_block128 --plain-topk \
+    --models deepseek-v3 qwen3-30b-a3b --tokens 1 16 64 256 \
+    --json "$log/bench_fp8_block128.json" >"$log/bench_fp8_block128.log" 2>&1
+  timeout 60 build/moekit bench --quant fp8_per_tensor --models qwen3-30b-a3b mixtral-8x7b \
+    --tokens 1 16 64 256 --json "$log/bench_fp8_per_tensor.json" \
+    >"$log/bench_fp8_per_tensor.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout 120 python3 .carry/triton_peer.py --dtype fp8block \
+    --shapes deepseek-v3,qwen3-30b-a3b --tokens 1,16,64,256 --json "$log/peer_fp8block.json" \
+    >"$log/peer_fp8block.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout 90 python3 .carry/triton_peer.py --dtype fp8tensor \
+    --shapes qwen3-30b-a3b,mixtral-8x7b --tokens 1,16,64,256 --json "$log/peer_fp8tensor.json" \
+    >"$log/peer_fp8tensor.log" 2>&1
+  python3 bench/compare_peer.py "$log/bench_fp8_block128.json" "$log/peer_fp8block.json" \
+    --dtype fp8block >"$log/ratio_fp8block.md" 2>&1
+  python3 bench/compare_peer.py "$log/bench_fp8_per_tensor.json" "$log/peer_fp8tensor.json" \
+    --dtype fp8tensor >"$log/ratio_fp8tensor.md" 2>&1
+  cat "$log/ratio_fp8block.md" "$log/ratio_fp8tensor.md"
   fi
   if [ "$part" = tune ]; then
   mkdir -p "$log/tables"

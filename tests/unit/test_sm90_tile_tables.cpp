@@ -109,7 +109,7 @@ TEST(Sm90TileTables, BadTablesNameTheEntryAndTheRequirement) {
                            {"bad.json", "no 'device'"}));
   EXPECT_TRUE(contains_all(bad(head + R"("entries": {}})"), {"entries", "must be an array"}));
   EXPECT_TRUE(contains_all(bad(head + R"("entries": [{)" + entry + R"(, "tile": "32x32"}]})"),
-                           {"entries[0].tile='32x32'", "family fp8", "16x64, 16x64tma, 64x64"}));
+                           {"entries[0].tile='32x32'", "family fp8", "16x64tma, 16x64, 64x64"}));
   EXPECT_TRUE(contains_all(
       bad(head + R"("entries": [{)" + entry + R"(, "tile": "64x64", "family": "fp4"}]})"),
       {"bad.json"}));

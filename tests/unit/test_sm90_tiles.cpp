@@ -30,9 +30,9 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
             sm90::TileFamily::kFp8);
   EXPECT_NE(sm90::find_tile("128x256", sm90::TileFamily::kFp8), sm90::find_tile("128x256"));
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8),
-            "16x64, 16x64tma, 64x64, 64x128, 128x128, 128x256");
+            "16x64tma, 16x64, 64x64, 64x128, 128x128, 128x256");
   // fp8 without block scales keeps no temporary accumulator: its prefill row is 128x256.
-  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct), "16x64, 16x64tma, 64x64, 128x256");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct), "16x64tma, 16x64, 64x64, 128x256");
   EXPECT_NE(sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
 }
@@ -53,15 +53,16 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
   // Each family selects among its own rows only.
   const int fp8_small = sm90::select_tile(1, &why, sm90::TileFamily::kFp8);
   const int fp8_large = sm90::select_tile(int64_t{1} << 40, &why, sm90::TileFamily::kFp8);
-  EXPECT_EQ(fp8_small, sm90::find_tile("16x64", sm90::TileFamily::kFp8));
+  EXPECT_EQ(fp8_small, sm90::find_tile("16x64tma", sm90::TileFamily::kFp8));
   EXPECT_EQ(fp8_large, sm90::find_tile("128x256", sm90::TileFamily::kFp8));
   EXPECT_TRUE(testing::contains_all(why, {"128x256", "promoted 128 columns at a time"}));
   EXPECT_EQ(sm90::select_tile(9, &why, sm90::TileFamily::kFp8),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
-  // fp8 decode runs swap-AB up to 8 rows per expert (weights as the wgmma's M).
+  // fp8 decode runs swap-AB up to 8 rows per expert (weights as the wgmma's M), the loads from a
+  // TMA producer warpgroup.
   EXPECT_EQ(sm90::select_tile(8, &why, sm90::TileFamily::kFp8Direct),
-            sm90::find_tile("16x64", sm90::TileFamily::kFp8Direct));
-  EXPECT_TRUE(testing::contains_all(why, {"16x64", "swap-AB"}));
+            sm90::find_tile("16x64tma", sm90::TileFamily::kFp8Direct));
+  EXPECT_TRUE(testing::contains_all(why, {"16x64tma", "swap-AB", "TMA producer"}));
   EXPECT_EQ(sm90::select_tile(9, &why, sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct));
   EXPECT_EQ(sm90::select_tile(64, &why, sm90::TileFamily::kFp8Direct),

@@ -81,7 +81,14 @@ struct TileConfig {
 // more than 16 rows read their weights once per token block), bench/results/
 // 2026-12-02-h200-fp8-swapab.
 // 16-bit swap-AB: the fp8 row's kernel on bf16 / f16 (a stage is 64 elements of K, the same 8 KB
-// of weights per step); its bound is the fp8 row's until measured (bench/grouped_gemm_notes.md).
+// of weights per step): faster than 64x64 up to 8 rows per expert (qwen3-30b-a3b M=64 308-311 vs
+// 345 us, gpt-oss-120b M=64 1313-1317 vs 1409, deepseek-v3 M=64 4090-4101 vs 4253, mixtral-8x7b
+// M=1 183 vs 206), split at 16 (qwen3-30b-a3b M=256 356-360 vs 365, mixtral-8x7b M=64 736-741 vs
+// 694), bench/results/2026-12-03-h200-bf16-swapab.
+// The TMA-producer swap-AB rows (16x64tma): for fp8 faster than 16x64 where work items are short
+// (qwen3-30b-a3b block-128 M=16..256 5-12%, per-tensor 5-7%; deepseek-v3 block-128 2-5%), 1-2.5%
+// slower on mixtral-8x7b per-tensor's long items: first in the fp8 families. For bf16 no faster
+// (within +-2%, gpt-oss-120b M=1 80.0 vs 75.2 us): after 16x64, forceable and tuned by name.
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
@@ -91,10 +98,10 @@ inline constexpr TileConfig kTileTable[] = {
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
     {"128x256", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each W and A tile"},
-    {"16x64", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
-     "swap-AB: 64 weight rows x 16 tokens per item, 8 weight rows promoted per thread and step"},
     {"16x64tma", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
      "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
+    {"16x64", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
+     "swap-AB: 64 weight rows x 16 tokens per item, 8 weight rows promoted per thread and step"},
     {"64x64", TileFamily::kFp8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
     {"64x128", TileFamily::kFp8, 64, 128, 8, 1, 1, MainloopKind::kWarpSpecializedTma, 63,
@@ -105,10 +112,10 @@ inline constexpr TileConfig kTileTable[] = {
      "2x the reuse of each A tile; each K block promoted 128 columns at a time"},
     // fp8 with K-invariant scales: the int8 rows' shapes (no temporary accumulator, so 128x256
     // fits); a stage holds 128 elements of K.
-    {"16x64", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
-     "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
     {"16x64tma", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
      "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
+    {"16x64", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
+     "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
     {"64x64", TileFamily::kFp8Direct, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
     {"128x256", TileFamily::kFp8Direct, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
