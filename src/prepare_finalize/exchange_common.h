@@ -46,24 +46,29 @@ inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool 
     return fmt::format("num_experts {} is not divisible by ep_size {}", r.moe->num_experts,
                        p.ep_size);
   }
-  if (r.comm == nullptr) {
-    if (r.preview) return {};
+  if (r.comm == nullptr && !r.preview) {
     return fmt::format(
         "needs a communicator of {} ranks (MoELayerOptions::communicator; `moekit run` makes an "
         "MPI one under mpirun)",
         p.ep_size);
   }
-  if (r.comm->world_size() != p.ep_size || r.comm->rank() != p.ep_rank) {
+  if (r.comm != nullptr && (r.comm->world_size() != p.ep_size || r.comm->rank() != p.ep_rank)) {
     return fmt::format(
         "the {} communicator is rank {} of {} but the deployment is EP rank {} of {}",
         r.comm->name(), r.comm->rank(), r.comm->world_size(), p.ep_rank, p.ep_size);
   }
-  if (!r.comm->device().is_cpu() && !gpu_ranks) {
+  // Where the ranks' buffers are: the communicator's device, or (a preview without one) the
+  // deployment's, as a layer on it would hold them.
+  const Device ranks = r.comm != nullptr ? r.comm->device() : r.moe->device.device();
+  const std::string holder = r.comm != nullptr ? "the " + r.comm->name() + " communicator"
+                                               : "a layer on " + r.moe->device.name;
+  if (!ranks.is_cpu() && !gpu_ranks) {
     return fmt::format(
-        "the {} communicator holds {} buffers: this prepare/finalize exchanges tokens between CPU "
-        "ranks only (GPU ranks: allgather_reducescatter or naive_allgather)",
-        r.comm->name(), r.comm->device().to_string());
+        "{} holds {} buffers: this prepare/finalize exchanges tokens between CPU ranks only (GPU "
+        "ranks: allgather_reducescatter or naive_allgather)",
+        holder, ranks.to_string());
   }
+  if (r.comm == nullptr) return {};
   const DeviceType where = r.comm->device().type;
   const auto& types = r.experts->caps().device_types;
   if (std::find(types.begin(), types.end(), where) == types.end()) {

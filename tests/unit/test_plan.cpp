@@ -100,6 +100,34 @@ TEST(Plan, ExpertParallelDeploymentNamesEveryPrepareFinalizeCandidate) {
                            {"needs a communicator of 2 ranks", "naive"}));
 }
 
+// A preview has no communicator; the exchanges that move tokens between CPU ranks only are judged
+// by the deployment's device, so `moekit explain --device h200 --all2all nccl_all2all` says why
+// instead of choosing what the layer would refuse.
+TEST(Plan, PreviewedGpuRanksGetOnlyTheExchangesOfGpuRanks) {
+  if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA: no Hopper backends";
+  for (All2AllBackend backend : {All2AllBackend::kNcclAllToAll, All2AllBackend::kNaive}) {
+    const bool gpu_served = backend == All2AllBackend::kNaive;
+    testing::PreviewedH200 h200 = testing::previewed_h200();
+    MoELayerOptions o = ep_options(2, backend);
+    o.device = h200.layer.device;
+    const MoEPlan gpu =
+        plan_moe(config_of("small-deepseek", o), QuantConfig::unquantized(), h200.plan);
+    EXPECT_EQ(gpu.ok(), gpu_served) << gpu.error();
+    if (!gpu_served) {
+      EXPECT_TRUE(contains_all(gpu.error(), {"all2all", "a layer on NVIDIA H200", "cuda:0",
+                                             "CPU ranks only", "allgather_reducescatter"}))
+          << gpu.error();
+    }
+    // The same deployment on CPU ranks is served by both.
+    PlanOptions preview;
+    preview.preview = true;
+    preview.log = false;
+    const MoEPlan cpu = plan_moe(config_of("small-deepseek", ep_options(2, backend)),
+                                 QuantConfig::unquantized(), preview);
+    EXPECT_TRUE(cpu.ok()) << cpu.error();
+  }
+}
+
 TEST(Plan, BatchedFormatAcrossRanksNeedsTheLowLatencyAllToAll) {
   const MoEConfig moe = config_of("small", ep_options(2, All2AllBackend::kBatchedLowLatency));
   const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized());
