@@ -411,6 +411,45 @@ Sm90Int8Experts::Sm90Int8Experts(const MoEConfig& moe, const QuantConfig& quant)
   bind_weight_scales(*state_, moe, quant);
 }
 
+// ---- Sm90W4A8Experts
+// -----------------------------------------------------------------------------
+
+namespace {
+
+// The 8-bit shapes, with whole 16-byte chunks of int4 (32 elements) along K.
+std::string sm90_w4a8_shape_check(const MoEConfig& moe) {
+  if (std::string why = sm90_8bit_shape_check(moe); !why.empty()) return why;
+  const int64_t I = moe.intermediate_size_per_partition();
+  if (moe.hidden_dim % 32 != 0 || I % 32 != 0) {
+    return fmt::format("(int4 rows need hidden {} and intermediate {} multiples of 32)",
+                       moe.hidden_dim, I);
+  }
+  return {};
+}
+
+}  // namespace
+
+const ExpertsClass& Sm90W4A8Experts::klass() {
+  static const ExpertsClass k = sm90_quantized_class<Sm90W4A8Experts>(
+      "Sm90W4A8Experts",
+      {{quant_keys::kInt4W4A8StaticChannelSym, quant_keys::kFp8DynamicTokenSym},
+       {quant_keys::kInt4W4A8StaticChannelSym, quant_keys::kFp8StaticTensorSym}},
+      sm90_w4a8_shape_check);
+  return k;
+}
+
+Sm90W4A8Experts::Sm90W4A8Experts(const MoEConfig& moe, const QuantConfig& quant)
+    : Sm90StandardExpertsBase(klass(), moe, with_device_activation_scales(quant, moe)) {
+  MOEKIT_CHECK(quant.w1.dtype == QuantDType::kInt4 && quant.a1.dtype == QuantDType::kFp8E4M3 &&
+                   quant.w1.shape.is_per_channel() && !quant.w1.zp.defined(),
+               "Sm90W4A8Experts runs symmetric per-channel int4 weights with fp8 activations "
+               "only, got {}",
+               quant.describe());
+  sm90::choose_tiles(*state_, moe, "Sm90W4A8Experts", cuda::sm90::TileFamily::kW4A8);
+  bind_weight_scales(*state_, moe, quant);
+  state_->packed_int4 = true;
+}
+
 Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
                                      ActivationParams params, int64_t max_num_tokens) {
   if constexpr (!kCudaBuild) throw_no_cuda("Sm90SharedExperts");
@@ -790,6 +829,17 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_nvfp4, [] {
   b.traits.hidden_align = 32;
   b.traits.intermediate_align = 32;
   b.traits.weight_only = true;
+  return b;
+}());
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_w4a8, [] {
+  ExpertsBackend b = sm90_quantized_backend(
+      "sm90_w4a8", Sm90W4A8Experts::klass(), QuantOracleKind::kW4A8,
+      "Hopper e4m3 wgmma grouped GEMMs on int4 weights (per channel) with fp8 activations: the "
+      "packed int4 streamed and converted exactly to e4m3 by the producer warpgroup, accumulated "
+      "over all of K, the scales in the epilogue");
+  b.traits.hidden_align = 32;
+  b.traits.intermediate_align = 32;
   return b;
 }());
 

@@ -1,9 +1,10 @@
-// Quantized layers on the GPU (Sm90Fp8Experts, Sm90Int8Experts, Sm90Mxfp4Experts,
+// Quantized layers on the GPU (Sm90Fp8Experts, Sm90Int8Experts, Sm90W4A8Experts, Sm90Mxfp4Experts,
 // Sm90Nvfp4Experts) against the CPU emulation of the same quantization (CpuFp8Experts /
-// CpuInt8Experts / CpuMxfp4Experts / CpuNvfp4Experts, same random weights through the same Quark
-// method) and against the float64 reference: fp8 (128x128 blocks with 1x128 activation groups,
-// per-tensor static, per-channel with per-token activations), int8 (per-channel weights with
-// per-token activations, per-tensor static), MXFP4 weights with bf16 activations (gpt-oss W4A16)
+// CpuInt8Experts / CpuW4A8Experts / CpuMxfp4Experts / CpuNvfp4Experts, same random weights through
+// the same Quark method) and against the float64 reference: fp8 (128x128 blocks with 1x128
+// activation groups, per-tensor static, per-channel with per-token activations), int8 (per-channel
+// weights with per-token activations, per-tensor static), W4A8 (int4 per-channel weights, fp8
+// activations), MXFP4 weights with bf16 activations (gpt-oss W4A16)
 // and NVFP4 weights with bf16 activations (a W4A16 checkpoint, and a W4A4 one that Hopper runs
 // weight-only: it is held to its own W4A16 float64 recomputation and to the W4A4 emulation within
 // the scheme's tolerance), H and I that are not multiples of 128,
@@ -57,6 +58,7 @@ SchemeInfo scheme_info(const std::string& scheme) {
   if (scheme.rfind("int8_", 0) == 0) {
     return {"Sm90Int8Experts", "CpuInt8Experts", "int8_w8a8_gpu", "int8_w8a8"};
   }
+  if (scheme == "w4a8_fp8") return {"Sm90W4A8Experts", "CpuW4A8Experts", "w4a8_gpu", "w4a8"};
   return {"Sm90Fp8Experts", "CpuFp8Experts", "fp8_w8a8_gpu", "fp8_w8a8"};
 }
 
@@ -160,8 +162,9 @@ TEST_P(QuantizedGpuVsEmulation, MatchesEmulationAndFloat64) {
 
 std::vector<SchemeCase> scheme_cases() {
   std::vector<SchemeCase> v;
-  for (const char* scheme : {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8",
-                             "int8_per_tensor", "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4"}) {
+  for (const char* scheme :
+       {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8", "int8_per_tensor",
+        "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8"}) {
     // small: H 256, I 384 (multiples of 128); small-h320: H 320 (partial K and N blocks);
     // small-deepseek: shared experts, grouped routing; small-gpt-oss: H = I = 192, swigluoai with
     // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128).
@@ -200,6 +203,8 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
       {"16x64tma", {"fp8_block128", "fp8_per_channel", "fp8_per_tensor"}},
       {"64x64", {"mxfp4_w4a16", "nvfp4_w4a16"}},
       {"128x128", {"mxfp4_w4a16", "nvfp4_w4a16"}},
+      {"16x64tma", {"w4a8_fp8"}},
+      {"128x256", {"w4a8_fp8"}},
   };
   for (const TileCase& tc : cases) {
     const char* tile = tc.tile;
@@ -223,7 +228,8 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
 
 TEST(QuantizedGpu, ExpertMapRanksMatchEmulation) {
   REQUIRE_SM90_GPU();
-  for (const char* scheme : {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16"}) {
+  for (const char* scheme :
+       {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16", "w4a8_fp8"}) {
     for (int rank = 0; rank < 2; ++rank) {
       const ParallelConfig par = ParallelConfig::make(2, 1, 0, rank, /*enable_ep=*/true);
       LayerPair p = make_pair(find_preset("small"), scheme, 64, par);
@@ -283,7 +289,8 @@ TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
 TEST(QuantizedGpu, CudaGraphReplayIsBitwiseIdentical) {
   REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph
-  for (const char* scheme : {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16"}) {
+  for (const char* scheme :
+       {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16", "w4a8_fp8"}) {
     MoELayerOptions opt;
     opt.device = default_device_info();
     opt.max_num_tokens = 128;

@@ -874,6 +874,129 @@ TEST(GroupedGemmFp8, LongKBothFamiliesMatchFloat64) {
   }
 }
 
+// ---- W4A8: int4-packed W converted to e4m3 ------------------------------------------------------
+
+// Random uint4b8 weights (every nibble value), e4m3 A codes, per-row A and per-channel W scales,
+// an uneven schedule with an empty expert and experts of 1, 3 and 200 rows, a K that ends inside a
+// K step (k = 352: 2 full steps and 96 of 128) and a long one (deepseek-v3's 7168), n past the
+// last tile: every kW4A8 row against the float64 product (int4 values exactly as e4m3, so only
+// the accumulation and bf16's rounding of C differ). C is poisoned: every written element must be
+// finite. Bad inputs: group scales along K, 1x128 A groups, k not a multiple of 32, 16-bit A.
+TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
+  REQUIRE_GPU();
+  const std::vector<int> counts = {3, 0, 200, 1, 17};
+  const int n = 320, E = static_cast<int>(counts.size());
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<int32_t> offsets(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e)
+    offsets[e + 1] = offsets[e] + counts[e];
+  const int rows = offsets.back();
+  for (const int k : {352, 7168}) {
+    std::vector<uint8_t> a(static_cast<size_t>(rows) * k), w(static_cast<size_t>(E) * n * k / 2);
+    for (auto& c : a)
+      c = moekit::quant::encode_e4m3(uni(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 6) - 4));
+    for (auto& c : w)
+      c = static_cast<uint8_t>(rng());
+    std::vector<float> a_row(rows), w_channel(static_cast<size_t>(E) * n);
+    for (auto& f : a_row)
+      f = std::ldexp(1.0f + 0.5f * uni(rng), -3);
+    for (auto& f : w_channel)
+      f = std::ldexp(1.0f + 0.5f * uni(rng), -4);
+    std::vector<double> ref(static_cast<size_t>(rows) * n), da(a.size()), wv(k);
+    for (size_t i = 0; i < a.size(); ++i)
+      da[i] = moekit::quant::decode_e4m3(a[i]);
+    for (int e = 0; e < E; ++e) {
+      for (int c = 0; c < n; ++c) {
+        const uint8_t* wr = &w[(static_cast<size_t>(e) * n + c) * (k / 2)];
+        for (int kk = 0; kk < k; ++kk)
+          wv[kk] = static_cast<double>(((wr[kk / 2] >> (4 * (kk % 2))) & 0xF) - 8);
+        for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+          double sum = 0.0;
+          const double* ar = &da[static_cast<size_t>(r) * k];
+          for (int kk = 0; kk < k; ++kk)
+            sum += ar[kk] * wv[kk];
+          ref[static_cast<size_t>(r) * n + c] =
+              sum * a_row[r] * w_channel[static_cast<size_t>(e) * n + c];
+        }
+      }
+    }
+    DeviceBuffer d_a = upload(a), d_w = upload(w), d_offsets = upload(offsets);
+    DeviceBuffer d_a_row = upload(a_row), d_w_channel = upload(w_channel);
+    DeviceBuffer d_c(static_cast<size_t>(rows) * n * 2);
+    GroupedGemmArgs g;
+    g.a = d_a.get();
+    g.lda = k;
+    g.w = d_w.get();
+    g.w_packing = moekit::cuda::WPacking::kInt4;
+    g.c = d_c.get();
+    g.ldc = n;
+    g.expert_offsets = d_offsets.as<int32_t>();
+    g.num_experts = E;
+    g.num_rows_upper_bound = rows;
+    g.n = n;
+    g.k = k;
+    g.dtype = ElemType::kE4M3;
+    g.out_dtype = ElemType::kBF16;
+    g.a_scale_kind = moekit::cuda::AScale::kRow;
+    g.a_scale = d_a_row.as<float>();
+    g.w_scale_kind = moekit::cuda::WScale::kChannel;
+    g.w_scale = d_w_channel.as<float>();
+    ASSERT_EQ(moekit::cuda::tile_family_of(g), sm90::TileFamily::kW4A8);
+    ASSERT_EQ(moekit::cuda::can_implement(g), "");
+    for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+      if (sm90::kTileTable[tile].family != sm90::TileFamily::kW4A8) continue;
+      GroupedGemmParams params;
+      params.tile = tile;
+      ASSERT_EQ(moekit::cuda::can_implement(g, params), "");
+      CUDA_OK(cudaMemset(d_c.get(), 0xFF, d_c.bytes()));
+      CUDA_OK(moekit::cuda::run_grouped_gemm(g, nullptr, params));
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<uint16_t> c(static_cast<size_t>(rows) * n);
+      CUDA_OK(cudaMemcpy(c.data(), d_c.get(), c.size() * 2, cudaMemcpyDeviceToHost));
+      double err2 = 0.0, ref2 = 0.0;
+      int bad = 0;
+      for (size_t i = 0; i < c.size(); ++i) {
+        const double got = moekit::bf16_bits_to_float(c[i]);
+        if (!std::isfinite(got)) {
+          if (bad++ < 5) {
+            ADD_FAILURE() << sm90::kTileTable[tile].name << " k=" << k << " element " << i << ": "
+                          << got;
+          }
+          continue;
+        }
+        err2 += (got - ref[i]) * (got - ref[i]);
+        ref2 += ref[i] * ref[i];
+      }
+      EXPECT_EQ(bad, 0);
+      const double rel_l2 = std::sqrt(err2 / ref2);
+      std::cout << "[w4a8] " << sm90::kTileTable[tile].name << " k=" << k << ": rel_l2 " << rel_l2
+                << "\n";
+      // bf16's rounding of C (~1.7e-3) and the tensor cores' accumulator (fp8's direct rows:
+      // 2.8e-3 in all at k = 7168).
+      EXPECT_LE(rel_l2, 3.5e-3) << sm90::kTileTable[tile].name << " k=" << k;
+    }
+    GroupedGemmArgs bad = g;
+    bad.w_scale_kind = moekit::cuda::WScale::kBlock32x128;
+    EXPECT_EQ(moekit::cuda::can_implement(bad),
+              "W4A8 W takes a per-expert or per-channel scale (no groups along K)");
+    bad = g;
+    bad.a_scale_kind = moekit::cuda::AScale::kRowBlock128;
+    bad.a_scale_ld = (k + 127) / 128;
+    EXPECT_EQ(moekit::cuda::can_implement(bad),
+              "W4A8 A takes a per-tensor or per-row scale (no 1x128 groups)");
+    bad = g;
+    bad.k = 336;
+    bad.lda = 336;
+    EXPECT_EQ(moekit::cuda::can_implement(bad),
+              "k=336 is not a multiple of 32 (whole 16-byte chunks of int4)");
+    bad = g;
+    bad.dtype = ElemType::kBF16;
+    EXPECT_EQ(moekit::cuda::can_implement(bad),
+              "dtype bf16 is not e4m3 (int4 W runs with fp8 activations)");
+  }
+}
+
 // ---- W4A16: MXFP4-packed W ----------------------------------------------------------------------
 
 // One W4A16 problem: bf16 A (rows, k), W as e2m1 pairs (E, n, k / 2) with e8m0 codes (E, n, k /

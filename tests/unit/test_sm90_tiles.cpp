@@ -35,6 +35,17 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct), "16x64tma, 16x64, 64x64, 128x256");
   EXPECT_NE(sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
+  // W4A8 converts in the producer warpgroup: only the producer kinds.
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8), "16x64tma, 128x256");
+  for (int i = 0; i < sm90::kNumTiles; ++i) {
+    if (sm90::kTileTable[i].family != sm90::TileFamily::kW4A8) continue;
+    EXPECT_TRUE(sm90::kTileTable[i].kind == sm90::MainloopKind::kSwapABTma ||
+                sm90::kTileTable[i].kind == sm90::MainloopKind::kWarpSpecializedTma)
+        << sm90::kTileTable[i].name;
+  }
+  sm90::TileConfig single_role_w4a8 = sm90::kTileTable[sm90::find_tile("64x64")];
+  single_role_w4a8.family = sm90::TileFamily::kW4A8;
+  EXPECT_FALSE(sm90::valid_tile(single_role_w4a8));
 }
 
 // Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): swap-AB up to 8 rows
@@ -67,6 +78,12 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
             sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct));
   EXPECT_EQ(sm90::select_tile(64, &why, sm90::TileFamily::kFp8Direct),
             sm90::find_tile("128x256", sm90::TileFamily::kFp8Direct));
+  // W4A8: swap-AB up to 8 rows per expert, then the 128x256 row.
+  EXPECT_EQ(sm90::select_tile(8, &why, sm90::TileFamily::kW4A8),
+            sm90::find_tile("16x64tma", sm90::TileFamily::kW4A8));
+  EXPECT_TRUE(testing::contains_all(why, {"16x64tma", "packed weights in flight"}));
+  EXPECT_EQ(sm90::select_tile(9, &why, sm90::TileFamily::kW4A8),
+            sm90::find_tile("128x256", sm90::TileFamily::kW4A8));
 }
 
 // fp8 layers pick their family from the scales' group shapes, by the launch's own rule

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/elementwise.h"
+#include "experts/cuda/sm90/int4_layout.h"
 #include "experts/cuda/sm90/mxfp4_layout.h"
 #include "moekit/core/error.h"
 #include "moekit/core/half.h"
@@ -347,6 +348,30 @@ TEST(WeightLayout, Mxfp4PairConversionIsExact) {
                           << got << ", want " << want;
           }
         }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+// The W4A8 rows' int4 -> e4m3 conversion (sm90/int4_layout.h, the producer's byte permutes) on
+// the host: every 16-bit pattern of four uint4b8 nibbles gives the e4m3 codes of their values
+// (nibble - 8) exactly, in element order; the high half of a word is ignored.
+TEST(WeightLayout, Int4ToE4m3ConversionIsExact) {
+  auto perm = [](uint32_t lo, uint32_t hi, uint32_t sel) {
+    return cuda::sm90::host_byte_perm(lo, hi, sel);
+  };
+  int wrong = 0;
+  for (uint32_t nibbles = 0; nibbles < 0x10000u; ++nibbles) {
+    const uint32_t got = cuda::sm90::int4x4_to_e4m3(nibbles | 0xA5A50000u, perm);
+    for (int i = 0; i < 4; ++i) {
+      const int value = static_cast<int>((nibbles >> (4 * i)) & 0xFu) - 8;
+      const auto code = static_cast<uint8_t>(got >> (8 * i));
+      const bool ok = quant::decode_e4m3(code) == static_cast<float>(value) &&
+                      code == quant::encode_e4m3(static_cast<float>(value));
+      if (!ok && wrong++ < 5) {
+        ADD_FAILURE() << "nibbles=" << std::hex << nibbles << " element " << i << ": code 0x"
+                      << static_cast<int>(code) << std::dec << ", want " << value;
       }
     }
   }

@@ -103,6 +103,20 @@ class Sm90Int8Experts final : public Sm90StandardExpertsBase {
   Sm90Int8Experts(const MoEConfig& moe, const QuantConfig& quant);
 };
 
+// W4A8 on Hopper, Standard format: int4 weights (uint4b8 pairs, the Quark W4A8 method's layout,
+// per-channel f32 scales with the fp8 per-tensor scale folded in) with fp8 activations, the fp8
+// launch sequence on e4m3 operands: prepare quantizes a1 (dynamic per-token or static per-tensor),
+// the GEMMs stream W packed (half the bytes of fp8) and their producer warpgroup converts each K
+// step exactly to e4m3 for the e4m3 wgmma (accumulated over all of K, the scales in the
+// epilogue); the activation is requantized per the a2 scheme. Schemes:
+// (kInt4W4A8StaticChannelSym; kFp8DynamicTokenSym or kFp8StaticTensorSym). Int4 groups of 128
+// along K are not taken (their scales would need a promotion per group). H and I multiples of 32.
+class Sm90W4A8Experts final : public Sm90StandardExpertsBase {
+ public:
+  static const ExpertsClass& klass();
+  Sm90W4A8Experts(const MoEConfig& moe, const QuantConfig& quant);
+};
+
 // MXFP4 weights with bf16 activations on Hopper (gpt-oss W4A16), Standard format: the same launch
 // sequence with W streamed packed (e2m1 pairs, 4.25 bits per weight with the e8m0 scale of each
 // 32 of K) and converted to bf16 in shared memory inside the GEMMs' mainloop. Scheme:

@@ -190,19 +190,27 @@ bool is_packed_fp4(DType d) {
   return d == DType::kUInt8 || d == DType::kFp4E2M1x2;
 }
 
+// How W is packed, for its launch state (MXFP4 and NVFP4 share theirs).
+enum class Packing : uint8_t { kNone, kFp4, kInt4 };
+
 // W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights; fp8 / int8 codes with
-// output `out`; e2m1 pairs (k / 2 bytes per row) with bf16 A and C when `packed_fp4` (MXFP4 or
-// NVFP4: the launch state is the same for both).
-cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, bool packed_fp4) {
+// output `out`; e2m1 pairs (k / 2 bytes per row) with bf16 A and C for kFp4; uint4b8 pairs with
+// e4m3 A and C of `out` for kInt4.
+cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, Packing packing) {
   cuda::GroupedGemmArgs g;
   g.w = w.data();
   g.num_experts = static_cast<int>(w.dim() == 3 ? w.size(0) : 1);
   g.n = static_cast<int>(w.size(w.dim() - 2));
   g.k = static_cast<int>(w.size(w.dim() - 1));
-  if (packed_fp4) {
+  if (packing == Packing::kFp4) {
     g.k *= 2;
     g.dtype = gemm_dtype_of(out);
     g.w_packing = cuda::WPacking::kMxfp4;
+  } else if (packing == Packing::kInt4) {
+    g.k *= 2;
+    g.dtype = cuda::ElemType::kE4M3;
+    g.out_dtype = gemm_dtype_of(out);
+    g.w_packing = cuda::WPacking::kInt4;
   } else if (is_8bit_codes(w.dtype())) {
     g.dtype = cuda::elem_type_of(w.dtype());
     g.out_dtype = gemm_dtype_of(out);
@@ -213,15 +221,18 @@ cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, bool packed_fp4) 
 }
 
 // W's launch state; empty (every launch prepares itself) for a tensor the GEMM cannot take.
-cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out, bool packed_fp4 = false) {
+cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out,
+                                      Packing packing = Packing::kNone) {
   cuda::sm90::WeightLaunchCache cache;
-  if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) ||
-      (packed_fp4
-           ? !is_packed_fp4(w.dtype())
-           : w.dtype() != DType::kBF16 && w.dtype() != DType::kF16 && !is_8bit_codes(w.dtype()))) {
+  const bool takes =
+      packing == Packing::kFp4 ? is_packed_fp4(w.dtype())
+      : packing == Packing::kInt4
+          ? w.dtype() == DType::kUInt8
+          : w.dtype() == DType::kBF16 || w.dtype() == DType::kF16 || is_8bit_codes(w.dtype());
+  if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) || !takes) {
     return cache;
   }
-  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w, out, packed_fp4), &cache));
+  MOEKIT_CUDA_CHECK(cuda::prepare_grouped_gemm_weights(weight_shape(w, out, packing), &cache));
   return cache;
 }
 
@@ -254,7 +265,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   // MXFP4 / NVFP4: bf16 activations, W packed two elements per byte with group scale codes.
   const bool nvfp4 = state.scales == LaunchState::WeightScales::kNvfp4;
   const bool packed_fp4 = nvfp4 || state.scales == LaunchState::WeightScales::kMxfp4;
-  const int64_t per_byte = packed_fp4 ? 2 : 1;
+  const int64_t per_byte = packed_fp4 || state.packed_int4 ? 2 : 1;
   MOEKIT_CHECK(args.w2.size(2) * per_byte == d,
                "w2 {} has I={} but the activation of w1 (N={}) gives {}", args.w2.describe(),
                args.w2.size(2) * per_byte, N, d);
@@ -265,13 +276,16 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   // The activations' dtype (GEMM outputs, the activation, the output): x's, or for 8-bit codes
   // the output's; `codes` is the operands' dtype (the weights': e4m3 or int8).
   const DType dtype = scaled ? args.output.dtype() : x.dtype();
-  const DType codes = scaled ? args.w1.dtype() : dtype;
+  const DType codes = state.packed_int4 ? DType::kFp8E4M3 : scaled ? args.w1.dtype() : dtype;
   MOEKIT_CHECK(!scaled || is_8bit_codes(codes), "w1 holds {}, the experts take e4m3 or int8 codes",
                args.w1.describe());
   expect_dtype(x, "hidden_states", {codes});
   if (packed_fp4) {
     expect_dtype(args.w1, "w1", {DType::kUInt8, DType::kFp4E2M1x2});
     expect_dtype(args.w2, "w2", {DType::kUInt8, DType::kFp4E2M1x2});
+  } else if (state.packed_int4) {
+    expect_dtype(args.w1, "w1", {DType::kUInt8});
+    expect_dtype(args.w2, "w2", {DType::kUInt8});
   } else {
     expect_dtype(args.w1, "w1", {codes});
     expect_dtype(args.w2, "w2", {codes});
@@ -334,6 +348,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   if (scaled) {
     set_scaled_operands(g1, state, codes, state.w1_scale, quant.a1, args.a1q_scale, dtype);
   }
+  if (state.packed_int4) g1.w_packing = cuda::WPacking::kInt4;
   if (packed_fp4) {
     g1.w_packing = nvfp4 ? cuda::WPacking::kNvfp4 : cuda::WPacking::kMxfp4;
     g1.w_group_scale = state.w1_scale.data_as<const uint8_t>();
@@ -489,8 +504,11 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype) {
   const bool packed_fp4 = state.scales == LaunchState::WeightScales::kMxfp4 ||
                           state.scales == LaunchState::WeightScales::kNvfp4;
-  state.w1 = prepare(w1, act_dtype, packed_fp4);
-  state.w2 = prepare(w2, act_dtype, packed_fp4);
+  const Packing packing = packed_fp4          ? Packing::kFp4
+                          : state.packed_int4 ? Packing::kInt4
+                                              : Packing::kNone;
+  state.w1 = prepare(w1, act_dtype, packing);
+  state.w2 = prepare(w2, act_dtype, packing);
 }
 
 cuda::sm90::TileFamily fp8_tile_family(const GroupShape& weight, const GroupShape& activation) {
@@ -511,8 +529,9 @@ std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<Qua
   const QuantDType wd = weight ? weight->dtype : QuantDType::kNone;
   if (wd == QuantDType::kFp4E2M1) {  // MXFP4 or NVFP4: the same rows, the same fits
     g.w_packing = cuda::WPacking::kMxfp4;
-  } else if (wd == QuantDType::kFp8E4M3 || wd == QuantDType::kInt8) {
+  } else if (wd == QuantDType::kFp8E4M3 || wd == QuantDType::kInt8 || wd == QuantDType::kInt4) {
     g.dtype = wd == QuantDType::kInt8 ? cuda::ElemType::kS8 : cuda::ElemType::kE4M3;
+    if (wd == QuantDType::kInt4) g.w_packing = cuda::WPacking::kInt4;
     g.out_dtype = gemm_dtype_of(moe.in_dtype);
     g.w_scale_kind = weight_scale_kind(weight->scale.group_shape);
     g.a_scale_kind = activation_scale_kind(activation ? activation->scale.group_shape

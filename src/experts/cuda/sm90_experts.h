@@ -43,6 +43,9 @@ struct LaunchState {
   // scale x 2^8 (cuda::WPacking::kNvfp4).
   enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock, kMxfp4, kNvfp4 };
   WeightScales scales = WeightScales::kNone;
+  // W4A8: W holds uint4b8 pairs (K / 2 bytes per row, cuda::WPacking::kInt4) with kTensor /
+  // kChannel scales; the activations are e4m3 codes.
+  bool packed_int4 = false;
   Tensor w1_scale, w2_scale;
   Tensor w1_global, w2_global;
 };
@@ -80,7 +83,8 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
 
 // SM count, kernel attributes and W's tensor maps for w1 (E, N, K) and w2 (E, K, N'), on their
 // device (fp8 / int8 codes: for GEMMs writing act_dtype). Outside graph capture.
-// MXFP4-packed weights (state.scales kMxfp4) are prepared as such.
+// MXFP4-packed weights (state.scales kMxfp4) and int4-packed ones (state.packed_int4) are
+// prepared as such.
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype);
 
 // The tile family of an fp8 layer with these weight / activation group shapes: the promoting

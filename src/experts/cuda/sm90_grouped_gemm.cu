@@ -1,6 +1,7 @@
 // The host side every dtype of the grouped GEMM shares (sm90_grouped_gemm.h): argument checks,
 // tile selection, dispatch to the operand family (sm90_bf16_grouped_gemm.cu,
-// sm90_fp8_grouped_gemm.cu, sm90_int8_grouped_gemm.cu, sm90_w4a16_grouped_gemm.cu), the gate/up
+// sm90_fp8_grouped_gemm.cu, sm90_int8_grouped_gemm.cu, sm90_w4a16_grouped_gemm.cu,
+// sm90_w4a8_grouped_gemm.cu), the gate/up
 // weight reorder of the fused epilogue.
 #include "experts/cuda/sm90_grouped_gemm.h"
 
@@ -135,6 +136,7 @@ sm90::TileFamily tile_family_of(const GroupedGemmArgs& args) {
   if (args.w_packing == WPacking::kMxfp4 || args.w_packing == WPacking::kNvfp4) {
     return sm90::TileFamily::kW4A16;
   }
+  if (args.w_packing == WPacking::kInt4) return sm90::TileFamily::kW4A8;
   if (args.dtype == ElemType::kS8) return sm90::TileFamily::kInt8;
   if (elem_bytes(args.dtype) != 1) return sm90::TileFamily::k16Bit;
   const bool block_scales =
@@ -155,6 +157,9 @@ std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& 
     case sm90::TileFamily::kW4A16:
       why = detail::can_implement_w4a16(args);
       break;
+    case sm90::TileFamily::kW4A8:
+      why = detail::can_implement_w4a8(args);
+      break;
     default:
       why = detail::can_implement_16bit(args);
       break;
@@ -168,7 +173,7 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
   *cache = sm90::WeightLaunchCache{};
   const sm90::TileFamily family = tile_family_of(args);
   const bool scaled = family == sm90::TileFamily::kFp8 || family == sm90::TileFamily::kFp8Direct ||
-                      family == sm90::TileFamily::kInt8;
+                      family == sm90::TileFamily::kInt8 || family == sm90::TileFamily::kW4A8;
   if (family == sm90::TileFamily::kW4A16 && args.dtype != ElemType::kBF16) {
     return cudaErrorInvalidValue;
   }
@@ -190,6 +195,9 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
       break;
     case sm90::TileFamily::kW4A16:
       e = detail::prepare_w4a16(args, &c);
+      break;
+    case sm90::TileFamily::kW4A8:
+      e = detail::prepare_w4a8(args, &c);
       break;
     default:
       e = detail::prepare_16bit(args, &c);
@@ -218,6 +226,8 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
       return detail::run_int8(args, row, params, stream);
     case sm90::TileFamily::kW4A16:
       return detail::run_w4a16(args, row, params, stream);
+    case sm90::TileFamily::kW4A8:
+      return detail::run_w4a8(args, row, params, stream);
     default:
       return detail::run_16bit(args, row, params, stream);
   }

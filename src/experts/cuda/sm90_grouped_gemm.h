@@ -86,6 +86,11 @@ enum class WPacking : uint8_t {
            // kExpert with w_scale (num_experts,) = each expert's global scale x 2^8
            // (kNvfp4PairExponentScale); dtype bf16. Each element converts exactly to the bf16
            // e2m1 x s x 2^-8; the epilogue applies the rest in fp32.
+  kInt4,   // int4 (W4A8): w (num_experts, n, k / 2) bytes of uint4b8 nibbles (value = nibble - 8,
+           // element 2i in the low nibble of byte i; sm90/int4_layout.h), dtype (A) kE4M3 with
+           // its scales, W scales kExpert or kChannel (f32, the int4 code's unit); k a multiple
+           // of 32. Each element converts exactly to e4m3; the tensor cores accumulate over all
+           // of K (as kFp8Direct) and the epilogue applies the scales.
 };
 
 // Row alignment the kernel requires of expert_offsets: none. Offsets need not be padded to the tile
@@ -197,7 +202,7 @@ cudaError_t reorder_mxfp4_groups(void* w, int64_t groups, bool to_kernel, cudaSt
 
 // The tile family that serves the operand type of `args` (k16Bit for bf16 / f16; e4m3: kFp8 with
 // block scales on A or W, kFp8Direct otherwise; kInt8 for int8, kW4A16 for MXFP4- or
-// NVFP4-packed W with bf16 A).
+// NVFP4-packed W with bf16 A, kW4A8 for int4-packed W with e4m3 A).
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args);
 
 namespace detail {
@@ -207,8 +212,8 @@ std::string tile_fits(const GroupedGemmArgs& args, int row);
 // The checks every dtype of the grouped GEMM shares (can_implement adds the family's own).
 std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGemmParams& params);
 // Each family's own checks, W preparation and launch of table row `row` (one of its rows):
-// sm90_bf16_grouped_gemm.cu, sm90_fp8_grouped_gemm.cu, sm90_int8_grouped_gemm.cu and
-// sm90_w4a16_grouped_gemm.cu.
+// sm90_bf16_grouped_gemm.cu, sm90_fp8_grouped_gemm.cu, sm90_int8_grouped_gemm.cu,
+// sm90_w4a16_grouped_gemm.cu and sm90_w4a8_grouped_gemm.cu.
 std::string can_implement_16bit(const GroupedGemmArgs& args);
 cudaError_t prepare_16bit(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_16bit(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
@@ -221,6 +226,10 @@ std::string can_implement_w4a16(const GroupedGemmArgs& args);
 cudaError_t prepare_w4a16(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_w4a16(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
                       cudaStream_t stream);
+std::string can_implement_w4a8(const GroupedGemmArgs& args);
+cudaError_t prepare_w4a8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
+cudaError_t run_w4a8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
+                     cudaStream_t stream);
 std::string can_implement_int8(const GroupedGemmArgs& args);
 cudaError_t prepare_int8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_int8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,

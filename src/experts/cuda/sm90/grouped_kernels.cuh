@@ -45,6 +45,7 @@
 #include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/sm90/epilogue.cuh"
 #include "experts/cuda/sm90/host.h"
+#include "experts/cuda/sm90/int4_layout.h"
 #include "experts/cuda/sm90/mainloop.cuh"
 #include "experts/cuda/sm90_grouped_gemm.h"
 
@@ -267,6 +268,141 @@ struct KStep {
   }
 };
 
+// ---- the rings of the producer kernels ----------------------------------------------------------
+
+// Where a K step's operands lie and which barriers it uses, for the kernels with a producer
+// warpgroup. Most rows: one ring of kStages stages, A then W, "full" and "empty" per stage. kW4A8:
+// the tokens (and the packed W) in the load ring of kStages stages, "empty" per stage; the
+// converted W in the converted ring of kConvertedTiles tiles (in front of the load ring), "full"
+// and "w_empty" per tile. A step `it` (counted over the CTA's items) uses stage it % kStages and
+// W tile it % kWSlots.
+template <typename Shape>
+struct Rings {
+  static constexpr int kWSlots = Shape::kPackedInt4 ? Shape::kConvertedTiles : Shape::kStages;
+  uint32_t converted;  // kW4A8: the converted ring
+  uint32_t load;       // the (load) ring
+
+  __device__ __forceinline__ explicit Rings(const void* smem_dynamic)
+      : converted(ring_base(smem_dynamic)), load(converted + Shape::kConvertedBytes) {}
+  __device__ __forceinline__ uint32_t stage(int it) const {
+    return load + static_cast<uint32_t>((it % Shape::kStages) * Shape::kStageBytes);
+  }
+  __device__ __forceinline__ uint32_t w_tile(int it) const {
+    if constexpr (Shape::kPackedInt4) {
+      return converted + static_cast<uint32_t>((it % kWSlots) * Shape::kBN * kRowBytes);
+    } else {
+      return stage(it) + Shape::kStageABytes;
+    }
+  }
+};
+
+// The consumers are done with step `it` (its wgmma completed): one arrival per consumer warp on
+// the stage's "empty" barrier, and on the W tile's (kW4A8).
+template <typename Shape>
+__device__ __forceinline__ void release_step(uint64_t* s_empty, uint64_t* s_w_empty, int it,
+                                             int lane) {
+  if (lane != 0) return;
+  mbar_arrive(smem_u32(&s_empty[it % Shape::kStages]));
+  if constexpr (Shape::kPackedInt4) {
+    mbar_arrive(smem_u32(&s_w_empty[it % Rings<Shape>::kWSlots]));
+  }
+}
+
+// The barriers of the rings (one thread, before the CTA's first __syncthreads): "full" takes 129
+// arrivals where W comes by TMA (each producer thread's cp.async and the TMA's expect-tx), 128 for
+// kW4A8 (each producer thread after its conversion); "empty" and "w_empty" one per consumer warp.
+template <typename Shape>
+__device__ __forceinline__ void init_ring_barriers(uint64_t* s_full, uint64_t* s_empty,
+                                                   uint64_t* s_w_empty) {
+  constexpr int kConsumerWarps = Shape::kConsumerThreads / 32;
+#pragma unroll
+  for (int s = 0; s < Rings<Shape>::kWSlots; ++s) {
+    mbar_init(smem_u32(&s_full[s]), Shape::kPackedInt4 ? 128 : 128 + 1);
+    if constexpr (Shape::kPackedInt4) mbar_init(smem_u32(&s_w_empty[s]), kConsumerWarps);
+  }
+#pragma unroll
+  for (int s = 0; s < Shape::kStages; ++s)
+    mbar_init(smem_u32(&s_empty[s]), kConsumerWarps);
+  fence_proxy_async();
+}
+
+// ---- kW4A8: the converting producer -------------------------------------------------------------
+
+// The packed W of the kW4A8 rows, one producer thread's part (sm90/int4_layout.h): the thread
+// copies the 16-byte chunks q = ptid + 128 j of each K step's packed tile (row q / 4, quarter
+// q % 4: 32 elements of K) into the load ring with the tokens, one cp.async group per step, and
+// kLag = kStages - 2 steps later converts exactly those chunks (its own copies, so it waits only
+// for its own group) to e4m3 into a W tile of the converted ring, 128-byte swizzled as the wgmma
+// reads it. (kStages - 2: the stage refilled after step it's copies is that of step it - kStages,
+// which the consumers release once they have issued step it - kStages + 1, converted one step
+// earlier.) It then arrives on the tile's "full" barrier (128 arrivals: every producer thread's
+// conversion and tokens). Rows past N and K past k are zero-filled codes, which read as -8: their
+// products meet zero tokens (past K) or columns that are never stored (past N).
+template <typename Shape>
+struct Int4Converter {
+  static constexpr int kChunks = Shape::kBN * 4 / 128;  // per thread and step
+  static constexpr int kLag = Shape::kStages - 2;
+  static_assert(kLag >= 1, "a step converted while the next ones load");
+  static constexpr int kPackedRow = Shape::kPackedRowBytes;  // 64 bytes: 128 elements of K
+  const uint8_t* w_first;  // this thread's first row (row ptid / 4) of the item, its quarter
+  int rows_left;           // W rows of the item from that row on (n - n0 - ptid / 4)
+
+  __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w, int ptid) {
+    const int row = w.n0 + ptid / 4;
+    rows_left = p.n - row;
+    w_first = p.w + (static_cast<int64_t>(w.expert) * p.n + row) * (p.k / 2) + (ptid & 3) * 16;
+  }
+  // The packed chunks of K step kt of the item into the stage at `stage`.
+  __device__ __forceinline__ void load(const KernelParams& p, int kt, uint32_t stage,
+                                       int ptid) const {
+    const bool k_ok = kt * Shape::kBK + (ptid & 3) * 32 < p.k;
+    const uint32_t dst = stage + Shape::kStageABytes + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const bool ok = k_ok && 32 * j < rows_left;
+      const uint8_t* src = w_first + (static_cast<int64_t>(32 * j) * (p.k / 2) + kt * kPackedRow);
+      cp_async_16(dst + 32 * j * kPackedRow, ok ? src : p.w, ok);
+    }
+  }
+  // Step c (its copies landed) from its stage into its W tile, then "full".
+  __device__ __forceinline__ void convert(const Rings<Shape>& rings, uint64_t* s_full,
+                                          uint64_t* s_w_empty, int c, int ptid) const {
+    constexpr int kW = Rings<Shape>::kWSlots;
+    mbar_wait(smem_u32(&s_w_empty[c % kW]), ((c / kW) & 1) ^ 1);
+    const uint32_t src =
+        rings.stage(c) + Shape::kStageABytes + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
+    const uint32_t tile = rings.w_tile(c);
+    auto perm = [](uint32_t lo, uint32_t hi, uint32_t sel) { return __byte_perm(lo, hi, sel); };
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const uint4 q = ld_shared_v4(src + 32 * j * kPackedRow);
+      const int row = ptid / 4 + 32 * j;
+      const uint32_t lo[4] = {int4x4_to_e4m3(q.x, perm), int4x4_to_e4m3(q.x >> 16, perm),
+                              int4x4_to_e4m3(q.y, perm), int4x4_to_e4m3(q.y >> 16, perm)};
+      const uint32_t hi[4] = {int4x4_to_e4m3(q.z, perm), int4x4_to_e4m3(q.z >> 16, perm),
+                              int4x4_to_e4m3(q.w, perm), int4x4_to_e4m3(q.w >> 16, perm)};
+      st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3)), lo);
+      st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3) + 1), hi);
+    }
+    fence_proxy_async();  // the converted tile, seen by the tensor cores
+    mbar_arrive(smem_u32(&s_full[c % kW]));
+  }
+  // After the copies of step `it` (committed as one group): convert step it - kLag.
+  __device__ __forceinline__ void after_step(const Rings<Shape>& rings, uint64_t* s_full,
+                                             uint64_t* s_w_empty, int it, int ptid) const {
+    if (it < kLag) return;
+    cp_async_wait<kLag>();  // this thread's copies of step it - kLag have landed
+    convert(rings, s_full, s_w_empty, it - kLag, ptid);
+  }
+  // After the last step (`steps` issued): convert the steps still waiting.
+  __device__ __forceinline__ void drain(const Rings<Shape>& rings, uint64_t* s_full,
+                                        uint64_t* s_w_empty, int steps, int ptid) const {
+    cp_async_wait<0>();
+    for (int c = steps > kLag ? steps - kLag : 0; c < steps; ++c)
+      convert(rings, s_full, s_w_empty, c, ptid);
+  }
+};
+
 // ---- kWarpSpecializedTma ------------------------------------------------------------------------
 
 template <typename T, typename OutT, int kTile>
@@ -278,12 +414,17 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   constexpr int kStages = Shape::kStages;
   constexpr int kAcc = kBN / 2;
 
+  using RingsT = Rings<Shape>;
+  constexpr int kWSlots = RingsT::kWSlots;
+
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];    // m-tiles of experts [0, e)
-  __shared__ alignas(8) uint64_t s_full[kStages];   // stage landed (producer -> consumers)
+  __shared__ alignas(8) uint64_t s_full[kWSlots];   // step landed (producer -> consumers)
   __shared__ alignas(8) uint64_t s_empty[kStages];  // stage consumed (consumers -> producer)
+  // kW4A8: W tile consumed (consumers -> producer)
+  __shared__ alignas(8) uint64_t s_w_empty[Shape::kPackedInt4 ? kWSlots : 1];
   __shared__ int64_t s_a_offset[2][kBM];  // producer: byte offset of each A row, -1 = zeros
-  const uint32_t smem_base = ring_base(smem_dynamic);
+  const RingsT rings(smem_dynamic);
 
   const int tid = static_cast<int>(threadIdx.x);
   const int num_experts = p.num_experts;
@@ -292,12 +433,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   if (tid < 32) {
     tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
   } else if (tid == 32) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(smem_u32(&s_full[s]), 128 + 1);  // each producer thread's cp.async + the TMA
-      mbar_init(smem_u32(&s_empty[s]), Shape::kConsumerThreads / 32);  // one per consumer warp
-    }
-    fence_proxy_async();
+    init_ring_barriers<Shape>(s_full, s_empty, s_w_empty);
   }
   __syncthreads();
 
@@ -314,6 +450,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
     int it = 0;   // K steps issued so far by this CTA (all items)
     int buf = 0;  // s_a_offset buffer of this item
+    [[maybe_unused]] Int4Converter<Shape> int4;
     for (int item = static_cast<int>(blockIdx.x); item < total_items;
          item += static_cast<int>(gridDim.x)) {
       // 2. Work item -> (expert, m-tile, n-tile).
@@ -328,11 +465,11 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         s_a_offset[buf][r] = off;
       }
       named_barrier_sync(1, 128);  // the offsets of this item are visible to every producer
+      if constexpr (Shape::kPackedInt4) int4.begin(p, w, ptid);
       for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
         const int s = it % kStages;
         mbar_wait(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
-        const uint32_t sa = smem_base + static_cast<uint32_t>(s * Shape::kStageBytes);
-        const uint32_t sb = sa + Shape::kStageABytes;
+        const uint32_t sa = rings.stage(it);
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
         const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes + chunk * kChunkBytes;
 #pragma unroll
@@ -342,15 +479,22 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
           cp_async_16(sa + swizzled + i * Shape::kRowsPerPass * kRowBytes,
                       ok ? p.a + off + k_bytes : p.a, ok);
         }
-        if (ptid == 0) {  // W tile: one bulk tensor copy (zeros past N and K)
-          const uint32_t full = smem_u32(&s_full[s]);
-          mbar_arrive_expect_tx(full, Shape::kStageBBytes);
-          tma_load_3d(sb, &w_map, full, kt * Shape::kBK, w.n0, w.expert);
+        if constexpr (Shape::kPackedInt4) {
+          int4.load(p, kt, sa, ptid);
+          cp_async_commit();
+          int4.after_step(rings, s_full, s_w_empty, it, ptid);
+        } else {
+          if (ptid == 0) {  // W tile: one bulk tensor copy (zeros past N and K)
+            const uint32_t full = smem_u32(&s_full[s]);
+            mbar_arrive_expect_tx(full, Shape::kStageBBytes);
+            tma_load_3d(rings.w_tile(it), &w_map, full, kt * Shape::kBK, w.n0, w.expert);
+          }
+          cp_async_mbar_arrive(smem_u32(&s_full[s]));
         }
-        cp_async_mbar_arrive(smem_u32(&s_full[s]));
       }
       buf ^= 1;
     }
+    if constexpr (Shape::kPackedInt4) int4.drain(rings, s_full, s_w_empty, it, ptid);
     cp_async_wait<0>();
     return;
   }
@@ -373,22 +517,16 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
     // 3. Main loop.
     for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
-      const int s = it % kStages;
-      mbar_wait(smem_u32(&s_full[s]), (it / kStages) & 1);
+      mbar_wait(smem_u32(&s_full[it % kWSlots]), (it / kWSlots) & 1);
       fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
-      const uint32_t stage = smem_base + static_cast<uint32_t>(s * Shape::kStageBytes);
       step.template run<decltype(parity)::value>(
-          acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
-          stage + Shape::kStageABytes, p, w, rows, kt);
-      if (kt >= kLag && lane == 0) {
-        mbar_arrive(smem_u32(&s_empty[(it + kStages - kLag) % kStages]));
-      }
+          acc, rings.stage(it) + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
+          rings.w_tile(it), p, w, rows, kt);
+      if (kt >= kLag) release_step<Shape>(s_empty, s_w_empty, it - kLag, lane);
       ++it;
     });
     step.end(acc, p);
-    if constexpr (kLag > 0) {
-      if (lane == 0) mbar_arrive(smem_u32(&s_empty[(it + kStages - 1) % kStages]));
-    }
+    if constexpr (kLag > 0) release_step<Shape>(s_empty, s_w_empty, it - 1, lane);
 
     // 4. Epilogue.
     float out[kAcc];
@@ -1179,30 +1317,30 @@ template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     ws_swapab_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
   using Shape = ShapeOf<T, kTile>;
-  static_assert(Shape::kSwapAB && Shape::kTma && !Shape::kPackedW4 && !std::is_same_v<T, int8_t>);
+  static_assert(Shape::kSwapAB && Shape::kProducer && !Shape::kPackedW4 &&
+                !std::is_same_v<T, int8_t>);
   constexpr int kBM = Shape::kBM;  // tokens of an item: the wgmma's N
   constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
   static_assert(kBM == 16 && kBN == 64 && Shape::kThreads == 256 && Shape::kAPasses == 1);
   constexpr int kStages = Shape::kStages;
   constexpr bool kPromote = Shape::kConfig.family == TileFamily::kFp8;
+  using RingsT = Rings<Shape>;
+  constexpr int kWSlots = RingsT::kWSlots;
 
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
   __shared__ float s_out[kSwappedTileFloats<kBM, kBN>];
-  __shared__ alignas(8) uint64_t s_full[kStages];   // stage landed (producer -> consumers)
+  __shared__ alignas(8) uint64_t s_full[kWSlots];   // step landed (producer -> consumers)
   __shared__ alignas(8) uint64_t s_empty[kStages];  // stage consumed (consumers -> producer)
-  const uint32_t ring = ring_base(smem_dynamic);
+  // kW4A8: W tile consumed (consumers -> producer)
+  __shared__ alignas(8) uint64_t s_w_empty[Shape::kPackedInt4 ? kWSlots : 1];
+  const RingsT rings(smem_dynamic);
 
   const int tid = static_cast<int>(threadIdx.x);
   if (tid < 32) {
     tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
   } else if (tid == 32) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(smem_u32(&s_full[s]), 128 + 1);  // each producer thread's cp.async + the TMA
-      mbar_init(smem_u32(&s_empty[s]), 4);       // one per consumer warp
-    }
-    fence_proxy_async();
+    init_ring_barriers<Shape>(s_full, s_empty, s_w_empty);
   }
   __syncthreads();
   const int total_m_tiles = s_tile_prefix[p.num_experts];
@@ -1215,25 +1353,36 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     const int row_in_item = ptid >> 3;
     const uint32_t dst = swizzled_offset(row_in_item, chunk);
     int it = 0;  // K steps issued so far by this CTA (all items)
+    [[maybe_unused]] Int4Converter<Shape> int4;
     for (int item = static_cast<int>(blockIdx.x); item < total_items;
          item += static_cast<int>(gridDim.x)) {
       const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
       const uint8_t* src[1];
       gathered_a_sources<Shape>(p, w, row_in_item, chunk, src);
+      if constexpr (Shape::kPackedInt4) int4.begin(p, w, ptid);
       for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
         const int s = it % kStages;
         mbar_wait(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
-        const uint32_t stage = ring + static_cast<uint32_t>(s * Shape::kStageBytes);
-        const uint32_t full = smem_u32(&s_full[s]);
-        if (ptid == 0) {  // W tile: one bulk tensor copy (zeros past N and K)
-          mbar_arrive_expect_tx(full, Shape::kStageBBytes);
-          tma_load_3d(stage + Shape::kStageABytes, &w_map, full, kt * Shape::kBK, w.n0, w.expert);
+        const uint32_t stage = rings.stage(it);
+        const uint32_t full = smem_u32(&s_full[Shape::kPackedInt4 ? 0 : s]);  // kW4A8: unused
+        if constexpr (!Shape::kPackedInt4) {
+          if (ptid == 0) {  // W tile: one bulk tensor copy (zeros past N and K)
+            mbar_arrive_expect_tx(full, Shape::kStageBBytes);
+            tma_load_3d(rings.w_tile(it), &w_map, full, kt * Shape::kBK, w.n0, w.expert);
+          }
         }
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
         copy_a_stage<Shape>(p, src, stage + dst, k_ok, static_cast<int64_t>(kt) * kRowBytes);
-        cp_async_mbar_arrive(full);
+        if constexpr (Shape::kPackedInt4) {
+          int4.load(p, kt, stage, ptid);
+          cp_async_commit();
+          int4.after_step(rings, s_full, s_w_empty, it, ptid);
+        } else {
+          cp_async_mbar_arrive(full);
+        }
       }
     }
+    if constexpr (Shape::kPackedInt4) int4.drain(rings, s_full, s_w_empty, it, ptid);
     cp_async_wait<0>();
     return;
   }
@@ -1242,8 +1391,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int lane = tid & 31;
   SwapBlockScales scales;
   int it = 0;                     // K steps consumed so far by this CTA (all items)
-  auto release = [&](int step) {  // the stage of the CTA's step `step`: its wgmma completed
-    if (lane == 0) mbar_arrive(smem_u32(&s_empty[step % kStages]));
+  auto release = [&](int step) {  // the CTA's step `step`: its wgmma completed
+    release_step<Shape>(s_empty, s_w_empty, step, lane);
   };
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
@@ -1255,11 +1404,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
     for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
       [[maybe_unused]] constexpr int kParity = decltype(parity)::value;
-      const int s = it % kStages;
-      mbar_wait(smem_u32(&s_full[s]), (it / kStages) & 1);
+      mbar_wait(smem_u32(&s_full[it % kWSlots]), (it / kWSlots) & 1);
       fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
-      const uint32_t tokens = ring + static_cast<uint32_t>(s * Shape::kStageBytes);
-      const uint32_t weights = tokens + Shape::kStageABytes;
+      const uint32_t tokens = rings.stage(it);
+      const uint32_t weights = rings.w_tile(it);
       if constexpr (kPromote) {
         // NOTE: an unconditional wait before the issue (as swapab_kernel: ptxas serializes every
         // wgmma otherwise); step kt - 1's wgmma are then done and its stage may be refilled.
@@ -1323,13 +1471,13 @@ constexpr auto kernel_of() {
   static_assert(!kNvfp4 || ShapeOf<T, kTile>::kPackedW4, "NVFP4 is a packed-W4 variant");
   if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_swapab_kernel<T, OutT, kTile, kNvfp4>;
-  } else if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kTma) {
+  } else if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kProducer) {
     return &ws_swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB) {
     return &swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_kernel<T, OutT, kTile, kNvfp4>;
-  } else if constexpr (ShapeOf<T, kTile>::kTma) {
+  } else if constexpr (ShapeOf<T, kTile>::kProducer) {
     return &ws_tma_kernel<T, OutT, kTile>;
   } else {
     return &single_role_kernel<T, OutT, kTile>;
@@ -1411,16 +1559,19 @@ cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, const Kern
     MOEKIT_CUDA_TRY(set_kernel_attributes(kernel, Shape::kDynamicSmem));
   }
   const int grid = grid_size(args, Shape::kConfig, p.n_tiles, sms, params.max_ctas);
-  if constexpr (Shape::kTma) {
+  if constexpr (Shape::kProducer) {
     CUtensorMap w_map;
-    if (cache != nullptr) {
-      static_assert(sizeof(CUtensorMap) == sizeof(TmaDescriptor));
-      std::memcpy(&w_map, cache->tma[kTile].bytes.data(), sizeof(w_map));
-    } else {
-      TmaDescriptor d;
-      MOEKIT_CUDA_TRY(encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype, Shape::kBK,
-                                   Shape::kBN, &d));
-      std::memcpy(&w_map, d.bytes.data(), sizeof(w_map));
+    std::memset(&w_map, 0, sizeof(w_map));  // kW4A8 rows: unused (the producer copies packed W)
+    if constexpr (Shape::kTma) {
+      if (cache != nullptr) {
+        static_assert(sizeof(CUtensorMap) == sizeof(TmaDescriptor));
+        std::memcpy(&w_map, cache->tma[kTile].bytes.data(), sizeof(w_map));
+      } else {
+        TmaDescriptor d;
+        MOEKIT_CUDA_TRY(encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype,
+                                     Shape::kBK, Shape::kBN, &d));
+        std::memcpy(&w_map, d.bytes.data(), sizeof(w_map));
+      }
     }
     kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p, w_map);
   } else {

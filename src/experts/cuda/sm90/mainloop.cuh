@@ -35,9 +35,13 @@ enum class Promotion : uint8_t { kNone, kOverlapped, kChunked };
 template <int kTile, int kElemBytes>
 struct TileShape {
   static constexpr TileConfig kConfig = kTileTable[kTile];
-  // W by TMA from a producer warpgroup (the kernel takes W's tensor map).
-  static constexpr bool kTma =
+  // A producer warpgroup loads (the kernel takes W's tensor map, used where kTma).
+  static constexpr bool kProducer =
       kConfig.kind == MainloopKind::kWarpSpecializedTma || kConfig.kind == MainloopKind::kSwapABTma;
+  // W4A8: the producer streams packed int4 W with the tokens and converts it (kConvertedTiles).
+  static constexpr bool kPackedInt4 = kConfig.family == TileFamily::kW4A8;
+  // W by TMA from the producer warpgroup.
+  static constexpr bool kTma = kProducer && !kPackedInt4;
   static constexpr int kBM = kConfig.bm;
   static constexpr int kBN = kConfig.bn;
   static constexpr int kStages = kConfig.stages;
@@ -51,8 +55,8 @@ struct TileShape {
   static constexpr int kBK = kRowBytes / kElemBytes;            // K elements per stage
   static constexpr int kChunkElems = kChunkBytes / kElemBytes;  // K elements per 16-byte chunk
   static constexpr int kConsumerThreads = 128 * kConsumers;
-  static constexpr int kLoaderThreads = kTma ? 128 : kConsumerThreads;  // threads issuing cp.async
-  static constexpr int kThreads = kConsumerThreads + (kTma ? 128 : 0);  // + the producer
+  static constexpr int kLoaderThreads = kProducer ? 128 : kConsumerThreads;  // issuing cp.async
+  static constexpr int kThreads = kConsumerThreads + (kProducer ? 128 : 0);  // + the producer
   // W4A16: the ring holds W packed (32 bytes of e2m1 pairs per row and stage); single-role rows
   // convert each stage into one of three bf16 W tiles (kConvertedBytes) in front of the ring,
   // swap-AB rows into registers (A holds the item's tokens, bm rows of 128 bytes per stage).
@@ -60,25 +64,34 @@ struct TileShape {
   // The weights as the wgmma's M, the tokens as its N (W4A16: converted into registers).
   static constexpr bool kSwapAB =
       kConfig.kind == MainloopKind::kSwapAB || kConfig.kind == MainloopKind::kSwapABTma;
-  static constexpr int kPackedRowBytes = kRowBytes / 4;
-  static constexpr int kConvertedTiles = kSwapAB ? 0 : 3;
+  // W4A8: a stage of the ring (the load ring) holds the tokens and 64 bytes of packed int4 per W
+  // row (128 elements of K); the producer converts it into one of kConvertedTiles e4m3 W tiles
+  // (the converted ring, in front of the load ring) that the consumers read.
+  static constexpr int kPackedRowBytes = kPackedInt4 ? kRowBytes / 2 : kRowBytes / 4;
+  static constexpr int kConvertedTiles = kPackedInt4 ? (kSwapAB ? 4 : 2) : kSwapAB ? 0 : 3;
   static constexpr int kStageABytes = kBM * kRowBytes;
-  static constexpr int kStageBBytes = kBN * (kPackedW4 ? kPackedRowBytes : kRowBytes);
+  static constexpr int kStageBBytes =
+      kBN * (kPackedW4 || kPackedInt4 ? kPackedRowBytes : kRowBytes);
   static constexpr int kStageBytes = kStageABytes + kStageBBytes;
-  static constexpr int kConvertedBytes = kPackedW4 ? kConvertedTiles * kBN * kRowBytes : 0;
+  static constexpr int kConvertedBytes =
+      kPackedW4 || kPackedInt4 ? kConvertedTiles * kBN * kRowBytes : 0;
   static constexpr int kDynamicSmem = kConvertedBytes + kStages * kStageBytes + kSmemAlign;
   static constexpr int kRowsPerPass = kLoaderThreads / (kRowBytes / kChunkBytes);
   static constexpr int kAPasses = kBM / kRowsPerPass;
   static constexpr int kBPasses = kBN / kRowsPerPass;  // single-role: W by cp.async too
-  // One CTA per SM with 3 warpgroups: move registers from the producer to the consumers.
-  static constexpr bool kRebalanceRegisters = kTma && kMinBlocks == 1 && kConsumers == 2;
+  // One CTA per SM with 3 warpgroups: move registers from the producer to the consumers (not
+  // where the producer converts W: its conversion keeps more registers live, and the consumers of
+  // the direct K step fit the even split, 168 each, without spilling).
+  static constexpr bool kRebalanceRegisters =
+      kProducer && !kPackedInt4 && kMinBlocks == 1 && kConsumers == 2;
   static constexpr int kProducerRegisters = 56;
   static constexpr int kConsumerRegisters = 224;
   static_assert(kAPasses * kRowsPerPass == kBM);
   static_assert(kStageBytes % kSmemAlign == 0 && kConvertedBytes % kSmemAlign == 0,
                 "every stage starts on the swizzle period");
   static_assert(!kPackedW4 || kConsumerThreads == 2 * kBN, "one thread per 32-value W group");
-  static_assert(kTma || kBPasses * kRowsPerPass == kBN);
+  static_assert(kProducer || kBPasses * kRowsPerPass == kBN);
+  static_assert(!kPackedInt4 || (kBN * 4) % 128 == 0, "whole 16-byte packed chunks per thread");
   static_assert(!kRebalanceRegisters ||
                 128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
 };

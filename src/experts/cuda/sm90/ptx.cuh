@@ -33,6 +33,16 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[
                : "memory");
 }
 
+// 16 bytes of shared memory at a shared-window address to registers.
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
 // ---- cp.async -----------------------------------------------------------------------------------
 
 // 16 bytes global -> shared; pred false zero-fills the 16 bytes and reads nothing.

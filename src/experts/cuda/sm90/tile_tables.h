@@ -31,7 +31,7 @@ namespace moekit::cuda::sm90 {
 
 inline constexpr const char* kTileTableFormat = "moekit-tile-table-1";
 
-// "16bit", "fp8", "fp8_direct", "int8", "w4a16": a family's name in the tables.
+// "16bit", "fp8", "fp8_direct", "int8", "w4a16", "w4a8": a family's name in the tables.
 const char* family_name(TileFamily family);
 std::optional<TileFamily> family_by_name(std::string_view name);
 

@@ -50,6 +50,11 @@ enum class TileFamily : uint8_t {
   kW4A16,      // MXFP4 weights (e2m1 + e8m0 per 32 of K, codes in the kernel nibble order) with
                // bf16 activations: the packed weights stream into the ring and are converted to
                // bf16 each K step, into registers (swap-AB) or shared memory (single-role)
+  kW4A8,       // int4 weights (uint4b8 nibbles, per-channel / per-expert scales) with e4m3
+               // activations: the producer warpgroup streams the packed weights (64 bytes per row
+               // and K step) with the tokens into a load ring and converts each step exactly to
+               // e4m3 into a ring of W tiles; the consumers run the kFp8Direct K step (the tensor
+               // cores accumulate over all of K, the scales applied in the epilogue)
 };
 
 struct TileConfig {
@@ -135,15 +140,27 @@ inline constexpr TileConfig kTileTable[] = {
      "more CTAs, 2 per SM, 6 K steps of packed weights in flight"},
     {"128x128", TileFamily::kW4A16, 128, 128, 8, 2, 1, MainloopKind::kSingleRole, INT64_MAX,
      "4x the reuse of each converted W tile"},
+    // W4A8: the kFp8Direct rows' consumers behind a converting producer; `stages` is the depth of
+    // the load ring (tokens + packed W, 6 KB per step at 16x64, 32 KB at 128x256; all but two
+    // stages in flight), the converted W ring is TileShape::kConvertedTiles deep (4 and 2).
+    {"16x64tma", TileFamily::kW4A8, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
+     "swap-AB: 64 weight rows x 16 tokens per item, 8 K steps of packed weights in flight"},
+    {"128x256", TileFamily::kW4A8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+     "4x the reuse of each converted W and A tile"},
 };
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
 
 // NOTE: the rows the kernels assume of every table row; fp8 rows promote per 128 columns of K
-// (one K stage) with one weight scale per 32 rows, and their bn is 64, 128 or 256; W4A16 rows are
+// (one K stage) with one weight scale per 32 rows, and their bn is 64, 128 or 256; W4A8 rows have a
+// producer warpgroup (swap-AB TMA or warp-specialized kinds); W4A16 rows are
 // single-role with one thread per 32-value weight group of a stage (2 bn threads); swap-AB rows
 // (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage) x 64 weight
 // rows, at least 6 stages (W4A16: an even number, two K steps per barrier).
 constexpr bool valid_tile(const TileConfig& t) {
+  if (t.family == TileFamily::kW4A8 && t.kind != MainloopKind::kSwapABTma &&
+      t.kind != MainloopKind::kWarpSpecializedTma) {
+    return false;  // only the producer kinds convert
+  }
   if (t.kind == MainloopKind::kSwapABTma) {
     return t.family != TileFamily::kW4A16 && t.family != TileFamily::kInt8 && t.bm == 16 &&
            t.bn == 64 && t.consumers == 1 && t.stages >= 2;

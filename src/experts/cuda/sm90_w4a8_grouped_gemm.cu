@@ -1,0 +1,62 @@
+// The W4A8 family of the Hopper grouped GEMM (sm90_grouped_gemm.h): int4-packed W (uint4b8
+// nibbles, per-expert or per-channel f32 scales) with e4m3 A and per-tensor or per-row A scales,
+// bf16 / f16 output. The producer warpgroup streams the packed weights (half the bytes of fp8)
+// with the tokens and converts each K step exactly to e4m3 (sm90/int4_layout.h) for the consumers'
+// e4m3 wgmma, which accumulate over all of K like the kFp8Direct rows; the scales are applied once
+// in the epilogue. The mainloops of sm90/grouped_kernels.cuh over the kW4A8 rows of the tile table.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <string>
+
+#include "experts/cuda/sm90/grouped_kernels.cuh"
+
+namespace moekit::cuda {
+namespace detail {
+
+using namespace sm90;  // NOLINT: the kit
+
+// Supported and compiled: e4m3 A with kTensor / kRow scales; W int4-packed with kExpert /
+// kChannel scales (scales that vary along K, e.g. int4 groups of 128, would need a promotion per
+// group; they are not taken); bf16 or f16 out; k a multiple of 32 (whole 16-byte packed chunks);
+// every kW4A8 row.
+std::string can_implement_w4a8(const GroupedGemmArgs& args) {
+  using std::to_string;
+  if (args.w_packing != WPacking::kInt4) return "W is not int4-packed";
+  if (args.dtype != ElemType::kE4M3) {
+    return std::string("dtype ") + elem_type_name(args.dtype) +
+           " is not e4m3 (int4 W runs with fp8 activations)";
+  }
+  if (std::string why = check_8bit_operands(args, "W4A8"); !why.empty()) return why;
+  if (args.k % 32 != 0) {
+    return "k=" + to_string(args.k) + " is not a multiple of 32 (whole 16-byte chunks of int4)";
+  }
+  if (args.a_scale_kind != AScale::kTensor && args.a_scale_kind != AScale::kRow) {
+    return "W4A8 A takes a per-tensor or per-row scale (no 1x128 groups)";
+  }
+  if (args.w_scale_kind != WScale::kExpert && args.w_scale_kind != WScale::kChannel) {
+    return "W4A8 W takes a per-expert or per-channel scale (no groups along K)";
+  }
+  return "";
+}
+
+cudaError_t prepare_w4a8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache) {
+  return with_out_type(args.out_dtype, [&](auto tag) {
+    using OutT = decltype(tag);
+    return prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8>(args, cache);
+  });
+}
+
+cudaError_t run_w4a8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
+                     cudaStream_t stream) {
+  return with_out_type(args.out_dtype, [&](auto tag) {
+    using OutT = decltype(tag);
+    return with_tile<TileFamily::kW4A8>(row, [&](auto tile) {
+      return launch<__nv_fp8_e4m3, OutT, decltype(tile)::value>(args, params, stream);
+    });
+  });
+}
+
+}  // namespace detail
+}  // namespace moekit::cuda
