@@ -2,19 +2,19 @@
 # Device call for the W4A8 rows (TileFamily::kW4A8: int4 weights converted to e4m3 by the
 # producer warpgroup, fp8 activations; Sm90W4A8Experts, backend sm90_w4a8). Parts (arguments, in
 # order):
-#   tests   every GPU test binary; compute-sanitizer memcheck on QuantizedGpu.* (every 8-bit and
-#           W4A8 tile forced, expert maps, graph replay) and memcheck + racecheck on the W4A8
+#   tests   every GPU test binary; compute-sanitizer memcheck on QuantizedGpu's every-tile and
+#           graph-replay tests and on the W4A8 grouped GEMM test, memcheck + racecheck on the W4A8
 #           layer cases at M = 33 and 257 (the swap-AB and the 128x256 rows)
 #   quick   the grouped GEMM tests (GroupedGemmW4A8: every kW4A8 row against float64) and every
 #           quantized layer test, before the whole suite
 #   bench   moekit bench --quant w4a8_fp8 and --quant fp8_per_channel (the same shapes: W4A8's
-#           prefill target is a ratio to our fp8) on qwen3-30b-a3b, mixtral-8x7b and deepseek-v3
-#           at M = 1 .. 16384, and the Triton peer's fp8 per-tensor layer on those shapes in the
+#           prefill target is a ratio to our fp8; $QUANTS) on qwen3-30b-a3b, mixtral-8x7b and
+#           deepseek-v3 ($MODELS) at M = 1 .. 16384, and the Triton peer's fp8 per-tensor layer on those shapes in the
 #           same call (the peer has no int4 path), the ratio tables
 # Everything is packed into $OUT/all.tgz (the device tool returns few files).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
-models="qwen3-30b-a3b mixtral-8x7b deepseek-v3"
+models=${MODELS:-qwen3-30b-a3b mixtral-8x7b deepseek-v3}
 tokens="1 16 64 256 1024 4096 16384"
 for part in "$@"; do
 {
@@ -23,8 +23,11 @@ for part in "$@"; do
   timeout 220 bash bench/h200_session.sh tests
   mv "$out"/test_*.log "$out"/summary.txt "$log"/ 2>/dev/null
   cat "$log/summary.txt"
-  timeout 150 compute-sanitizer --tool memcheck build/tests/test_gpu_quantized --gtest_brief=1 \
-    --gtest_filter='QuantizedGpu.*' >"$log/sanitizer.log" 2>&1
+  timeout 170 compute-sanitizer --tool memcheck build/tests/test_gpu_quantized --gtest_brief=1 \
+    --gtest_filter='QuantizedGpu.Every8BitTileMatchesEmulation:QuantizedGpu.CudaGraphReplayIsBitwiseIdentical' \
+    >"$log/sanitizer.log" 2>&1
+  timeout 60 compute-sanitizer --tool memcheck build/tests/test_grouped_gemm --gtest_brief=1 \
+    --gtest_filter='GroupedGemmW4A8.*' >>"$log/sanitizer.log" 2>&1
   for tool in memcheck racecheck; do
     timeout 90 compute-sanitizer --tool $tool build/tests/test_gpu_quantized --gtest_brief=1 \
       --gtest_filter='*w4a8_fp8_small_M33*:*w4a8_fp8_small_M257*'
@@ -40,16 +43,16 @@ for part in "$@"; do
   grep -h "w4a8" "$log/test_gpu_quantized.log" | head -40
   fi
   if [ "$part" = bench ]; then
-  for q in w4a8_fp8 fp8_per_channel; do
+  for q in ${QUANTS:-w4a8_fp8 fp8_per_channel}; do
     timeout 120 build/moekit bench --quant $q --models $models --tokens $tokens \
       --json "$log/bench_$q.json" >"$log/bench_$q.log" 2>&1
     echo "== $q"
     grep -hE "^[a-z]|^ +[0-9]+ " "$log/bench_$q.log" | grep -v "weights:\|experts:"
   done
   PYTHONUNBUFFERED=1 timeout 120 python3 .carry/triton_peer.py --dtype fp8tensor \
-    --shapes qwen3-30b-a3b,mixtral-8x7b,deepseek-v3 --tokens 1,16,64,256,1024,4096,16384 \
+    --shapes "$(echo $models | tr ' ' ,)" --tokens 1,16,64,256,1024,4096,16384 \
     --json "$log/peer_fp8tensor.json" >"$log/peer_fp8tensor.log" 2>&1
-  for q in w4a8_fp8 fp8_per_channel; do
+  for q in ${QUANTS:-w4a8_fp8 fp8_per_channel}; do
     python3 bench/compare_peer.py "$log/bench_$q.json" "$log/peer_fp8tensor.json" \
       --dtype fp8tensor >"$log/ratio_$q.md" 2>&1
     echo "== $q vs the peer's fp8 per-tensor"

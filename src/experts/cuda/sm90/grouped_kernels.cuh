@@ -272,20 +272,27 @@ struct KStep {
 
 // Where a K step's operands lie and which barriers it uses, for the kernels with a producer
 // warpgroup. Most rows: one ring of kStages stages, A then W, "full" and "empty" per stage. kW4A8:
-// the tokens (and the packed W) in the load ring of kStages stages, "empty" per stage; the
-// converted W in the converted ring of kConvertedTiles tiles (in front of the load ring), "full"
-// and "w_empty" per tile. A step `it` (counted over the CTA's items) uses stage it % kStages and
-// W tile it % kWSlots.
+// the tokens in the ring of kStages stages, "empty" per stage; the packed W in the producer's
+// packed ring (kPackedStages, no barriers); the converted W in the converted ring of
+// kConvertedTiles tiles (in front of the others), "full" and "w_empty" per tile. A step `it`
+// (counted over the CTA's items) uses stage it % kStages, packed slot it % kPackedStages and W
+// tile it % kWSlots.
 template <typename Shape>
 struct Rings {
   static constexpr int kWSlots = Shape::kPackedInt4 ? Shape::kConvertedTiles : Shape::kStages;
   uint32_t converted;  // kW4A8: the converted ring
-  uint32_t load;       // the (load) ring
+  uint32_t load;       // the ring
+  uint32_t packed;     // kW4A8: the packed ring
 
   __device__ __forceinline__ explicit Rings(const void* smem_dynamic)
-      : converted(ring_base(smem_dynamic)), load(converted + Shape::kConvertedBytes) {}
+      : converted(ring_base(smem_dynamic)),
+        load(converted + Shape::kConvertedBytes),
+        packed(load + Shape::kStages * Shape::kStageBytes) {}
   __device__ __forceinline__ uint32_t stage(int it) const {
     return load + static_cast<uint32_t>((it % Shape::kStages) * Shape::kStageBytes);
+  }
+  __device__ __forceinline__ uint32_t packed_slot(int it) const {
+    return packed + static_cast<uint32_t>((it % Shape::kPackedStages) * Shape::kStageBBytes);
   }
   __device__ __forceinline__ uint32_t w_tile(int it) const {
     if constexpr (Shape::kPackedInt4) {
@@ -330,19 +337,23 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* s_full, uint64_t* s
 
 // The packed W of the kW4A8 rows, one producer thread's part (sm90/int4_layout.h): the thread
 // copies the 16-byte chunks q = ptid + 128 j of each K step's packed tile (row q / 4, quarter
-// q % 4: 32 elements of K) into the load ring with the tokens, one cp.async group per step, and
-// kLag = kStages - 2 steps later converts exactly those chunks (its own copies, so it waits only
-// for its own group) to e4m3 into a W tile of the converted ring, 128-byte swizzled as the wgmma
-// reads it. (kStages - 2: the stage refilled after step it's copies is that of step it - kStages,
-// which the consumers release once they have issued step it - kStages + 1, converted one step
-// earlier.) It then arrives on the tile's "full" barrier (128 arrivals: every producer thread's
-// conversion and tokens). Rows past N and K past k are zero-filled codes, which read as -8: their
-// products meet zero tokens (past K) or columns that are never stored (past N).
+// q % 4: 32 elements of K) into the packed ring, with the step's tokens into the ring, one
+// cp.async group per step, and kLag = kPackedStages - 1 steps later converts exactly those chunks
+// (its own copies, so it waits only for its own group, which holds the tokens too) to e4m3 into a
+// W tile of the converted ring, 128-byte swizzled as the wgmma reads it. It then arrives on the
+// tile's "full" barrier (128 arrivals: every producer thread's conversion and tokens). The packed
+// slot of step it is refilled at step it + kPackedStages, after the same thread converted it; the
+// tokens' stage of step it is refilled at step it + kStages, once the consumers released it
+// (kStages >= kLag + 3: they need only steps converted two or more iterations earlier, so the
+// producer never waits on the step it has just converted). Rows past N and K past k are
+// zero-filled codes, which read as -8: their products meet zero tokens (past K) or columns that
+// are never stored (past N).
 template <typename Shape>
 struct Int4Converter {
   static constexpr int kChunks = Shape::kBN * 4 / 128;  // per thread and step
-  static constexpr int kLag = Shape::kStages - 2;
-  static_assert(kLag >= 1, "a step converted while the next ones load");
+  static constexpr int kLag = Shape::kPackedStages - 1;
+  static_assert(!Shape::kPackedInt4 || (kLag >= 1 && Shape::kStages >= kLag + 3),
+                "steps converted while the next ones load; token stages beyond the lag");
   static constexpr int kPackedRow = Shape::kPackedRowBytes;  // 64 bytes: 128 elements of K
   const uint8_t* w_first;  // this thread's first row (row ptid / 4) of the item, its quarter
   int rows_left;           // W rows of the item from that row on (n - n0 - ptid / 4)
@@ -352,11 +363,11 @@ struct Int4Converter {
     rows_left = p.n - row;
     w_first = p.w + (static_cast<int64_t>(w.expert) * p.n + row) * (p.k / 2) + (ptid & 3) * 16;
   }
-  // The packed chunks of K step kt of the item into the stage at `stage`.
-  __device__ __forceinline__ void load(const KernelParams& p, int kt, uint32_t stage,
+  // The packed chunks of K step kt of the item into the packed slot at `slot`.
+  __device__ __forceinline__ void load(const KernelParams& p, int kt, uint32_t slot,
                                        int ptid) const {
     const bool k_ok = kt * Shape::kBK + (ptid & 3) * 32 < p.k;
-    const uint32_t dst = stage + Shape::kStageABytes + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
+    const uint32_t dst = slot + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const bool ok = k_ok && 32 * j < rows_left;
@@ -369,8 +380,7 @@ struct Int4Converter {
                                           uint64_t* s_w_empty, int c, int ptid) const {
     constexpr int kW = Rings<Shape>::kWSlots;
     mbar_wait(smem_u32(&s_w_empty[c % kW]), ((c / kW) & 1) ^ 1);
-    const uint32_t src =
-        rings.stage(c) + Shape::kStageABytes + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
+    const uint32_t src = rings.packed_slot(c) + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
     const uint32_t tile = rings.w_tile(c);
     auto perm = [](uint32_t lo, uint32_t hi, uint32_t sel) { return __byte_perm(lo, hi, sel); };
 #pragma unroll
@@ -480,7 +490,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
                       ok ? p.a + off + k_bytes : p.a, ok);
         }
         if constexpr (Shape::kPackedInt4) {
-          int4.load(p, kt, sa, ptid);
+          int4.load(p, kt, rings.packed_slot(it), ptid);
           cp_async_commit();
           int4.after_step(rings, s_full, s_w_empty, it, ptid);
         } else {
@@ -1374,7 +1384,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
         copy_a_stage<Shape>(p, src, stage + dst, k_ok, static_cast<int64_t>(kt) * kRowBytes);
         if constexpr (Shape::kPackedInt4) {
-          int4.load(p, kt, stage, ptid);
+          int4.load(p, kt, rings.packed_slot(it), ptid);
           cp_async_commit();
           int4.after_step(rings, s_full, s_w_empty, it, ptid);
         } else {

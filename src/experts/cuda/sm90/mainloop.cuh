@@ -64,18 +64,21 @@ struct TileShape {
   // The weights as the wgmma's M, the tokens as its N (W4A16: converted into registers).
   static constexpr bool kSwapAB =
       kConfig.kind == MainloopKind::kSwapAB || kConfig.kind == MainloopKind::kSwapABTma;
-  // W4A8: a stage of the ring (the load ring) holds the tokens and 64 bytes of packed int4 per W
-  // row (128 elements of K); the producer converts it into one of kConvertedTiles e4m3 W tiles
-  // (the converted ring, in front of the load ring) that the consumers read.
+  // W4A8: three rings. A stage of the ring (kStages) holds only the tokens; the packed ring
+  // (kPackedStages, private to the producer) 64 bytes of packed int4 per W row (128 elements of
+  // K, kStageBBytes); the producer converts each packed step into one of kConvertedTiles e4m3 W
+  // tiles (the converted ring, in front of the others) that the consumers read.
   static constexpr int kPackedRowBytes = kPackedInt4 ? kRowBytes / 2 : kRowBytes / 4;
   static constexpr int kConvertedTiles = kPackedInt4 ? (kSwapAB ? 4 : 2) : kSwapAB ? 0 : 3;
+  static constexpr int kPackedStages = kPackedInt4 ? (kSwapAB ? 9 : 3) : 0;
   static constexpr int kStageABytes = kBM * kRowBytes;
   static constexpr int kStageBBytes =
       kBN * (kPackedW4 || kPackedInt4 ? kPackedRowBytes : kRowBytes);
-  static constexpr int kStageBytes = kStageABytes + kStageBBytes;
+  static constexpr int kStageBytes = kPackedInt4 ? kStageABytes : kStageABytes + kStageBBytes;
   static constexpr int kConvertedBytes =
       kPackedW4 || kPackedInt4 ? kConvertedTiles * kBN * kRowBytes : 0;
-  static constexpr int kDynamicSmem = kConvertedBytes + kStages * kStageBytes + kSmemAlign;
+  static constexpr int kDynamicSmem =
+      kConvertedBytes + kStages * kStageBytes + kPackedStages * kStageBBytes + kSmemAlign;
   static constexpr int kRowsPerPass = kLoaderThreads / (kRowBytes / kChunkBytes);
   static constexpr int kAPasses = kBM / kRowsPerPass;
   static constexpr int kBPasses = kBN / kRowsPerPass;  // single-role: W by cp.async too

@@ -141,11 +141,11 @@ inline constexpr TileConfig kTileTable[] = {
     {"128x128", TileFamily::kW4A16, 128, 128, 8, 2, 1, MainloopKind::kSingleRole, INT64_MAX,
      "4x the reuse of each converted W tile"},
     // W4A8: the kFp8Direct rows' consumers behind a converting producer; `stages` is the depth of
-    // the load ring (tokens + packed W, 6 KB per step at 16x64, 32 KB at 128x256; all but two
-    // stages in flight), the converted W ring is TileShape::kConvertedTiles deep (4 and 2).
-    {"16x64tma", TileFamily::kW4A8, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
+    // the tokens' ring; the packed W ring (TileShape::kPackedStages: 9 and 3 steps, all but one in
+    // flight) and the converted W ring (kConvertedTiles: 4 and 2) have their own depths.
+    {"16x64tma", TileFamily::kW4A8, 16, 64, 14, 1, 2, MainloopKind::kSwapABTma, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, 8 K steps of packed weights in flight"},
-    {"128x256", TileFamily::kW4A8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+    {"128x256", TileFamily::kW4A8, 128, 256, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each converted W and A tile"},
 };
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
