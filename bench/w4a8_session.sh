@@ -6,7 +6,7 @@
 #           graph-replay tests and on the W4A8 grouped GEMM test, memcheck + racecheck on the W4A8
 #           layer cases at M = 33 and 257 (the swap-AB and the 128x256 rows)
 #   quick   the grouped GEMM tests (GroupedGemmW4A8: every kW4A8 row against float64) and every
-#           quantized layer test, before the whole suite
+#           quantized layer test (and the binaries in $QUICK_MORE), before the whole suite
 #   bench   moekit bench --quant w4a8_fp8 and --quant fp8_per_channel (the same shapes: W4A8's
 #           prefill target is a ratio to our fp8; $QUANTS) on qwen3-30b-a3b, mixtral-8x7b and
 #           deepseek-v3 ($MODELS) at M = 1 .. 16384, and the Triton peer's fp8 per-tensor layer on those shapes in the
@@ -35,7 +35,7 @@ for part in "$@"; do
   grep -h "SUMMARY\|PASSED\|FAILED" "$log/sanitizer.log"
   fi
   if [ "$part" = quick ]; then
-  for t in test_grouped_gemm test_gpu_quantized; do
+  for t in test_grouped_gemm test_gpu_quantized ${QUICK_MORE:-}; do
     timeout 150 build/tests/$t --gtest_brief=1 >"$log/$t.log" 2>&1
     echo "$t rc=$?"
     grep -h "\[w4a8\]\|PASSED\|FAILED" "$log/$t.log"

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cuda_seam.h"
 #include "moekit/config/quant_key.h"
 #include "moekit/core/error.h"
 #include "moekit/core/logging.h"
@@ -22,6 +23,7 @@
 #include "moekit/oracle/oracle.h"
 #include "moekit/oracle/plan.h"
 #include "moekit/oracle/unquantized.h"
+#include "moekit/oracle/w4a8.h"
 #include "moekit/prepare_finalize/batched.h"
 #include "moekit/prepare_finalize/factory.h"
 #include "moekit/prepare_finalize/no_ep.h"
@@ -512,6 +514,36 @@ TEST_F(OracleTest, CpuSelectionPicksCpuReference) {
   gelu.activation = Activation::kGelu;
   EXPECT_EQ(UnquantizedMoEKernelOracle(gelu).moe_config().activation, Activation::kGelu);
   EXPECT_EQ(oracle.moe_config().activation, Activation::kSilu);
+}
+
+// W4A8 on an H200: sm90_w4a8 takes per-channel int4 with fp8 activations; int4 groups of 128
+// along K it refuses with the scheme in its reason (the CPU emulation serves them on the CPU),
+// and then no backend serves the H200.
+TEST_F(OracleTest, W4A8OnHopperTakesPerChannelInt4Only) {
+  if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA (the sm90 classes refuse first)";
+  MoEConfig moe = cpu_moe();
+  moe.device = h200_info();
+  moe.device.preview = true;  // `moekit explain --device h200`: planning for a GPU not here
+  moe.hidden_dim = moe.hidden_dim_unpadded = 64;
+  moe.intermediate_size = moe.intermediate_size_per_partition_unpadded = 96;
+  const OracleReport channel = W4A8MoEKernelOracle(moe).explain();
+  EXPECT_EQ(channel.chosen_backend, "sm90_w4a8") << channel.to_string();
+  EXPECT_EQ(channel.chosen_experts, "Sm90W4A8Experts");
+  const OracleReport static_act = W4A8MoEKernelOracle(moe, quant_keys::kInt4W4A8StaticChannelSym,
+                                                      quant_keys::kFp8StaticTensorSym)
+                                      .explain();
+  EXPECT_EQ(static_act.chosen_backend, "sm90_w4a8") << static_act.to_string();
+  const OracleReport group =
+      W4A8MoEKernelOracle(moe, quant_keys::kInt4W4A8StaticGroup128Sym).explain();
+  EXPECT_FALSE(group.ok());
+  bool seen = false;
+  for (const OracleReport::Candidate& c : group.candidates) {
+    if (c.backend != "sm90_w4a8") continue;
+    seen = true;
+    EXPECT_FALSE(c.supported);
+    EXPECT_TRUE(contains(c.reason, "quantization scheme")) << c.reason;
+  }
+  EXPECT_TRUE(seen) << group.to_string();
 }
 
 TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {
