@@ -115,6 +115,10 @@ expect 0 "activations: unquantized \(sm90_nvfp4 is weight-only" \
   explain --device h200 --model small --quant nvfp4
 expect 0 "sm90_nvfp4 +Sm90Nvfp4Experts +CHOSEN" \
   explain --device h200 --model small --quant nvfp4_w4a16
+# W4A8 on Hopper: int4 converted to e4m3 by the GEMMs' producer, the swap-AB row at decode.
+expect 0 "sm90_w4a8 +Sm90W4A8Experts +CHOSEN" explain --device h200 --model small --quant w4a8_fp8
+expect 0 "M=1 +gemm1 16x64tma +gemm2 16x64tma" \
+  explain --device h200 --model qwen3-30b-a3b --quant w4a8_fp8
 expect 0 "naive_allgather +naive +CHOSEN" explain --model deepseek-v3 --ep --dp 2
 expect 0 "all2all +nccl_all2all +CHOSEN" explain --model deepseek-v3 --ep --dp 2 --all2all nccl_all2all
 expect 1 "no prepare/finalize is registered for all-to-all backend 'megakernel'" \
