@@ -9,8 +9,10 @@
 #           quantized layer test (and the binaries in $QUICK_MORE), before the whole suite
 #   bench   moekit bench --quant w4a8_fp8 and --quant fp8_per_channel (the same shapes: W4A8's
 #           prefill target is a ratio to our fp8; $QUANTS) on qwen3-30b-a3b, mixtral-8x7b and
-#           deepseek-v3 ($MODELS) at M = 1 .. 16384, and the Triton peer's fp8 per-tensor layer on those shapes in the
-#           same call (the peer has no int4 path), the ratio tables
+#           deepseek-v3 ($MODELS) at M = 1 .. 16384, each within $BENCH_TIMEOUT s (default 120;
+#           deepseek-v3 W4A8 needs more: making its random weights took 38 s per set on the
+#           2-core development machine), and the Triton peer's fp8 per-tensor layer on those
+#           shapes in the same call (the peer has no int4 path), the ratio tables
 # Everything is packed into $OUT/all.tgz (the device tool returns few files).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
@@ -44,7 +46,7 @@ for part in "$@"; do
   fi
   if [ "$part" = bench ]; then
   for q in ${QUANTS:-w4a8_fp8 fp8_per_channel}; do
-    timeout 120 build/moekit bench --quant $q --models $models --tokens $tokens \
+    timeout ${BENCH_TIMEOUT:-120} build/moekit bench --quant $q --models $models --tokens $tokens \
       --json "$log/bench_$q.json" >"$log/bench_$q.log" 2>&1
     echo "== $q"
     grep -hE "^[a-z]|^ +[0-9]+ " "$log/bench_$q.log" | grep -v "weights:\|experts:"
