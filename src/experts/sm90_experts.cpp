@@ -262,6 +262,17 @@ std::string sm90_8bit_shape_check(const MoEConfig& moe) {
   return {};
 }
 
+// The packed sub-byte rows (`format`: "int4", "MXFP4", ...) in whole 16-byte chunks of 32
+// elements: hidden and intermediate sizes multiples of 32.
+std::string groups_of_32_check(const MoEConfig& moe, std::string_view format) {
+  const int64_t I = moe.intermediate_size_per_partition();
+  if (moe.hidden_dim % 32 != 0 || I % 32 != 0) {
+    return fmt::format("({} rows need hidden {} and intermediate {} multiples of 32)", format,
+                       moe.hidden_dim, I);
+  }
+  return {};
+}
+
 // The row order of w13 in the kernel's layout: kernel row r holds standard row source[r].
 std::vector<int32_t> kernel_row_sources(int64_t n, const MoEConfig& moe) {
   std::vector<int32_t> source(static_cast<size_t>(n));
@@ -411,20 +422,14 @@ Sm90Int8Experts::Sm90Int8Experts(const MoEConfig& moe, const QuantConfig& quant)
   bind_weight_scales(*state_, moe, quant);
 }
 
-// ---- Sm90W4A8Experts
-// -----------------------------------------------------------------------------
+// ---- Sm90W4A8Experts ----------------------------------------------------------------------------
 
 namespace {
 
 // The 8-bit shapes, with whole 16-byte chunks of int4 (32 elements) along K.
 std::string sm90_w4a8_shape_check(const MoEConfig& moe) {
   if (std::string why = sm90_8bit_shape_check(moe); !why.empty()) return why;
-  const int64_t I = moe.intermediate_size_per_partition();
-  if (moe.hidden_dim % 32 != 0 || I % 32 != 0) {
-    return fmt::format("(int4 rows need hidden {} and intermediate {} multiples of 32)",
-                       moe.hidden_dim, I);
-  }
-  return {};
+  return groups_of_32_check(moe, "int4");
 }
 
 }  // namespace
@@ -518,11 +523,7 @@ namespace {
 ExpertsClass::ShapeCheck sm90_fp4_shape_check(const char* format) {
   return [format](const MoEConfig& moe) -> std::string {
     if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
-    const int64_t I = moe.intermediate_size_per_partition();
-    if (moe.hidden_dim % 32 != 0 || I % 32 != 0) {
-      return fmt::format("({} rows need hidden {} and intermediate {} multiples of 32)", format,
-                         moe.hidden_dim, I);
-    }
+    if (std::string why = groups_of_32_check(moe, format); !why.empty()) return why;
     if (moe.in_dtype != DType::kBF16) {
       return fmt::format("({} weights run with bf16 activations, got {})", format,
                          dtype_name(moe.in_dtype));
