@@ -18,7 +18,10 @@
 //      (expect_tx + cp.async.mbarrier.arrive.noinc). The consumer warpgroups (64 rows each) wait
 //      on "full", issue 4 wgmma (32 bytes of K each) per stage and release the stage on its
 //      "empty" mbarrier. No block-wide barrier after the prefix: the producer runs ahead into the
-//      next work item while the consumers run the epilogue.
+//      next work item while the consumers run the epilogue. The kW4A8 rows (this kernel and
+//      ws_swapab_kernel) load packed int4 W by cp.async instead and convert it to e4m3 in the
+//      producer (Int4Converter, Rings: the tokens, the packed W and the converted W in three
+//      rings).
 //      kSingleRole (single_role_kernel; decode): every thread loads with cp.async into the ring
 //      (a stage refilled two K steps after it was consumed, one __syncthreads per K step) and the
 //      warpgroups compute; faster at few rows per expert.
