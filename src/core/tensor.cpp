@@ -345,16 +345,18 @@ Tensor Tensor::to_dtype(DType dtype) const {
 
 std::vector<float> Tensor::to_float_vector() const {
   const Tensor src = device_.is_cpu() ? (is_contiguous() ? *this : clone()) : to(Device::cpu());
-  std::vector<float> out(static_cast<size_t>(numel()));
-  for (int64_t i = 0; i < numel(); ++i)
+  const int64_t n = numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
     out[i] = load_float(src.data_, dtype_, i);
   return out;
 }
 
 std::vector<int64_t> Tensor::to_int_vector() const {
   const Tensor src = device_.is_cpu() ? (is_contiguous() ? *this : clone()) : to(Device::cpu());
-  std::vector<int64_t> out(static_cast<size_t>(numel()));
-  for (int64_t i = 0; i < numel(); ++i)
+  const int64_t n = numel();
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
     out[i] = load_int(src.data_, dtype_, i);
   return out;
 }
@@ -371,7 +373,8 @@ void Tensor::fill_bytes(uint8_t byte) {
 
 void Tensor::fill(double value) {
   Tensor host = empty(shape_, dtype_);
-  for (int64_t i = 0; i < numel(); ++i)
+  const int64_t n = numel();
+  for (int64_t i = 0; i < n; ++i)
     store_float(host.data_, dtype_, i, static_cast<float>(value));
   copy_from(host);
 }

@@ -743,7 +743,8 @@ void QuarkW4A8Fp8MoEMethod::process_weights_after_loading(ExpertParams& layer) {
   auto fold = [&](const char* wn, const char* sn, const char* s2n, int64_t shards) {
     Tensor w = layer.get(wn).clone();
     auto* b = w.data_as<uint8_t>();
-    for (int64_t i = 0; i < w.numel(); ++i)
+    const int64_t n = w.numel();
+    for (int64_t i = 0; i < n; ++i)
       b[i] ^= 0x88;
     const Tensor& s = layer.get(sn);
     const int64_t R = s.size(1);
