@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Device call: Nsight Compute on the W4A8 GEMM kernels (the prefill 128x256 row at mixtral-8x7b
 # M = 16384 and the swap-AB row at M = 1): warp states, scheduler statistics and the stall
-# sampling of the source counters, to find what holds the converting producer back.
+# sampling of the source counters, to find what holds the converting producer back. Each case
+# also keeps its report and prints its SASS with the per-instruction stall samples
+# (ncu_<kernel>_<M>_sass.csv: which instruction the L1TEX waits sit on).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 ncu_args=(--clock-control none --section WarpStateStats --section SchedulerStats
@@ -9,9 +11,14 @@ ncu_args=(--clock-control none --section WarpStateStats --section SchedulerStats
 for case in "ws_tma_kernel 16384" "ws_swapab_kernel 1"; do
   set -- $case
   timeout 200 ncu "${ncu_args[@]}" -k "regex:$1" --launch-skip 3 --launch-count 1 \
-    build/moekit bench --quant w4a8_fp8 --models mixtral-8x7b --tokens "$2" --reps 1 \
-    >"$log/ncu_$1_$2.log" 2>&1
+    -o "$log/ncu_$1_$2" build/moekit bench --quant w4a8_fp8 --models mixtral-8x7b --tokens "$2" \
+    --reps 1 >"$log/ncu_$1_$2.log" 2>&1
   echo "== $1 M=$2 rc=$?"
-  grep -E "Stall|stall|Issued|Eligible|Active Warps|No Eligible|Duration|Registers|Warp Cycles|smsp__pcsamp|0x[0-9a-f]+ +" "$log/ncu_$1_$2.log" | head -60
+  ncu -i "$log/ncu_$1_$2.ncu-rep" --page details >>"$log/ncu_$1_$2.log" 2>&1
+  ncu -i "$log/ncu_$1_$2.ncu-rep" --page source --csv --print-source sass \
+    >"$log/ncu_$1_$2_sass.csv" 2>&1
+  grep -E "Stall|stall|Issued|Eligible|Active Warps|No Eligible|Duration|Registers|Warp Cycles" \
+    "$log/ncu_$1_$2.log" | head -40
+  wc -l "$log/ncu_$1_$2_sass.csv"
 done 2>&1 | tee "$log/session.log"
 tar czf "$out/all.tgz" -C "$out" logs && rm -rf "$log"
