@@ -787,14 +787,18 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_batched, [] {
 
 namespace {
 
-// A Hopper backend of a quantized oracle: alias "cuda", native-GPU priority.
+// A Hopper backend of a quantized oracle: alias "cuda", native-GPU priority; `size_align` (> 0)
+// the hidden / intermediate alignment its kernels need (packed sub-byte rows: 32, as
+// groups_of_32_check).
 ExpertsBackend sm90_quantized_backend(std::string name, const ExpertsClass& klass,
-                                      QuantOracleKind oracle, std::string description) {
+                                      QuantOracleKind oracle, std::string description,
+                                      int size_align = 0) {
   ExpertsBackend b = sm90_backend(std::move(name), klass, kPriorityNativeGpu);
   b.describe_kernels = describe_sm90_grouped_tiles;
   b.oracle = oracle;
   b.aliases = {"cuda"};
   b.description = std::move(description);
+  if (size_align > 0) b.traits.hidden_align = b.traits.intermediate_align = size_align;
   return b;
 }
 
@@ -812,10 +816,9 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4, [] {
       "sm90_mxfp4", Sm90Mxfp4Experts::klass(), QuantOracleKind::kMxfp4,
       "Hopper bf16 wgmma grouped GEMMs on MXFP4 weights (gpt-oss W4A16): packed e2m1 streamed "
       "and converted to bf16 with its e8m0 scale per 32, into registers (swap-AB, a few rows "
-      "per expert) or shared memory");
+      "per expert) or shared memory",
+      /*size_align=*/32);
   b.layout = sm90_mxfp4_weight_layout;
-  b.traits.hidden_align = 32;
-  b.traits.intermediate_align = 32;
   return b;
 }());
 
@@ -825,24 +828,21 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_nvfp4, [] {
       "Hopper bf16 wgmma grouped GEMMs on NVFP4 weights, weight-only (Hopper has no fp4 tensor "
       "cores: activations stay bf16 and a checkpoint's input scales are not used, as vLLM's "
       "marlin): packed e2m1 converted to bf16 with its ue4m3 scale per 16, the global scale "
-      "in the epilogue");
+      "in the epilogue",
+      /*size_align=*/32);
   b.layout = sm90_mxfp4_weight_layout;
-  b.traits.hidden_align = 32;
-  b.traits.intermediate_align = 32;
   b.traits.weight_only = true;
   return b;
 }());
 
-MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_w4a8, [] {
-  ExpertsBackend b = sm90_quantized_backend(
-      "sm90_w4a8", Sm90W4A8Experts::klass(), QuantOracleKind::kW4A8,
-      "Hopper e4m3 wgmma grouped GEMMs on int4 weights (per channel) with fp8 activations: the "
-      "packed int4 streamed and converted exactly to e4m3 by the producer warpgroup, accumulated "
-      "over all of K, the scales in the epilogue");
-  b.traits.hidden_align = 32;
-  b.traits.intermediate_align = 32;
-  return b;
-}());
+MOEKIT_REGISTER_EXPERTS_BACKEND(
+    sm90_w4a8,
+    sm90_quantized_backend(
+        "sm90_w4a8", Sm90W4A8Experts::klass(), QuantOracleKind::kW4A8,
+        "Hopper e4m3 wgmma grouped GEMMs on int4 weights (per channel) with fp8 activations: the "
+        "packed int4 streamed and converted exactly to e4m3 by the producer warpgroup, "
+        "accumulated over all of K, the scales in the epilogue",
+        /*size_align=*/32));
 
 MOEKIT_REGISTER_EXPERTS_BACKEND(
     sm90_int8, sm90_quantized_backend(
