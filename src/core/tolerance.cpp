@@ -18,7 +18,11 @@ namespace {
 // bf16 activations dequantize exactly to bf16, and so do NVFP4 weights (e2m1 x ue4m3 x 2^-8, the
 // global scale applied in fp32): the GPU is held to the bf16 layer's tolerance. W4A8's int4 codes
 // convert exactly to e4m3 and its activations quantize as fp8's do: the GPU is held to fp8's.
-constexpr std::array<Tolerance, 15> kTolerances = {{
+// MXFP4 weights with MXFP4 / MXFP6 activations on the GPU: both sides round the same values to
+// the same coarse grid, but a value within an fp32 (or, with the fused activation, a bf16)
+// rounding of an e2m1 boundary lands one step (up to a third of its size) apart; measured on the
+// H200 (2026-12-03): bitwise at M <= 33, at most 1.2e-4 relative L2 at M = 257 .. 65537.
+constexpr std::array<Tolerance, 16> kTolerances = {{
     {"f32", 1e-5, 1e-5, 1e-4},
     {"f16", 3e-3, 2e-3, 2e-2},
     {"bf16", 1.6e-2, 1.6e-2, 8e-2},
@@ -28,6 +32,7 @@ constexpr std::array<Tolerance, 15> kTolerances = {{
     {"int8_w8a8_gpu", 1e-2, 2e-2, 1e-1},
     {"mxfp4", 2.5e-1, 2e-1, 1.0},
     {"mxfp4_w4a16_gpu", 1.6e-2, 1.6e-2, 8e-2},
+    {"mxfp4_w4a4_gpu", 1.6e-2, 1.6e-2, 8e-2},
     {"nvfp4", 2.5e-1, 2e-1, 1.0},
     {"nvfp4_w4a16_gpu", 1.6e-2, 1.6e-2, 8e-2},
     {"mxfp6", 1e-1, 8e-2, 5e-1},

@@ -367,11 +367,13 @@ void bind_weight_scales(sm90::LaunchState& state, const MoEConfig& moe, const Qu
 template <typename ExpertsT>
 ExpertsClass sm90_quantized_class(const char* name, std::vector<QuantScheme> schemes,
                                   ExpertsClass::ShapeCheck shape_check,
-                                  std::vector<DType> in_dtypes = {}) {
+                                  std::vector<DType> in_dtypes = {},
+                                  bool expects_unquantized_inputs = false) {
   ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
   c.name = name;
   c.quant_schemes = std::move(schemes);
   if (!in_dtypes.empty()) c.in_dtypes = std::move(in_dtypes);
+  c.expects_unquantized_inputs = expects_unquantized_inputs;
   return ExpertsClass(
       std::move(c),
       [name](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
@@ -602,18 +604,28 @@ Tensor kernel_global_scale(const Tensor& alphas, int64_t E, Device device, std::
 }  // namespace
 
 const ExpertsClass& Sm90Mxfp4Experts::klass() {
+  // MXFP4 / MXFP6 activations: rounded to their MX values on the GPU inside the experts (exact in
+  // bf16), so the prepare hands them over unquantized, as to the CPU OCP MX emulation.
   static const ExpertsClass k = sm90_quantized_class<Sm90Mxfp4Experts>(
-      "Sm90Mxfp4Experts", {{quant_keys::kMxfp4Static, std::nullopt}}, sm90_fp4_shape_check("MXFP4"),
-      {DType::kBF16});
+      "Sm90Mxfp4Experts",
+      {{quant_keys::kMxfp4Static, std::nullopt},
+       {quant_keys::kMxfp4Static, quant_keys::kMxfp4Dynamic},
+       {quant_keys::kMxfp4Static, quant_keys::kMxfp6E3M2Dynamic},
+       {quant_keys::kMxfp4Static, quant_keys::kMxfp6E2M3Dynamic}},
+      sm90_fp4_shape_check("MXFP4"), {DType::kBF16}, /*expects_unquantized_inputs=*/true);
   return k;
 }
 
 Sm90Mxfp4Experts::Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quant)
     : Sm90StandardExpertsBase(klass(), moe, quant) {
+  const bool mx_activations =
+      quant.a1.shape == GroupShape{1, 32} &&
+      (quant.a1.dtype == QuantDType::kFp4E2M1 || quant.a1.dtype == QuantDType::kFp6E3M2 ||
+       quant.a1.dtype == QuantDType::kFp6E2M3);
   MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp4E2M1 && (quant.w1.shape == GroupShape{1, 32}) &&
-                   quant.a1.dtype == QuantDType::kNone,
-               "Sm90Mxfp4Experts runs MXFP4 weights (e2m1, e8m0 per 32) with bf16 activations "
-               "only, got {}",
+                   (quant.a1.dtype == QuantDType::kNone || mx_activations),
+               "Sm90Mxfp4Experts runs MXFP4 weights (e2m1, e8m0 per 32) with bf16, MXFP4 or MXFP6 "
+               "activations only, got {}",
                quant.describe());
   sm90::choose_tiles(*state_, moe, "Sm90Mxfp4Experts", cuda::sm90::TileFamily::kW4A16);
   state_->scales = sm90::LaunchState::WeightScales::kMxfp4;

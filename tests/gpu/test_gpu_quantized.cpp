@@ -13,8 +13,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iostream>
+#include <random>
+#include <span>
 
 #include "graph_replay.h"
 #include "moekit/core/tolerance.h"
@@ -29,6 +32,7 @@
 #include <cuda_runtime_api.h>
 
 #include "quant/cuda/moe_input_quant.h"
+#include "quant/cuda/mx_qdq.h"
 #endif
 
 namespace moekit {
@@ -55,6 +59,8 @@ SchemeInfo scheme_info(const std::string& scheme) {
   if (scheme == "mxfp4_w4a16") {
     return {"Sm90Mxfp4Experts", "CpuMxfp4Experts", "mxfp4_w4a16_gpu", "mxfp4"};
   }
+  if (scheme == "mxfp4_a4")
+    return {"Sm90Mxfp4Experts", "CpuMxfp4Experts", "mxfp4_w4a4_gpu", "mxfp4"};
   if (scheme.rfind("int8_", 0) == 0) {
     return {"Sm90Int8Experts", "CpuInt8Experts", "int8_w8a8_gpu", "int8_w8a8"};
   }
@@ -164,7 +170,7 @@ std::vector<SchemeCase> scheme_cases() {
   std::vector<SchemeCase> v;
   for (const char* scheme :
        {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8", "int8_per_tensor",
-        "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8"}) {
+        "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8", "mxfp4_a4"}) {
     // small: H 256, I 384 (multiples of 128); small-h320: H 320 (partial K and N blocks);
     // small-deepseek: shared experts, grouped routing; small-gpt-oss: H = I = 192, swigluoai with
     // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128).
@@ -286,6 +292,64 @@ TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
   }
 }
 
+// The device MX quantize-dequantize (quant/cuda/mx_qdq.h) gives the host's quant_dequant_rows
+// bit for bit, for each element format: random rows over many binades, an all-zero group, NaN and
+// infinity, values at the grid's ties; rows past the device count left untouched.
+TEST(QuantizedGpu, DeviceMxQuantDequantIsBitExact) {
+  REQUIRE_SM90_GPU();
+  const Device gd = default_device_info().device();
+  const int64_t rows = 9, cols = 256;
+  std::vector<float> xs(static_cast<size_t>(rows * cols));
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (size_t i = 0; i < xs.size(); ++i)
+    xs[i] = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+  for (int64_t c = 0; c < 32; ++c)
+    xs[static_cast<size_t>(cols + c)] = 0.0f;  // row 1, group 0: all zero
+  xs[static_cast<size_t>(2 * cols + 3)] = std::nanf("");
+  xs[static_cast<size_t>(2 * cols + 40)] = INFINITY;
+  for (int64_t c = 0; c < 32; ++c) {  // row 3, group 0: ties of the e2m1 grid times 2^-3
+    xs[static_cast<size_t>(3 * cols + c)] =
+        std::ldexp(0.25f + 0.5f * static_cast<float>(c % 12), -3);
+  }
+  const Tensor x = Tensor::from_floats(xs, {rows, cols}, DType::kBF16);
+  for (const QuantDType fmt : {QuantDType::kFp4E2M1, QuantDType::kFp6E3M2, QuantDType::kFp6E2M3}) {
+    QuantDesc d;
+    d.dtype = fmt;
+    d.shape = GroupShape{1, 32};
+    std::vector<float> want = x.to_float_vector();
+    const int64_t valid = rows - 2;  // the last two rows stay as they were
+    quant_dequant_rows(std::span<float>(want.data(), static_cast<size_t>(valid * cols)), valid,
+                       cols, d);
+    Tensor got = x.to(gd);
+    const std::vector<int64_t> count_host = {valid};
+    const Tensor count = Tensor::from_ints(count_host, {1}, DType::kInt32).to(gd);
+    cuda::MxQdqArgs q;
+    q.x = got.data();
+    q.y = got.data();
+    q.rows = rows;
+    q.cols = q.x_ld = q.y_ld = cols;
+    q.num_rows = count.data_as<const int32_t>();
+    q.element = fmt == QuantDType::kFp4E2M1   ? cuda::MxElement::kE2M1
+                : fmt == QuantDType::kFp6E3M2 ? cuda::MxElement::kE3M2
+                                              : cuda::MxElement::kE2M3;
+    ASSERT_EQ(cuda::mx_qdq_unsupported_reason(q), nullptr);
+    CudaStream stream(gd.index);
+    ASSERT_EQ(cuda::launch_mx_qdq(q, static_cast<cudaStream_t>(stream.get().handle)), cudaSuccess);
+    synchronize(stream.get());
+    const std::vector<float> g = got.to(Device::cpu()).to_float_vector();
+    int wrong = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const float w = want[i];  // MX values are bf16 values: exact after the bf16 round trip
+      const bool same = std::isnan(w) ? std::isnan(g[i]) : g[i] == w;
+      if (!same && wrong++ < 5) {
+        ADD_FAILURE() << quant_dtype_name(fmt) << " element " << i << " (x " << xs[i] << "): got "
+                      << g[i] << ", want " << w;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << quant_dtype_name(fmt);
+  }
+}
 TEST(QuantizedGpu, CudaGraphReplayIsBitwiseIdentical) {
   REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph

@@ -119,9 +119,13 @@ class Sm90W4A8Experts final : public Sm90StandardExpertsBase {
 
 // MXFP4 weights with bf16 activations on Hopper (gpt-oss W4A16), Standard format: the same launch
 // sequence with W streamed packed (e2m1 pairs, 4.25 bits per weight with the e8m0 scale of each
-// 32 of K) and converted to bf16 in shared memory inside the GEMMs' mainloop. Scheme:
+// 32 of K) and converted to bf16 in shared memory inside the GEMMs' mainloop. Schemes:
 // (kMxfp4Static, no activation quantization); bf16 activations; H and I multiples of 32. The
-// group scales are laid out at construction in w13's kernel row order on the device.
+// group scales are laid out at construction in w13's kernel row order on the device. Also
+// (kMxfp4Static, kMxfp4Dynamic | kMxfp6E3M2Dynamic | kMxfp6E2M3Dynamic), W4A4 / W4A6 emulated on
+// Hopper (no fp4 / fp6 tensor cores): the experts take bf16 inputs, round x and the activation
+// to their MX values on the GPU (quant/cuda/mx_qdq.h; every such value is a bf16) and run the
+// bf16 GEMMs on them — the CPU OCP MX emulation's numbers up to the order of fp32 sums.
 class Sm90Mxfp4Experts final : public Sm90StandardExpertsBase {
  public:
   static const ExpertsClass& klass();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "core/cuda/cuda_check.cuh"
@@ -16,6 +17,7 @@
 #include "experts/cuda/sm90_grouped_gemm.h"
 #include "moekit/core/checks.h"
 #include "quant/cuda/moe_input_quant.h"
+#include "quant/cuda/mx_qdq.h"
 
 namespace moekit {
 namespace {
@@ -32,11 +34,27 @@ size_t align_up(size_t v) {
 struct Ws2Layout {
   size_t act = 0, gemm2 = 0, counts = 0, offsets = 0, permuted = 0, slot_to_row = 0, total = 0,
          token_rows = 0, align_ws = 0, align_ws_bytes = 0, a2q = 0, a2_scale = 0, amax = 0,
-         bytes = 0;
+         a1_mx = 0, bytes = 0;
 };
 
+// The OCP MX element format of an activation descriptor with (1, 32) groups (MXFP4, MXFP6), if
+// it is one: such activations are quantize-dequantized in bf16 on the GPU (mx_qdq.h).
+std::optional<cuda::MxElement> mx_activation(const QuantDesc& a) {
+  if (!(a.shape == GroupShape{1, 32})) return std::nullopt;
+  switch (a.dtype) {
+    case QuantDType::kFp4E2M1:
+      return cuda::MxElement::kE2M1;
+    case QuantDType::kFp6E3M2:
+      return cuda::MxElement::kE3M2;
+    case QuantDType::kFp6E2M3:
+      return cuda::MxElement::kE2M3;
+    default:
+      return std::nullopt;
+  }
+}
+
 Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, Activation act,
-                     size_t es, const QuantDesc& a2) {
+                     size_t es, const QuantDesc& a1, const QuantDesc& a2) {
   const int64_t rows = M * topk;
   const int64_t d = activation_output_dim(act, N);
   const int64_t capacity =
@@ -59,7 +77,8 @@ Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, A
   l.align_ws_bytes =
       cuda::moe_align_workspace_bytes(M, static_cast<int>(topk), static_cast<int>(E));
   l.align_ws = take(l.align_ws_bytes);
-  if (a2.dtype != QuantDType::kNone) {
+  if (mx_activation(a1)) l.a1_mx = take(static_cast<size_t>(M * K) * es);  // x, MX-rounded
+  if (a2.dtype != QuantDType::kNone && !mx_activation(a2)) {
     const DeviceQuantShapes q = device_quant_shapes(rows, d, a2);
     l.a2q = take(static_cast<size_t>(numel_of(q.data)));
     l.a2_scale = take(static_cast<size_t>(numel_of(q.scale)) * 4);
@@ -244,7 +263,8 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
                                          int64_t N, int64_t K, int64_t topk,
                                          int64_t local_num_experts, Activation activation) {
   const size_t es = element_size(moe.in_dtype);
-  const Ws2Layout l = ws2_layout(M, N, K, topk, local_num_experts, activation, es, quant.a2);
+  const Ws2Layout l =
+      ws2_layout(M, N, K, topk, local_num_experts, activation, es, quant.a1, quant.a2);
   return {{M * topk, N}, {static_cast<int64_t>((l.bytes + es - 1) / es)}, {M, K}};
 }
 
@@ -291,7 +311,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     expect_dtype(args.w2, "w2", {codes});
   }
   const size_t es = element_size(dtype);
-  const Ws2Layout l = ws2_layout(M, N, K, topk, E, args.activation, es, quant.a2);
+  const Ws2Layout l = ws2_layout(M, N, K, topk, E, args.activation, es, quant.a1, quant.a2);
   MOEKIT_CHECK(args.workspace2.nbytes() >= l.bytes, "workspace2 holds {} bytes, needs {}",
                args.workspace2.nbytes(), l.bytes);
   const Tensor& ws2 = args.workspace2;
@@ -333,6 +353,22 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   cuda::GroupedGemmArgs g1;
   g1.a = x.data();
   g1.lda = K;
+  // MXFP4 / MXFP6 activations (the bf16 kernels of MXFP4 weights): x rounded to its MX values,
+  // exact in bf16, into workspace2 (x itself is the caller's).
+  const std::optional<cuda::MxElement> mx_a1 = packed_fp4 ? mx_activation(quant.a1) : std::nullopt;
+  if (mx_a1) {
+    cuda::MxQdqArgs q;
+    q.x = x.data();
+    q.y = at<void>(ws2, l.a1_mx);
+    q.rows = M;
+    q.cols = q.x_ld = q.y_ld = K;
+    q.element = *mx_a1;
+    const char* why = cuda::mx_qdq_unsupported_reason(q);
+    MOEKIT_CHECK(why == nullptr, "MX activations: {}", why == nullptr ? "" : why);
+    MOEKIT_CUDA_CHECK(cuda::launch_mx_qdq(q, stream));
+    ctx.stage_done("quantize a1");
+    g1.a = q.y;
+  }
   g1.gather_rows = token_rows;
   g1.w = args.w1.data();
   g1.bias = b1.defined() ? b1.data() : nullptr;
@@ -393,6 +429,20 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     g2.a = a2q.data();
   }
   if (packed_fp4) g2.w_group_scale = state.w2_scale.data_as<const uint8_t>();
+  const std::optional<cuda::MxElement> mx_a2 = packed_fp4 ? mx_activation(quant.a2) : std::nullopt;
+  if (mx_a2) {  // the activation rounded to its MX values in place, the rows that exist (total)
+    cuda::MxQdqArgs q;
+    q.x = act;
+    q.y = act;
+    q.rows = capacity;
+    q.cols = q.x_ld = q.y_ld = d;
+    q.num_rows = total;
+    q.element = *mx_a2;
+    const char* why = cuda::mx_qdq_unsupported_reason(q);
+    MOEKIT_CHECK(why == nullptr, "MX activations: {}", why == nullptr ? "" : why);
+    MOEKIT_CUDA_CHECK(cuda::launch_mx_qdq(q, stream));
+    ctx.stage_done("quantize a2");
+  }
   if (nvfp4) g2.w_scale = state.w2_global.data_as<const float>();
   g2.gather_rows = nullptr;
   g2.w = args.w2.data();
