@@ -31,7 +31,8 @@ for step in "$@"; do
       for t in build/tests/test_sm90_kit build/tests/test_grouped_gemm \
                build/tests/test_moe_support_kernels build/tests/test_gpu_layer \
                build/tests/test_gpu_memory build/tests/test_gpu_determinism \
-               build/tests/test_gpu_quantized build/tests/test_gpu_comm_nccl; do
+               build/tests/test_gpu_quantized build/tests/test_gpu_comm_nccl \
+               build/tests/test_gpu_ep_peer; do
         name=$(basename "$t")
         "$t" --gtest_brief=1 >"$out/$name.log" 2>&1
         rc=$?

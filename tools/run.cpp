@@ -83,16 +83,26 @@ void check_run_fits(const ModelPreset& model, const MoELayerOptions& options, in
 
 bool attach_communicator(const DeploymentOptions& deployment, MoELayerOptions& options) {
   const std::optional<All2AllBackend> key = dispatch_key(options.parallel);
-  if (!key.has_value() || *key == All2AllBackend::kMegakernel) return false;
+  if (!key.has_value()) return false;
   const int ranks = options.parallel.ep_size;
   MOEKIT_CHECK(mpi_available(),
                "{} exchanges tokens between {} ranks, one process each under mpirun, but {}",
                options.parallel.to_string(), ranks, mpi_unavailable_reason());
-  // CPU ranks exchange over MPI, GPU ranks over NCCL (bootstrapped over MPI), one GPU per rank
-  // (the MPI rank modulo the visible GPUs).
-  options.communicator = options.device.type == DeviceType::kCUDA ? nccl_world_communicator()
-                                                                  : mpi_world_communicator();
-  options.device.index = options.communicator->device().index;
+  if (*key == All2AllBackend::kMegakernel) {
+    // The megakernel experts exchange the tokens through the GPUs' memory themselves; MPI only
+    // carries their buffers' handles. One GPU per rank (the rank modulo the visible GPUs; ranks
+    // may share one).
+    options.communicator = mpi_world_communicator();
+    if (options.device.type == DeviceType::kCUDA && cuda_device_count() > 0) {
+      options.device.index = options.communicator->rank() % cuda_device_count();
+    }
+  } else {
+    // CPU ranks exchange over MPI, GPU ranks over NCCL (bootstrapped over MPI), one GPU per rank
+    // (the MPI rank modulo the visible GPUs).
+    options.communicator = options.device.type == DeviceType::kCUDA ? nccl_world_communicator()
+                                                                    : mpi_world_communicator();
+    options.device.index = options.communicator->device().index;
+  }
   const int rank = options.communicator->rank();
   MOEKIT_CHECK(options.communicator->world_size() == ranks,
                "{} needs {} ranks: launch it with `mpirun -np {} moekit ...` (this job has {} "

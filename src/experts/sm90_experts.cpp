@@ -10,6 +10,7 @@
 
 #include "core/cuda_seam.h"
 #include "core/elementwise.h"
+#include "experts/cuda/ep_peer.h"
 #include "experts/cuda/sm90/mxfp4_layout.h"
 #include "experts/cuda/sm90_experts.h"
 #include "moekit/core/checks.h"
@@ -792,6 +793,52 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_batched, [] {
   ExpertsBackend b =
       sm90_backend("sm90_batched", Sm90BatchedExperts::klass(), kPriorityNativeGpu + 10);
   b.description = "Hopper wgmma GEMMs on the batched (E, T, H) format";
+  return b;
+}());
+
+// ---- Sm90EpPeerExperts (methods: sm90_ep_peer.cpp) -----------------------------------------
+
+const ExpertsClass& Sm90EpPeerExperts::klass() {
+  static const ExpertsClass k(
+      [] {
+        ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
+        c.name = "Sm90EpPeerExperts";
+        c.parallel.requires_ep = true;
+        c.parallel.all2all_backends = {All2AllBackend::kMegakernel};
+        c.expects_unquantized_inputs = true;
+        return c;
+      }(),
+      [](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
+         std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
+        MOEKIT_CHECK(!max_tokens && !dispatchers,
+                     "Sm90EpPeerExperts: max_num_tokens and num_dispatchers should only be set "
+                     "for the BatchedExperts activation format");
+        return std::make_unique<Sm90EpPeerExperts>(moe, quant);
+      },
+      [](const MoEConfig& moe) -> std::string {
+        if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
+        if (moe.parallel.ep_size > cuda::ep::kMaxRanks) {
+          return fmt::format("(ep_size {} > {} ranks sharing memory)", moe.parallel.ep_size,
+                             cuda::ep::kMaxRanks);
+        }
+        if (moe.max_num_tokens <= 0) {
+          return fmt::format("(max_num_tokens {} sizes no exchange buffer)", moe.max_num_tokens);
+        }
+        return {};
+      });
+  return k;
+}
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_ep_peer, [] {
+  // Before sm90_grouped, which never serves the megakernel deployment (nor this one another).
+  ExpertsBackend b =
+      sm90_backend("sm90_ep_peer", Sm90EpPeerExperts::klass(), kPriorityNativeGpu - 1);
+  b.description =
+      "expert parallelism through the ranks' memory (CUDA IPC), behind the megakernel's "
+      "pass-through prepare/finalize: dispatch, Hopper grouped GEMMs on the received rows, "
+      "combine and the sum of the partials, one stream of launches (not yet one persistent "
+      "kernel)";
+  b.describe_kernels = describe_sm90_grouped_tiles;
   return b;
 }());
 

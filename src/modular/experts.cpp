@@ -32,6 +32,11 @@ std::string device_rejection(const ExpertsCapabilities& caps, const DeviceInfo& 
 
 bool parallel_ok(const ParallelSupport& p, const ParallelConfig& config) {
   if (p.requires_ep && !config.use_ep) return false;
+  // The megakernel deployment passes tokens through to experts that exchange them themselves:
+  // only classes that name it serve it, and they serve nothing else.
+  if (config.use_megakernel() != contains(p.all2all_backends, All2AllBackend::kMegakernel)) {
+    return false;
+  }
   if (config.use_ep && !p.expert_parallel) return false;
   if (config.use_all2all_kernels()) {
     if (!p.all2all) return false;

@@ -170,9 +170,10 @@ MoEOutput FusedMoEKernel::apply(const ModularApplyArgs& args, RunContext ctx) {
   // [Permute -> Experts -> Unpermute]
   const ProblemSize p = experts.moe_problem_size(prepared.a1q, args.w1, args.w2, topk_ids);
   Tensor fused_out;
-  if (p.M == 0) {
+  if (p.M == 0 && !experts.exchanges_tokens()) {
     // A zero-size view of the experts' output shape: nothing to allocate or compute, but finalize
-    // still runs (it may take part in collectives).
+    // still runs (it may take part in collectives). Experts that exchange tokens themselves run:
+    // the other ranks' tokens arrive here.
     const WorkspaceShapes shapes = experts.workspace_shapes(
         0, p.N, p.K, p.topk, global_experts, local_experts,
         prepared.expert_tokens_meta ? &*prepared.expert_tokens_meta : nullptr, args.activation);

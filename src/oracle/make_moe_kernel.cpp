@@ -40,6 +40,7 @@ std::unique_ptr<FusedMoEKernel> assemble_moe_kernel(
   std::unique_ptr<Experts> experts =
       experts_class.make(moe, quant, max_num_tokens, num_dispatchers);
   MOEKIT_CHECK(experts != nullptr, "experts class {} returned no experts", experts_class.name());
+  experts->bind_communicator(prepare_finalize->communicator());
   return std::make_unique<FusedMoEKernel>(std::move(prepare_finalize), std::move(experts),
                                           std::move(shared_experts), moe.parallel);
 }

@@ -25,8 +25,10 @@ namespace moekit::detail {
 // "" when a token-exchanging prepare/finalize can serve the request, else why not. `batched`: the
 // prepare/finalize produces the batched format (else the standard one); `gpu_ranks`: it also
 // exchanges tokens between GPU ranks (a GPU communicator).
+// `bootstrap_only`: the communicator only bootstraps experts that move the tokens themselves, so
+// where its buffers live does not matter.
 inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool batched,
-                                          bool gpu_ranks = false) {
+                                          bool gpu_ranks = false, bool bootstrap_only = false) {
   const ParallelConfig& p = r.moe->parallel;
   if (r.experts->is_monolithic()) {
     return "monolithic experts route internally; exchanging tokens needs modular experts";
@@ -57,6 +59,7 @@ inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool 
         "the {} communicator is rank {} of {} but the deployment is EP rank {} of {}",
         r.comm->name(), r.comm->rank(), r.comm->world_size(), p.ep_rank, p.ep_size);
   }
+  if (bootstrap_only) return {};
   // Where the ranks' buffers are: the communicator's device, or (a preview without one) the
   // deployment's, as a layer on it would hold them.
   const Device ranks = r.comm != nullptr ? r.comm->device() : r.moe->device.device();

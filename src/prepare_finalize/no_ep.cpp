@@ -3,9 +3,11 @@
 #include <memory>
 #include <optional>
 
+#include "moekit/comm/communicator.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
 #include "moekit/prepare_finalize/factory.h"
+#include "prepare_finalize/exchange_common.h"
 #include "prepare_finalize/prepare_common.h"
 
 namespace moekit {
@@ -74,6 +76,10 @@ AsyncHandle<void> PrepareFinalizeNoEP::finalize_async(const FinalizeArgs& args, 
   return handle;
 }
 
+int64_t PrepareFinalizePassThrough::max_dispatched_tokens(int64_t max_num_tokens) const {
+  return max_num_tokens * (comm_ != nullptr ? comm_->world_size() : 1);
+}
+
 PrepareMonolithicResult PrepareFinalizeMonolithicNoEP::prepare(const Tensor& a1,
                                                                const Tensor& router_logits,
                                                                const QuantConfig& quant_config,
@@ -109,6 +115,28 @@ MOEKIT_REGISTER_PREPARE_FINALIZE(no_ep, [] {
   f.make = [](const PrepareFinalizeRequest& r) -> std::unique_ptr<PrepareFinalize> {
     if (r.experts->is_monolithic()) return std::make_unique<PrepareFinalizeMonolithicNoEP>();
     return std::make_unique<PrepareFinalizeNoEP>();
+  };
+  return f;
+}());
+
+MOEKIT_REGISTER_PREPARE_FINALIZE(passthrough, [] {
+  PrepareFinalizeFactory f;
+  f.name = "passthrough";
+  f.all2all = All2AllBackend::kMegakernel;
+  f.priority = 40;
+  f.description =
+      "DP+EP for experts that exchange tokens themselves (the megakernel): prepare and finalize "
+      "of one rank, the communicator handed to the experts";
+  f.check = [](const PrepareFinalizeRequest& r) -> std::string {
+    if (r.experts->is_monolithic() || !r.experts->caps().parallel.requires_ep) {
+      return r.experts->name() +
+             " does not exchange tokens itself (only the megakernel experts do)";
+    }
+    return detail::check_exchange_request(r, /*batched=*/false, /*gpu_ranks=*/true,
+                                          /*bootstrap_only=*/true);
+  };
+  f.make = [](const PrepareFinalizeRequest& r) -> std::unique_ptr<PrepareFinalize> {
+    return std::make_unique<PrepareFinalizePassThrough>(r.comm);
   };
   return f;
 }());

@@ -121,8 +121,14 @@ expect 0 "M=1 +gemm1 16x64tma +gemm2 16x64tma" \
   explain --device h200 --model qwen3-30b-a3b --quant w4a8_fp8
 expect 0 "naive_allgather +naive +CHOSEN" explain --model deepseek-v3 --ep --dp 2
 expect 0 "all2all +nccl_all2all +CHOSEN" explain --model deepseek-v3 --ep --dp 2 --all2all nccl_all2all
-expect 1 "no prepare/finalize is registered for all-to-all backend 'megakernel'" \
+# The megakernel deployment: the peer-memory experts on Hopper (through the pass-through
+# prepare/finalize); no CPU experts class serves it.
+expect 1 "cpu / CpuReferenceExperts: kernel does not support parallel config" \
   explain --model deepseek-v3 --ep --dp 2 --all2all megakernel
+expect 0 "sm90_ep_peer +Sm90EpPeerExperts +CHOSEN" \
+  explain --device h200 --model deepseek-v3 --ep --dp 2 --all2all megakernel
+expect 0 "passthrough +megakernel +CHOSEN" \
+  explain --device h200 --model deepseek-v3 --ep --dp 2 --all2all megakernel
 expect 2 "needs 2 ranks: launch it with .mpirun -np 2" run --model small-deepseek --ep --dp 2 -m 4
 
 # Quantized checkpoints run through the same layer, with an expert map.

@@ -495,7 +495,8 @@ TEST_F(OracleTest, CpuSelectionPicksCpuReference) {
   EXPECT_EQ(&oracle.registry(), &BackendRegistry::global());
   // Every registered backend, in priority order.
   EXPECT_EQ(oracle.backend_values(),
-            (Names{"sm90_grouped", "sm90_batched", "cpu", "cpu_batched", "cpu_monolithic"}));
+            (Names{"sm90_ep_peer", "sm90_grouped", "sm90_batched", "cpu", "cpu_batched",
+                   "cpu_monolithic"}));
   // The sm90 backends are candidates on CUDA only. cpu_monolithic is last: it serves this
   // deployment too, but only when forced.
   EXPECT_EQ(oracle.priority_backends(moe), (Names{"cpu", "cpu_batched", "cpu_monolithic"}));
@@ -551,7 +552,8 @@ TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {
   moe.device = h200_info();
   UnquantizedMoEKernelOracle oracle(moe);
   EXPECT_EQ(oracle.priority_backends(moe),
-            (Names{"sm90_grouped", "sm90_batched", "cpu", "cpu_batched", "cpu_monolithic"}));
+            (Names{"sm90_ep_peer", "sm90_grouped", "sm90_batched", "cpu", "cpu_batched",
+                   "cpu_monolithic"}));
   // With the sm90 classes replaced by one that rejects this device too, nothing serves it: the
   // selection fails and names every candidate with its reason, in priority order.
   ExpertsCapabilities sm100_caps = cpu_caps("FakeSm100Experts");
@@ -573,8 +575,8 @@ TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {
   EXPECT_LT(cpu, cpu_b);
   EXPECT_LT(cpu_b, cpu_m);
   EXPECT_TRUE(contains(msg,
-                       "(5 tried: ['sm90_grouped', 'sm90_batched', 'cpu', 'cpu_batched', "
-                       "'cpu_monolithic'])"))
+                       "(6 tried: ['sm90_ep_peer', 'sm90_grouped', 'sm90_batched', 'cpu', "
+                       "'cpu_batched', 'cpu_monolithic'])"))
       << msg;
 }
 
@@ -1173,9 +1175,8 @@ TEST_F(OracleTest, MakeMoeKernelFormatMismatch) {
 }
 
 // make_moe_kernel selects through the prepare/finalize registry: a deployment that exchanges
-// tokens without a communicator is refused with the exchanging factory's reason; one whose
-// backend has no prepare/finalize (the megakernel's pass-through) with "no prepare/finalize is
-// registered for all-to-all backend '<name>'".
+// tokens without a communicator is refused with the exchanging factory's reason; the megakernel
+// deployment's pass-through refuses experts that do not exchange tokens themselves.
 TEST_F(OracleTest, MakeMoeKernelRejectsUnavailableParallelDeployments) {
   FakeKind fake(cpu_caps("FakeStandardExperts"));
   for (All2AllBackend backend :
@@ -1190,8 +1191,8 @@ TEST_F(OracleTest, MakeMoeKernelRejectsUnavailableParallelDeployments) {
     const std::string msg = error_message(
         [&] { (void)make_moe_kernel(QuantConfig::unquantized(), moe, fake.klass()); });
     if (backend == All2AllBackend::kMegakernel) {
-      EXPECT_TRUE(
-          contains(msg, "no prepare/finalize is registered for all-to-all backend '" + name + "'"))
+      EXPECT_TRUE(contains(msg, "passthrough: FakeStandardExperts does not exchange tokens itself "
+                                "(only the megakernel experts do)"))
           << msg;
     } else {
       EXPECT_TRUE(contains(msg, "no prepare/finalize can serve")) << msg;
@@ -1201,6 +1202,36 @@ TEST_F(OracleTest, MakeMoeKernelRejectsUnavailableParallelDeployments) {
     EXPECT_THROW((void)make_moe_kernel(QuantConfig::unquantized(), moe, fake.klass()), Error);
   }
   EXPECT_EQ(fake.made, 0);
+}
+
+// The megakernel deployment on Hopper: the unquantized oracle chooses the peer-memory experts
+// (sm90_grouped refuses the deployment, and they refuse every other one) with the pass-through
+// prepare/finalize, which hands the experts the communicator.
+TEST_F(OracleTest, MegakernelDeploymentTakesThePeerMemoryExperts) {
+  if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA (the sm90 classes refuse first)";
+  MoEConfig moe = cpu_moe();
+  moe.device = h200_info();
+  moe.device.preview = true;
+  moe.parallel = ParallelConfig::make(1, 2, 1, 0, true, All2AllBackend::kMegakernel);
+  moe.num_local_experts = moe.num_experts / 2;
+  PlanOptions options;
+  options.preview = true;
+  const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), options);
+  ASSERT_TRUE(plan.ok()) << plan.to_string();
+  EXPECT_EQ(plan.backend->name, "sm90_ep_peer");
+  EXPECT_EQ(plan.experts->name(), "Sm90EpPeerExperts");
+  EXPECT_EQ(plan.prepare_finalize->name, "passthrough");
+  const std::string table = plan.to_string();
+  EXPECT_TRUE(contains(table, "sm90_grouped")) << table;
+  // Every other deployment: the peer-memory experts are refused for their parallel config.
+  for (All2AllBackend other : {All2AllBackend::kNcclAllToAll, All2AllBackend::kNaive}) {
+    moe.parallel = ParallelConfig::make(1, 2, 1, 0, true, other);
+    const MoEPlan p = plan_moe(moe, QuantConfig::unquantized(), options);
+    EXPECT_NE(p.backend ? p.backend->name : std::string(), "sm90_ep_peer");
+  }
+  moe.parallel = ParallelConfig{};
+  moe.num_local_experts = moe.num_experts;
+  EXPECT_EQ(plan_moe(moe, QuantConfig::unquantized(), options).backend->name, "sm90_grouped");
 }
 
 // What select_prepare_finalize builds for experts of `klass` (throws its error when none fits).
@@ -1349,7 +1380,7 @@ TEST_F(OracleTest, ExplainOnCpuShowsDeviceReasonForCudaOnlyBackend) {
   EXPECT_EQ(report.chosen_experts, "CpuReferenceExperts");
   EXPECT_EQ(report.forced_by, "");
   // Considered backends first (cpu, cpu_batched, cpu_monolithic), then the rest in registry order.
-  ASSERT_EQ(report.candidates.size(), 5u);
+  ASSERT_EQ(report.candidates.size(), 6u);
   EXPECT_EQ(report.candidates[0].backend, "cpu");
   EXPECT_TRUE(report.candidates[0].supported);
   EXPECT_TRUE(report.candidates[0].considered);
@@ -1363,14 +1394,16 @@ TEST_F(OracleTest, ExplainOnCpuShowsDeviceReasonForCudaOnlyBackend) {
   EXPECT_EQ(report.candidates[2].experts_class, "CpuReferenceMonolithicExperts");
   EXPECT_TRUE(report.candidates[2].supported) << report.candidates[2].reason;
   EXPECT_TRUE(report.candidates[2].considered);
-  EXPECT_EQ(report.candidates[3].backend, "sm90_grouped");
-  EXPECT_EQ(report.candidates[3].experts_class, "FakeSm90Experts");
-  EXPECT_FALSE(report.candidates[3].supported);
+  EXPECT_EQ(report.candidates[3].backend, "sm90_ep_peer");
   EXPECT_FALSE(report.candidates[3].considered);
-  EXPECT_EQ(report.candidates[3].reason, "kernel does not support current device cpu");
-  EXPECT_EQ(report.candidates[4].backend, "sm90_batched");
-  EXPECT_EQ(report.candidates[4].experts_class, "Sm90BatchedExperts");
+  EXPECT_EQ(report.candidates[4].backend, "sm90_grouped");
+  EXPECT_EQ(report.candidates[4].experts_class, "FakeSm90Experts");
+  EXPECT_FALSE(report.candidates[4].supported);
+  EXPECT_FALSE(report.candidates[4].considered);
   EXPECT_EQ(report.candidates[4].reason, "kernel does not support current device cpu");
+  EXPECT_EQ(report.candidates[5].backend, "sm90_batched");
+  EXPECT_EQ(report.candidates[5].experts_class, "Sm90BatchedExperts");
+  EXPECT_EQ(report.candidates[5].reason, "kernel does not support current device cpu");
   const std::string table = report.to_string();
   EXPECT_TRUE(contains(table, "CHOSEN")) << table;
   EXPECT_TRUE(contains(table, "kernel does not support current device cpu")) << table;

@@ -17,7 +17,8 @@ struct Tolerance {
 };
 
 // "f32", "f16", "bf16", "fp8_w8a8", "fp8_w8a8_gpu", "int8_w8a8", "int8_w8a8_gpu", "mxfp4",
-// "mxfp4_w4a16_gpu", "nvfp4", "nvfp4_w4a16_gpu", "mxfp6", "w4a8", "w4a8_gpu", "int4_w4a16". Throws
+// "mxfp4_w4a16_gpu", "nvfp4", "nvfp4_w4a16_gpu", "mxfp6", "w4a8", "w4a8_gpu", "int4_w4a16",
+// "bf16_ep_gpu". Throws
 // moekit::Error for an unknown name.
 const Tolerance& tolerance(std::string_view name);
 const Tolerance& tolerance_for(DType dtype);

@@ -147,6 +147,41 @@ class Sm90Nvfp4Experts final : public Sm90StandardExpertsBase {
 // (ExpertTokensMetadata); the same GEMM on the batched schedule (expert e's rows are
 // [e*T, e*T + count_e)), the activation, GEMM2 into (E_local, T, K). The prepare/finalize's batched
 // combine applies the weights (finalize: Delegate).
+// Expert parallelism on Hopper without a communication library in the data path: each rank's
+// experts exchange the tokens themselves through the other ranks' memory (CUDA IPC: NVLink
+// between GPUs, or two processes sharing one GPU), behind the pass-through prepare/finalize of the
+// megakernel deployment (All2AllBackend::kMegakernel), as seed 001's megakernel experts. A forward
+// is a sequence of launches on one stream, graph-capturable: dispatch (rows and masked ids into
+// the owning ranks' buffers), a barrier, the local experts (Sm90GroupedExperts' launch sequence)
+// on the (ranks x max_num_tokens) received rows, combine (partials back into the sources'
+// buffers), a barrier, and the sum of the partials in rank order (fp32) into the output. bf16 /
+// f16 weights; every rank must run the same number of forwards.
+// The communicator (bind_communicator, from the prepare/finalize) only bootstraps: it carries the
+// IPC handles once. A single persistent kernel for the whole sequence is the next step.
+class Sm90EpPeerExperts final : public ExpertsModular {
+ public:
+  static const ExpertsClass& klass();
+  Sm90EpPeerExperts(const MoEConfig& moe, const QuantConfig& quant);
+  ~Sm90EpPeerExperts() override;
+
+  bool exchanges_tokens() const override { return true; }
+  // Allocates this rank's exchange buffer and opens every other rank's (collective: all ranks
+  // call it in the same order). Throws moekit::Error without a communicator of ep_size ranks.
+  void bind_communicator(Communicator* comm) override;
+  void bind_weights(const Tensor& w1, const Tensor& w2) override;
+  WorkspaceShapes workspace_shapes(int64_t M, int64_t N, int64_t K, int64_t topk,
+                                   int64_t global_num_experts, int64_t local_num_experts,
+                                   const ExpertTokensMetadata* expert_tokens_meta,
+                                   Activation activation) const override;
+  std::shared_ptr<const TopKWeightAndReduce> finalize_weight_and_reduce_impl() const override;
+  void apply(const ExpertsApplyArgs& args, RunContext ctx) override;
+
+ private:
+  struct Peers;                                // experts/sm90_ep_peer.cpp
+  std::unique_ptr<Sm90GroupedExperts> local_;  // the GEMMs on the received rows
+  std::unique_ptr<Peers> peers_;
+};
+
 class Sm90BatchedExperts final : public ExpertsModular {
  public:
   static const ExpertsClass& klass();

@@ -17,6 +17,7 @@
 
 namespace moekit {
 
+class Communicator;
 class Experts;
 
 // A (weight key, activation key) pair an experts class accepts; nullopt = unquantized operand.
@@ -119,6 +120,13 @@ class Experts {
   std::optional<int> num_dispatchers() const { return num_dispatchers_; }
   const Tensor& a2_scale() const { return quant_.a2.scale; }
 
+  // Whether the experts exchange tokens between ranks themselves (the megakernel experts): the
+  // kernel then calls apply on every forward, an idle rank's (M = 0) too, since the other ranks'
+  // tokens still arrive there.
+  virtual bool exchanges_tokens() const { return false; }
+  // Called once when the kernel is assembled, with the communicator of the prepare/finalize (null
+  // without one). Experts that exchange tokens bootstrap their transport here. Default: nothing.
+  virtual void bind_communicator(Communicator* /*comm*/) {}
   // Called once by the layer after the weights are in this class's layout and before the first
   // apply (outside any graph capture): experts may precompute per-weight launch state here
   // (tensor maps, kernel attributes). Later applies receive these same tensors. Default: nothing.

@@ -13,6 +13,7 @@
 
 namespace moekit {
 
+class Communicator;
 class Experts;
 
 struct PrepareArgs {
@@ -65,6 +66,9 @@ class PrepareFinalize {
   // Batched implementations process at most this many tokens per rank.
   virtual std::optional<int64_t> max_num_tokens_per_rank() const = 0;
   virtual int num_dispatchers() const = 0;
+  // The communicator it exchanges through (null when it has none); the kernel hands it to the
+  // experts (Experts::bind_communicator).
+  virtual Communicator* communicator() const { return nullptr; }
   // Whether finalize's output is already reduced across ranks.
   virtual bool output_is_reduced() const = 0;
   // The most tokens the experts receive when each rank brings up to max_num_tokens (what sizes

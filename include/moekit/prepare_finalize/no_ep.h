@@ -38,6 +38,38 @@ class PrepareFinalizeNoEP final : public PrepareFinalizeModular {
   Tensor weighted_input_;
 };
 
+// The megakernel deployment's prepare/finalize (All2AllBackend::kMegakernel): the experts exchange
+// the tokens themselves (Experts::exchanges_tokens), so prepare and finalize are those of one rank
+// (PrepareFinalizeNoEP, the input left unquantized for the experts) and the communicator is only
+// handed to the experts. Its output is reduced across ranks; the experts receive up to ep_size
+// times the tokens of one rank.
+class PrepareFinalizePassThrough final : public PrepareFinalizeModular {
+ public:
+  explicit PrepareFinalizePassThrough(Communicator* comm) : comm_(comm) {}
+  std::string name() const override { return "PrepareFinalizePassThrough"; }
+  ActivationFormat activation_format() const override { return ActivationFormat::kStandard; }
+  std::optional<DType> topk_indices_dtype() const override { return std::nullopt; }
+  std::optional<int64_t> max_num_tokens_per_rank() const override { return std::nullopt; }
+  int num_dispatchers() const override { return 1; }
+  bool output_is_reduced() const override { return true; }
+  Communicator* communicator() const override { return comm_; }
+  int64_t max_dispatched_tokens(int64_t max_num_tokens) const override;
+
+  PrepareResult prepare(const PrepareArgs& args, RunContext ctx) override {
+    return local_.prepare(args, ctx);
+  }
+  void finalize(const FinalizeArgs& args, RunContext ctx) override { local_.finalize(args, ctx); }
+  std::vector<WorkspaceRequest> workspace_requests(int64_t max_num_tokens, int64_t hidden,
+                                                   int64_t topk, DType dtype,
+                                                   const QuantConfig& quant) const override {
+    return local_.workspace_requests(max_num_tokens, hidden, topk, dtype, quant);
+  }
+
+ private:
+  Communicator* comm_;
+  PrepareFinalizeNoEP local_;
+};
+
 // Monolithic counterpart: prepare passes a1 (quantized like the modular one, unless deferred or
 // unquantized) and the router logits through; finalize returns the experts' (M, K) output.
 class PrepareFinalizeMonolithicNoEP final : public PrepareFinalizeMonolithic {
