@@ -602,6 +602,21 @@ Tensor kernel_global_scale(const Tensor& alphas, int64_t E, Device device, std::
   return device.is_cpu() ? host : host.to(device);
 }
 
+// A static per-tensor activation scale (one value, finite and > 0) repeated for each of the E
+// experts, f32 on `device`.
+Tensor per_expert_activation_scale(const QuantDesc& desc, int64_t E, Device device,
+                                   std::string_view name) {
+  MOEKIT_CHECK(
+      desc.dtype == QuantDType::kFp8E4M3 && desc.scale.defined() && desc.scale.numel() == 1,
+      "{}: MXFP4 weights take fp8 activations with one static per-tensor scale, got {}", name,
+      desc.scale.defined() ? desc.scale.describe() : std::string("none (dynamic)"));
+  const float s = desc.scale.to_float_vector()[0];
+  MOEKIT_CHECK(std::isfinite(s) && s > 0.0f, "{} is {}: it must be finite and > 0", name, s);
+  const Tensor host =
+      Tensor::from_floats(std::vector<float>(static_cast<size_t>(E), s), {E}, DType::kF32);
+  return device.is_cpu() ? host : host.to(device);
+}
+
 }  // namespace
 
 const ExpertsClass& Sm90Mxfp4Experts::klass() {
@@ -612,7 +627,8 @@ const ExpertsClass& Sm90Mxfp4Experts::klass() {
       {{quant_keys::kMxfp4Static, std::nullopt},
        {quant_keys::kMxfp4Static, quant_keys::kMxfp4Dynamic},
        {quant_keys::kMxfp4Static, quant_keys::kMxfp6E3M2Dynamic},
-       {quant_keys::kMxfp4Static, quant_keys::kMxfp6E2M3Dynamic}},
+       {quant_keys::kMxfp4Static, quant_keys::kMxfp6E2M3Dynamic},
+       {quant_keys::kMxfp4Static, quant_keys::kFp8StaticTensorSym}},
       sm90_fp4_shape_check("MXFP4"), {DType::kBF16}, /*expects_unquantized_inputs=*/true);
   return k;
 }
@@ -623,14 +639,23 @@ Sm90Mxfp4Experts::Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quan
       quant.a1.shape == GroupShape{1, 32} &&
       (quant.a1.dtype == QuantDType::kFp4E2M1 || quant.a1.dtype == QuantDType::kFp6E3M2 ||
        quant.a1.dtype == QuantDType::kFp6E2M3);
+  const bool fp8_activations = quant.a1.dtype == QuantDType::kFp8E4M3;
   MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp4E2M1 && (quant.w1.shape == GroupShape{1, 32}) &&
-                   (quant.a1.dtype == QuantDType::kNone || mx_activations),
-               "Sm90Mxfp4Experts runs MXFP4 weights (e2m1, e8m0 per 32) with bf16, MXFP4 or MXFP6 "
-               "activations only, got {}",
+                   (quant.a1.dtype == QuantDType::kNone || mx_activations || fp8_activations),
+               "Sm90Mxfp4Experts runs MXFP4 weights (e2m1, e8m0 per 32) with bf16, MXFP4, MXFP6 "
+               "or fp8 per-tensor activations only, got {}",
                quant.describe());
   sm90::choose_tiles(*state_, moe, "Sm90Mxfp4Experts", cuda::sm90::TileFamily::kW4A16);
   state_->scales = sm90::LaunchState::WeightScales::kMxfp4;
   bind_group_scales(*state_, moe, quant, /*nvfp4=*/false);
+  if (fp8_activations) {
+    // The activations' static scales, one per expert for the epilogue (w*_global: each GEMM's
+    // accumulator scale): the kernels multiply e4m3 codes, as bf16, by the bf16 weights.
+    const int64_t E = moe.num_local_experts;
+    const Device device = moe.device.device();
+    state_->w1_global = per_expert_activation_scale(quant.a1, E, device, "a1 (w13 input) scale");
+    state_->w2_global = per_expert_activation_scale(quant.a2, E, device, "a2 (w2 input) scale");
+  }
 }
 
 // ---- Sm90Nvfp4Experts -------------------------------------------------------------------------

@@ -61,6 +61,8 @@ SchemeInfo scheme_info(const std::string& scheme) {
   }
   if (scheme == "mxfp4_a4")
     return {"Sm90Mxfp4Experts", "CpuMxfp4Experts", "mxfp4_w4a4_gpu", "mxfp4"};
+  if (scheme == "mxfp4_a8")  // fp8 codes requantized between the GEMMs: fp8's bound
+    return {"Sm90Mxfp4Experts", "CpuMxfp4Experts", "fp8_w8a8_gpu", "mxfp4"};
   if (scheme.rfind("int8_", 0) == 0) {
     return {"Sm90Int8Experts", "CpuInt8Experts", "int8_w8a8_gpu", "int8_w8a8"};
   }
@@ -170,7 +172,7 @@ std::vector<SchemeCase> scheme_cases() {
   std::vector<SchemeCase> v;
   for (const char* scheme :
        {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8", "int8_per_tensor",
-        "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8", "mxfp4_a4"}) {
+        "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8", "mxfp4_a4", "mxfp4_a8"}) {
     // small: H 256, I 384 (multiples of 128); small-h320: H 320 (partial K and N blocks);
     // small-deepseek: shared experts, grouped routing; small-gpt-oss: H = I = 192, swigluoai with
     // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128).

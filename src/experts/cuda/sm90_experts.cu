@@ -18,6 +18,7 @@
 #include "moekit/core/checks.h"
 #include "quant/cuda/moe_input_quant.h"
 #include "quant/cuda/mx_qdq.h"
+#include "quant/cuda/quantize_rows.h"
 
 namespace moekit {
 namespace {
@@ -53,8 +54,42 @@ std::optional<cuda::MxElement> mx_activation(const QuantDesc& a) {
   }
 }
 
+// MXFP4 weights with fp8 per-tensor activations (Quark w_mxfp4_a_fp8): the activations become
+// e4m3 codes stored as their bf16 values (exact) for the bf16 kernels, and each GEMM's activation
+// scale is applied in its epilogue (as a per-expert scale: the same for every expert).
+bool fp8_codes_as_bf16(const QuantConfig& q) {
+  return q.w1.dtype == QuantDType::kFp4E2M1 && q.w1.shape == GroupShape{1, 32} &&
+         q.a1.dtype == QuantDType::kFp8E4M3;
+}
+
+// The codes of x (rows < num_rows when given) under a static per-tensor e4m3 scale, as bf16
+// values, into y (may be x).
+void launch_fp8_codes_as_bf16(const void* x, void* y, int64_t rows, int64_t cols,
+                              const QuantDesc& desc, const int32_t* num_rows, cudaStream_t stream) {
+  MOEKIT_CHECK(desc.scale.defined() && desc.scale.numel() == 1,
+               "fp8 activations of MXFP4 weights need one static per-tensor scale, got {}",
+               desc.scale.defined() ? desc.scale.describe() : std::string("none (dynamic)"));
+  cuda::QuantizeRowsArgs q;
+  q.x = x;
+  q.x_type = cuda::ElemType::kBF16;
+  q.rows = rows;
+  q.cols = q.x_ld = q.q_ld = cols;
+  q.num_rows = num_rows;
+  q.q = y;
+  q.q_type = cuda::ElemType::kE4M3;
+  q.kind = cuda::RowQuant::kTensorStatic;
+  q.static_scale = desc.scale.data_as<const float>();
+  q.codes_as_bf16 = true;
+  if (const char* why = cuda::quantize_rows_unsupported_reason(q)) {
+    MOEKIT_CHECK(false, "fp8 codes of MXFP4 activations: {}", why);
+  }
+  MOEKIT_CUDA_CHECK(cuda::launch_quantize_rows(q, stream));
+}
+
+// `bf16_codes`: the experts write x's codes into workspace2 (fp8_codes_as_bf16), the
+// activation's in place.
 Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, Activation act,
-                     size_t es, const QuantDesc& a1, const QuantDesc& a2) {
+                     size_t es, const QuantDesc& a1, const QuantDesc& a2, bool bf16_codes) {
   const int64_t rows = M * topk;
   const int64_t d = activation_output_dim(act, N);
   const int64_t capacity =
@@ -77,8 +112,10 @@ Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, A
   l.align_ws_bytes =
       cuda::moe_align_workspace_bytes(M, static_cast<int>(topk), static_cast<int>(E));
   l.align_ws = take(l.align_ws_bytes);
-  if (mx_activation(a1)) l.a1_mx = take(static_cast<size_t>(M * K) * es);  // x, MX-rounded
-  if (a2.dtype != QuantDType::kNone && !mx_activation(a2)) {
+  if (mx_activation(a1) || bf16_codes) {
+    l.a1_mx = take(static_cast<size_t>(M * K) * es);  // x, MX-rounded or its fp8 codes
+  }
+  if (a2.dtype != QuantDType::kNone && !mx_activation(a2) && !bf16_codes) {
     const DeviceQuantShapes q = device_quant_shapes(rows, d, a2);
     l.a2q = take(static_cast<size_t>(numel_of(q.data)));
     l.a2_scale = take(static_cast<size_t>(numel_of(q.scale)) * 4);
@@ -263,8 +300,8 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
                                          int64_t N, int64_t K, int64_t topk,
                                          int64_t local_num_experts, Activation activation) {
   const size_t es = element_size(moe.in_dtype);
-  const Ws2Layout l =
-      ws2_layout(M, N, K, topk, local_num_experts, activation, es, quant.a1, quant.a2);
+  const Ws2Layout l = ws2_layout(M, N, K, topk, local_num_experts, activation, es, quant.a1,
+                                 quant.a2, fp8_codes_as_bf16(quant));
   return {{M * topk, N}, {static_cast<int64_t>((l.bytes + es - 1) / es)}, {M, K}};
 }
 
@@ -311,7 +348,9 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     expect_dtype(args.w2, "w2", {codes});
   }
   const size_t es = element_size(dtype);
-  const Ws2Layout l = ws2_layout(M, N, K, topk, E, args.activation, es, quant.a1, quant.a2);
+  const bool bf16_codes = packed_fp4 && !nvfp4 && fp8_codes_as_bf16(quant);
+  const Ws2Layout l =
+      ws2_layout(M, N, K, topk, E, args.activation, es, quant.a1, quant.a2, bf16_codes);
   MOEKIT_CHECK(args.workspace2.nbytes() >= l.bytes, "workspace2 holds {} bytes, needs {}",
                args.workspace2.nbytes(), l.bytes);
   const Tensor& ws2 = args.workspace2;
@@ -369,6 +408,11 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     ctx.stage_done("quantize a1");
     g1.a = q.y;
   }
+  if (bf16_codes) {
+    launch_fp8_codes_as_bf16(x.data(), at<void>(ws2, l.a1_mx), M, K, quant.a1, nullptr, stream);
+    ctx.stage_done("quantize a1");
+    g1.a = at<void>(ws2, l.a1_mx);
+  }
   g1.gather_rows = token_rows;
   g1.w = args.w1.data();
   g1.bias = b1.defined() ? b1.data() : nullptr;
@@ -388,7 +432,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   if (packed_fp4) {
     g1.w_packing = nvfp4 ? cuda::WPacking::kNvfp4 : cuda::WPacking::kMxfp4;
     g1.w_group_scale = state.w1_scale.data_as<const uint8_t>();
-    if (nvfp4) {
+    if (nvfp4 || bf16_codes) {  // NVFP4's global scales, or fp8 activations' scale
       g1.w_scale_kind = cuda::WScale::kExpert;
       g1.w_scale = state.w1_global.data_as<const float>();
     }
@@ -443,7 +487,11 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     MOEKIT_CUDA_CHECK(cuda::launch_mx_qdq(q, stream));
     ctx.stage_done("quantize a2");
   }
-  if (nvfp4) g2.w_scale = state.w2_global.data_as<const float>();
+  if (bf16_codes) {  // the activation's codes in place, the rows that exist (total)
+    launch_fp8_codes_as_bf16(act, act, capacity, d, quant.a2, total, stream);
+    ctx.stage_done("quantize a2");
+  }
+  if (nvfp4 || bf16_codes) g2.w_scale = state.w2_global.data_as<const float>();
   g2.gather_rows = nullptr;
   g2.w = args.w2.data();
   g2.bias = b2.defined() ? b2.data() : nullptr;

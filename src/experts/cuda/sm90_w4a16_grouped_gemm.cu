@@ -48,8 +48,10 @@ std::string can_implement_w4a16(const GroupedGemmArgs& args) {
     if (reinterpret_cast<uintptr_t>(args.w_group_scale) % 2 != 0) {
       return "NVFP4 w_group_scale is not 2-byte aligned";
     }
-  } else if (args.w_scale_kind != WScale::kNone) {
-    return "fp8 / int8 W scales are given for MXFP4 W";
+  } else if (args.w_scale_kind != WScale::kNone &&
+             (args.w_scale_kind != WScale::kExpert || args.w_scale == nullptr)) {
+    // kExpert: a scale per expert in the epilogue (fp8 activations' codes on the bf16 operands)
+    return "MXFP4 W takes no scale beside its group scales but one per expert (kExpert)";
   }
   return "";
 }

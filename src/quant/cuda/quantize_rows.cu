@@ -127,9 +127,13 @@ __global__ void quantize_tensor_kernel(const QuantizeRowsArgs a, bool dynamic) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / a.cols, c = i % a.cols;
-    if (row_valid(a, r)) {
-      static_cast<uint8_t*>(a.q)[r * a.q_ld + c] =
-          encode(load_x(a.x, a.x_type, r * a.x_ld + c), divisor, a.q_type);
+    if (!row_valid(a, r)) continue;
+    const uint8_t code = encode(load_x(a.x, a.x_type, r * a.x_ld + c), divisor, a.q_type);
+    if (a.codes_as_bf16) {
+      const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+      static_cast<__nv_bfloat16*>(a.q)[r * a.q_ld + c] = __float2bfloat16_rn(v);
+    } else {
+      static_cast<uint8_t*>(a.q)[r * a.q_ld + c] = code;
     }
   }
 }
@@ -145,6 +149,10 @@ const char* quantize_rows_unsupported_reason(const QuantizeRowsArgs& a) {
     return "x must be bf16, f16 or f32";
   }
   if (a.q_type != ElemType::kE4M3 && a.q_type != ElemType::kS8) return "q must be e4m3 or int8";
+  if (a.codes_as_bf16 && (a.q_type != ElemType::kE4M3 || (a.kind != RowQuant::kTensorStatic &&
+                                                          a.kind != RowQuant::kTensorDynamic))) {
+    return "codes as bf16 are e4m3 codes of a per-tensor scale";
+  }
   if (a.rows < 0 || a.cols <= 0 || a.x_ld < a.cols || a.q_ld < a.cols) {
     return "rows >= 0, cols > 0, x_ld >= cols and q_ld >= cols are required";
   }

@@ -37,6 +37,10 @@ struct QuantizeRowsArgs {
   float* scale = nullptr;                  // the scales written (kTensorStatic: none)
   int64_t scale_ld = 0;                    // kGroup: floats between rows (>= ceil(cols / group))
   unsigned int* amax_workspace = nullptr;  // kTensorDynamic: one word of device memory
+  // e4m3 per-tensor only: each code stored as its value in bf16 (exact: 4 significant bits), q
+  // (rows, cols) bf16 with row stride q_ld elements, for GEMMs on bf16 operands (the Hopper MXFP4
+  // kernels, the scale applied in their epilogue). q may be x (in place, same strides).
+  bool codes_as_bf16 = false;
 };
 
 // nullptr when the launch can run, else why not.
