@@ -2,6 +2,7 @@
 // the local GEMMs those of Sm90GroupedExperts. The exchange's kernels: experts/cuda/ep_peer.h.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -187,6 +188,9 @@ void Sm90EpPeerExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   mine.topk_ids = Tensor::from_blob(own + l.ids, {rows, l.topk}, DType::kInt32, d);
   mine.topk_weights = Tensor::from_blob(own + l.w, {rows, l.topk}, DType::kF32, d);
   mine.output = partial;
+  mine.skip_unrouted_rows = true;  // combine sends back only the rows with an expert here
+  // The tiles for about one rank's tokens from each rank, not for the padded buffer.
+  mine.tile_tokens = std::max<int64_t>(M, 1) * l.world;
   mine.workspace13 = args.workspace13.reinterpret(local.workspace13, dt);
   mine.workspace2 = args.workspace2;
   local_->apply(mine, ctx);

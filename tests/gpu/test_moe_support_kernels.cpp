@@ -1158,6 +1158,7 @@ struct UnpermuteCase {
   bool accumulate = false;
   bool batched = false;
   int max_tokens = 0;
+  bool skip_empty = false;  // rows with no valid slot keep what out held
 };
 
 void check_unpermute(const UnpermuteCase& c, uint64_t seed) {
@@ -1199,6 +1200,7 @@ void check_unpermute(const UnpermuteCase& c, uint64_t seed) {
         if (t < c.max_tokens) src[j] = static_cast<int64_t>(e) * c.max_tokens + t;
       }
     }
+    const bool empty = std::all_of(src.begin(), src.end(), [](int64_t r) { return r < 0; });
     for (int64_t h = 0; h < c.H; ++h) {
       float acc = 0.0f;
       for (int j = 0; j < c.k; ++j) {
@@ -1206,7 +1208,7 @@ void check_unpermute(const UnpermuteCase& c, uint64_t seed) {
         const float wj = c.on_input ? 1.0f : w[m * c.k + j];
         acc = std::fma(wj, y[src[j] * c.H + h], acc);
       }
-      if (c.accumulate) acc = out0[m * c.H + h] + acc;
+      if (c.accumulate || (c.skip_empty && empty)) acc = out0[m * c.H + h] + acc;
       want[m * c.H + h] = round_to(c.ot, acc);
     }
   }
@@ -1215,7 +1217,7 @@ void check_unpermute(const UnpermuteCase& c, uint64_t seed) {
   DevBuf<int32_t> d_s2r(ref.slot_to_row), d_off(ref.offsets);
   DevBuf<float> d_w(w);
   DevBuf<uint8_t> d_out(static_cast<size_t>(c.M * c.H * mc::elem_bytes(c.ot)));
-  if (c.accumulate) {
+  if (c.accumulate || c.skip_empty) {
     d_out.upload(pack(c.ot, out0));
   } else {
     d_out.poison();
@@ -1238,6 +1240,7 @@ void check_unpermute(const UnpermuteCase& c, uint64_t seed) {
   p.out_type = c.ot;
   p.out_row_stride = c.H;
   p.accumulate = c.accumulate;
+  p.skip_empty_rows = c.skip_empty;
   ASSERT_EQ(mc::moe_unpermute_unsupported_reason(p), nullptr);
   CUDA_OK(mc::launch_moe_unpermute(p, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
@@ -1253,7 +1256,7 @@ void check_unpermute(const UnpermuteCase& c, uint64_t seed) {
       }
     }
   }
-  if (c.M > 0 && !c.accumulate) {  // token 0 has no valid slot: zeros
+  if (c.M > 0 && !c.accumulate && !c.skip_empty) {  // token 0 has no valid slot: zeros
     const auto got = unpack(c.ot, got_raw);
     for (int64_t h = 0; h < c.H; ++h)
       ASSERT_EQ(got[h], 0.0f);
@@ -1278,6 +1281,16 @@ TEST_F(UnpermuteTest, DtypesOnInputAccumulate) {
   check_unpermute({33, 6, 96, mc::ElemType::kBF16, mc::ElemType::kBF16, false, true}, 94);
   check_unpermute({40, 6, 30, mc::ElemType::kF32, mc::ElemType::kBF16, false, true}, 95);
   check_unpermute({16, 16, 64, mc::ElemType::kBF16, mc::ElemType::kBF16}, 96);  // top_k = E
+}
+
+// Rows with no valid slot left as they were (token 0 and every garbage-only token), the others
+// written as usual.
+TEST_F(UnpermuteTest, SkipsEmptyRows) {
+  UnpermuteCase c{257, 4, 128, mc::ElemType::kBF16, mc::ElemType::kBF16};
+  c.skip_empty = true;
+  check_unpermute(c, 110);
+  c.k = 1;
+  check_unpermute(c, 111);
 }
 
 TEST_F(UnpermuteTest, BatchedCombine) {

@@ -156,6 +156,12 @@ struct ExpertsApplyArgs {
   Tensor workspace2;   // >= the activation output
   const ExpertTokensMetadata* expert_tokens_meta = nullptr;
   bool apply_router_weight_on_input = false;
+  // Output rows of tokens with no expert on this rank may be left unwritten (the caller never
+  // reads them: the expert-parallel peer experts' received rows). Default: they are zeros.
+  bool skip_unrouted_rows = false;
+  // The token count the GEMM tiles are chosen for; 0: hidden_states' rows. Experts given padded
+  // rows (the peer experts' ranks x max_num_tokens) pass the count they expect to be routed.
+  int64_t tile_tokens = 0;
 };
 
 class ExpertsModular : public Experts {

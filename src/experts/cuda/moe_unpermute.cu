@@ -52,6 +52,12 @@ __global__ void __launch_bounds__(kThreads) unpermute_kernel(const MoeUnpermuteP
     weight[j] = p.apply_router_weight_on_input ? 1.0f : p.topk_weights[m * k + j];
   }
   __syncthreads();
+  if (p.skip_empty_rows) {
+    bool any = false;
+    for (int j = 0; j < k; ++j)
+      any |= src_row[j] >= 0;
+    if (!any) return;
+  }
   const TY* y = static_cast<const TY*>(p.y);
   TOut* out = static_cast<TOut*>(p.out) + m * p.out_row_stride;
   // One VEC-wide chunk per thread; blockIdx.y walks the row so that a single token still spreads

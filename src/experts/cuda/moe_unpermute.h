@@ -44,6 +44,9 @@ struct MoeUnpermuteParams {
   ElemType out_type = ElemType::kBF16;
   int64_t out_row_stride = 0;
   bool accumulate = false;  // out = round(float(out) + sum) instead of out = round(sum)
+  // A row with no valid slot is left unwritten instead of zeroed (the expert-parallel peer
+  // experts: most of their received rows have no expert on this rank and are never sent back).
+  bool skip_empty_rows = false;
 };
 
 // nullptr when supported, else a one-line reason.

@@ -384,6 +384,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   }
   MOEKIT_CUDA_CHECK(cuda::launch_moe_align(align, stream));
   const int64_t capacity = M * topk;
+  const int64_t tile_M = args.tile_tokens > 0 ? args.tile_tokens : M;  // what picks the tiles
   ctx.stage_done("align");
 
   // 2. GEMM1 with the token gather: (rows, N) into workspace13.
@@ -443,10 +444,10 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
     g1.c = act;
     g1.ldc = d;
-    run_gemm(g1, launch_tile(state, 0, M, g1), state.w1, ctx.stream, "GEMM1 + activation");
+    run_gemm(g1, launch_tile(state, 0, tile_M, g1), state.w1, ctx.stream, "GEMM1 + activation");
     ctx.stage_done("gemm1");
   } else {
-    run_gemm(g1, launch_tile(state, 0, M, g1), state.w1, ctx.stream, "GEMM1");
+    run_gemm(g1, launch_tile(state, 0, tile_M, g1), state.w1, ctx.stream, "GEMM1");
     ctx.stage_done("gemm1");
     // 3. activation on the valid rows.
     cuda::run_activation(args.activation, experts.moe_config().activation_params(),
@@ -500,7 +501,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   g2.ldc = K;
   g2.n = static_cast<int>(K);
   g2.k = static_cast<int>(d);
-  run_gemm(g2, launch_tile(state, 1, M, g2), state.w2, ctx.stream, "GEMM2");
+  run_gemm(g2, launch_tile(state, 1, tile_M, g2), state.w2, ctx.stream, "GEMM2");
   ctx.stage_done("gemm2");
 
   // 5. weighted unpermute + reduce into the (M, K) output (workspace13 is dead by now).
@@ -519,6 +520,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   u.out = args.output.data();
   u.out_type = cuda::float_storage_of(args.output.dtype());
   u.out_row_stride = K;
+  u.skip_empty_rows = args.skip_unrouted_rows;
   if (const char* why = cuda::moe_unpermute_unsupported_reason(u)) {
     MOEKIT_CHECK(false, "unpermute: {}", why);
   }
