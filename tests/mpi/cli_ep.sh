@@ -27,6 +27,17 @@ for backend in naive allgather_reducescatter nccl_all2all batched_low_latency; d
 done
 run 4 nccl_all2all small-deepseek
 run 4 batched_low_latency small
+# The megakernel deployment needs Hopper GPU ranks: CPU ranks are refused by every rank, with
+# the deployment named (no rank hangs waiting for another).
+out=$("$mpiexec" -np 2 --oversubscribe "$moekit" run --model small-deepseek --ep --dp 2 -m 8 \
+  --device cpu --all2all megakernel 2>&1)
+rc=$?
+if [ "$rc" -eq 0 ] || [ "$(grep -c "kernel does not support parallel config.*all2all=megakernel" <<<"$out")" -lt 2 ]; then
+  echo "FAILED: --all2all megakernel on CPU ranks (rc $rc)"; echo "$out" | tail -n 10
+  failures=$((failures + 1))
+else
+  echo "ok: --all2all megakernel refused on CPU ranks"
+fi
 # bench-ep: the stage table, one row per size, on rank 0 only.
 out=$("$mpiexec" -np 2 --oversubscribe "$moekit" bench-ep --dp 2 --device cpu --all2all nccl_all2all \
   --tokens 0 3 --reps 2 2>&1)
