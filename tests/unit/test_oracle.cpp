@@ -494,9 +494,8 @@ TEST_F(OracleTest, CpuSelectionPicksCpuReference) {
   EXPECT_EQ(oracle.kind(), QuantOracleKind::kUnquantized);
   EXPECT_EQ(&oracle.registry(), &BackendRegistry::global());
   // Every registered backend, in priority order.
-  EXPECT_EQ(oracle.backend_values(),
-            (Names{"sm90_ep_peer", "sm90_grouped", "sm90_batched", "cpu", "cpu_batched",
-                   "cpu_monolithic"}));
+  EXPECT_EQ(oracle.backend_values(), (Names{"sm90_ep_peer", "sm90_grouped", "sm90_batched", "cpu",
+                                            "cpu_batched", "cpu_monolithic"}));
   // The sm90 backends are candidates on CUDA only. cpu_monolithic is last: it serves this
   // deployment too, but only when forced.
   EXPECT_EQ(oracle.priority_backends(moe), (Names{"cpu", "cpu_batched", "cpu_monolithic"}));
@@ -551,9 +550,8 @@ TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {
   MoEConfig moe = cpu_moe();
   moe.device = h200_info();
   UnquantizedMoEKernelOracle oracle(moe);
-  EXPECT_EQ(oracle.priority_backends(moe),
-            (Names{"sm90_ep_peer", "sm90_grouped", "sm90_batched", "cpu", "cpu_batched",
-                   "cpu_monolithic"}));
+  EXPECT_EQ(oracle.priority_backends(moe), (Names{"sm90_ep_peer", "sm90_grouped", "sm90_batched",
+                                                  "cpu", "cpu_batched", "cpu_monolithic"}));
   // With the sm90 classes replaced by one that rejects this device too, nothing serves it: the
   // selection fails and names every candidate with its reason, in priority order.
   ExpertsCapabilities sm100_caps = cpu_caps("FakeSm100Experts");
@@ -1191,8 +1189,9 @@ TEST_F(OracleTest, MakeMoeKernelRejectsUnavailableParallelDeployments) {
     const std::string msg = error_message(
         [&] { (void)make_moe_kernel(QuantConfig::unquantized(), moe, fake.klass()); });
     if (backend == All2AllBackend::kMegakernel) {
-      EXPECT_TRUE(contains(msg, "passthrough: FakeStandardExperts does not exchange tokens itself "
-                                "(only the megakernel experts do)"))
+      EXPECT_TRUE(contains(msg,
+                           "passthrough: FakeStandardExperts does not exchange tokens itself "
+                           "(only the megakernel experts do)"))
           << msg;
     } else {
       EXPECT_TRUE(contains(msg, "no prepare/finalize can serve")) << msg;
