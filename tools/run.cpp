@@ -51,9 +51,17 @@ void check_run_fits(const ModelPreset& model, const MoELayerOptions& options, in
   const double Is = static_cast<double>(model.shared_intermediate_size) * model.num_shared_experts;
   const double shared = (moe.is_act_and_mul() ? 3 : 2) * Is * H * es;
   // The workspaces of the reference experts (the largest of the backends): GEMM1 out, activation
-  // out, unreduced output, for max_num_tokens tokens.
-  const double rows = static_cast<double>(options.max_num_tokens) * moe.experts_per_token;
-  const double workspace = rows * (std::max(N, H) + N / 2 + H) * es;
+  // out, unreduced output, for max_num_tokens tokens from each rank that may send them here.
+  const ParallelConfig& p = options.parallel;
+  const double senders = p.use_ep ? p.ep_size : 1;
+  const double rows = static_cast<double>(options.max_num_tokens) * moe.experts_per_token * senders;
+  double workspace = rows * (std::max(N, H) + N / 2 + H) * es;
+  if (p.use_megakernel()) {
+    // The peer experts' exchange buffer: rows in and partials back for every rank's tokens,
+    // their ids and weights (experts/cuda/ep_peer.h).
+    const double tokens_in = static_cast<double>(options.max_num_tokens) * senders;
+    workspace += tokens_in * (2 * H * es + 8.0 * moe.experts_per_token);
+  }
   const double io =
       static_cast<double>(std::max<int64_t>(tokens, 1)) * (3 * H * es + 4.0 * moe.num_experts);
   const bool on_cpu = options.device.type == DeviceType::kCPU;
