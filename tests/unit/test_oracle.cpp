@@ -118,6 +118,34 @@ class FakeExperts final : public ExpertsModular {
   void apply(const ExpertsApplyArgs&, RunContext) override {
     throw Error("FakeExperts never runs in the oracle tests");
   }
+  // As the megakernel experts when the record says so; records the communicator it was given.
+  bool exchanges_tokens() const override { return klass().caps().parallel.requires_ep; }
+  void bind_communicator(Communicator* comm) override { bound = comm; }
+  Communicator* bound = nullptr;
+};
+
+// A host communicator of `world` ranks that only says who it is (the prepare/finalize checks and
+// the hand-over to the experts read nothing else).
+class NamedCommunicator final : public Communicator {
+ public:
+  NamedCommunicator(int rank, int world) : rank_(rank), world_(world) {}
+  std::string name() const override { return "named"; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  Device device() const override { return Device::cpu(); }
+  void all_gather(const Tensor&, Tensor&, Stream) override { refuse(); }
+  void reduce_scatter(const Tensor&, Tensor&, Stream) override { refuse(); }
+  void all_reduce(Tensor&, Stream) override { refuse(); }
+  void all_to_all_v(const Tensor&, const std::vector<int64_t>&, Tensor&,
+                    const std::vector<int64_t>&, Stream) override {
+    refuse();
+  }
+  std::vector<int64_t> all_gather_host(int64_t) override { refuse(); }
+  void barrier() override {}
+
+ private:
+  [[noreturn]] static void refuse() { throw Error("NamedCommunicator moves nothing"); }
+  int rank_, world_;
 };
 
 // A test-made experts class whose factory records the batched arguments it was given.
@@ -1231,6 +1259,57 @@ TEST_F(OracleTest, MegakernelDeploymentTakesThePeerMemoryExperts) {
   moe.parallel = ParallelConfig{};
   moe.num_local_experts = moe.num_experts;
   EXPECT_EQ(plan_moe(moe, QuantConfig::unquantized(), options).backend->name, "sm90_grouped");
+}
+
+// The megakernel deployment's pass-through prepare/finalize: chosen for experts that exchange
+// tokens themselves, given a communicator of ep_size ranks at this rank; the kernel hands that
+// communicator to the experts when it is assembled, and runs them on an idle rank (M = 0) too.
+TEST_F(OracleTest, PassThroughHandsTheCommunicatorToTheExperts) {
+  ExpertsCapabilities caps = cpu_caps("FakePeerExperts");
+  caps.parallel.requires_ep = true;
+  caps.parallel.all2all_backends = {All2AllBackend::kMegakernel};
+  FakeKind peer(caps);
+  MoEConfig moe = cpu_moe();
+  moe.parallel = ParallelConfig::make(1, 2, 1, 0, true, All2AllBackend::kMegakernel);
+  moe.num_local_experts = moe.num_experts / 2;
+  const QuantConfig quant = QuantConfig::unquantized();
+  auto choose = [&](Communicator* comm) {
+    return select_prepare_finalize(PrepareFinalizeRequest{&moe, &quant, &peer.klass(), comm});
+  };
+  const PrepareFinalizeSelection none = choose(nullptr);
+  EXPECT_FALSE(none.chosen.has_value());
+  EXPECT_TRUE(contains(none.report.error, "passthrough: needs a communicator of 2 ranks"))
+      << none.report.error;
+  NamedCommunicator rank0(0, 2);
+  const PrepareFinalizeSelection wrong = choose(&rank0);
+  EXPECT_TRUE(
+      contains(wrong.report.error,
+               "the named communicator is rank 0 of 2 but the deployment is EP rank 1 of 2"))
+      << wrong.report.error;
+
+  NamedCommunicator comm(1, 2);
+  const PrepareFinalizeSelection sel = choose(&comm);
+  ASSERT_TRUE(sel.chosen.has_value()) << sel.report.to_string();
+  EXPECT_EQ(sel.chosen->name, "passthrough");
+  const auto pf = sel.chosen->make(PrepareFinalizeRequest{&moe, &quant, &peer.klass(), &comm});
+  EXPECT_EQ(pf->name(), "PrepareFinalizePassThrough");
+  EXPECT_TRUE(pf->output_is_reduced());
+  EXPECT_EQ(pf->communicator(), &comm);
+  EXPECT_EQ(pf->max_dispatched_tokens(8), 16);
+
+  const auto kernel = make_moe_kernel(quant, moe, peer.klass(), nullptr, {}, &comm);
+  EXPECT_EQ(dynamic_cast<const FakeExperts&>(kernel->fused_experts()).bound, &comm);
+  // An idle rank still runs the experts (FakeExperts::apply says it ran by throwing).
+  const int64_t K = moe.hidden_dim, I = moe.intermediate_size, E = moe.num_local_experts;
+  ModularApplyArgs args;
+  args.hidden_states = Tensor::empty({0, K}, DType::kBF16);
+  args.w1 = Tensor::empty({E, 2 * I, K}, DType::kBF16);
+  args.w2 = Tensor::empty({E, K, I}, DType::kBF16);
+  args.topk_ids = Tensor::empty({0, moe.experts_per_token}, DType::kInt32);
+  args.topk_weights = Tensor::empty({0, moe.experts_per_token}, DType::kF32);
+  args.global_num_experts = moe.num_experts;
+  const std::string ran = error_message([&] { (void)kernel->apply(args, {}); });
+  EXPECT_TRUE(contains(ran, "FakeExperts never runs")) << ran;
 }
 
 // What select_prepare_finalize builds for experts of `klass` (throws its error when none fits).
