@@ -166,6 +166,10 @@ def test_explain_a_layer_and_a_deployment() -> None:
         assert "not present" in h200
     ep = moekit.explain("deepseek-v3", device="h200", tp_size=8, enable_ep=True)
     assert "ep=8" in ep
+    # DP + EP with the experts exchanging tokens through the GPUs' memory themselves.
+    mk = moekit.explain("deepseek-v3", device="h200", dp_size=2, enable_ep=True, all2all="megakernel")
+    assert "sm90_ep_peer    Sm90EpPeerExperts" in mk and "(deployment: megakernel)" in mk
+    assert "kernel does not support parallel config" in mk or "not present" in mk
     fp8 = moekit.explain("deepseek-v3", quantization="fp8_block128", device="h200")
     assert "quark fp8_block128" in fp8 and "method" in fp8
 
