@@ -118,8 +118,7 @@ class FakeExperts final : public ExpertsModular {
   void apply(const ExpertsApplyArgs&, RunContext) override {
     throw Error("FakeExperts never runs in the oracle tests");
   }
-  // As the megakernel experts when the record says so; records the communicator it was given.
-  bool exchanges_tokens() const override { return klass().caps().parallel.requires_ep; }
+  // Records the communicator it was given.
   void bind_communicator(Communicator* comm) override { bound = comm; }
   Communicator* bound = nullptr;
 };

@@ -164,7 +164,6 @@ class Sm90EpPeerExperts final : public ExpertsModular {
   Sm90EpPeerExperts(const MoEConfig& moe, const QuantConfig& quant);
   ~Sm90EpPeerExperts() override;
 
-  bool exchanges_tokens() const override { return true; }
   // Allocates this rank's exchange buffer and opens every other rank's (collective: all ranks
   // call it in the same order). Throws moekit::Error without a communicator of ep_size ranks.
   void bind_communicator(Communicator* comm) override;

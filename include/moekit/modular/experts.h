@@ -28,9 +28,9 @@ struct QuantScheme {
 
 // Parallel deployments an experts class can serve.
 struct ParallelSupport {
-  bool expert_parallel = true;                   // EP (expert_map) at all
-  bool all2all = true;                           // DP+EP with an all-to-all prepare/finalize
-  bool requires_ep = false;                      // only under EP (the megakernel)
+  bool expert_parallel = true;  // EP (expert_map) at all
+  bool all2all = true;          // DP+EP with an all-to-all prepare/finalize
+  bool requires_ep = false;     // only under EP: the megakernel experts, which exchange tokens
   std::vector<All2AllBackend> all2all_backends;  // empty: any
 };
 
@@ -120,10 +120,10 @@ class Experts {
   std::optional<int> num_dispatchers() const { return num_dispatchers_; }
   const Tensor& a2_scale() const { return quant_.a2.scale; }
 
-  // Whether the experts exchange tokens between ranks themselves (the megakernel experts): the
-  // kernel then calls apply on every forward, an idle rank's (M = 0) too, since the other ranks'
-  // tokens still arrive there.
-  virtual bool exchanges_tokens() const { return false; }
+  // Whether the experts exchange tokens between ranks themselves (the megakernel experts, whose
+  // record says requires_ep): the kernel then calls apply on every forward, an idle rank's (M = 0)
+  // too, since the other ranks' tokens still arrive there.
+  bool exchanges_tokens() const { return klass_.caps().parallel.requires_ep; }
   // Called once when the kernel is assembled, with the communicator of the prepare/finalize (null
   // without one). Experts that exchange tokens bootstrap their transport here. Default: nothing.
   virtual void bind_communicator(Communicator* /*comm*/) {}
