@@ -111,7 +111,14 @@ SupportResult ExpertsClass::is_supported_config(const MoEConfig& moe,
                               quant_key_to_string(activation_key)));
   }
   if (!parallel_ok(caps_.parallel, moe.parallel)) {
-    return reject(fmt::format("parallel config {}", moe.parallel.to_string()));
+    // The megakernel deployment is a common surprise: say what serves it.
+    const bool megakernel = moe.parallel.use_megakernel() &&
+                            !contains(caps_.parallel.all2all_backends, All2AllBackend::kMegakernel);
+    return reject(fmt::format("parallel config {}{}", moe.parallel.to_string(),
+                              megakernel
+                                  ? " (the megakernel deployment takes experts that exchange "
+                                    "tokens themselves: Sm90EpPeerExperts on Hopper)"
+                                  : ""));
   }
   const bool routing_listed = contains(caps_.routing_methods, moe.routing_method);
   if (caps_.monolithic ? !routing_listed : (!caps_.routing_methods.empty() && !routing_listed)) {

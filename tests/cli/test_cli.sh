@@ -126,7 +126,7 @@ expect 0 "naive_allgather +naive +CHOSEN" explain --model deepseek-v3 --ep --dp 
 expect 0 "all2all +nccl_all2all +CHOSEN" explain --model deepseek-v3 --ep --dp 2 --all2all nccl_all2all
 # The megakernel deployment: the peer-memory experts on Hopper (through the pass-through
 # prepare/finalize); no CPU experts class serves it.
-expect 1 "cpu / CpuReferenceExperts: kernel does not support parallel config" \
+expect 1 "cpu / CpuReferenceExperts: kernel does not support parallel config.*megakernel\).*Sm90EpPeerExperts on Hopper" \
   explain --model deepseek-v3 --ep --dp 2 --all2all megakernel
 expect 0 "sm90_ep_peer +Sm90EpPeerExperts +CHOSEN" \
   explain --device h200 --model deepseek-v3 --ep --dp 2 --all2all megakernel
