@@ -6,4 +6,4 @@
 {
   OUT=$log timeout 240 bash bench/h200_session.sh bench peer
 } 2>&1 | tee "$log/session.log"
-tar czf "$out/all.tgz" -C "$out" logs && rm -rf "$log"
+pack_logs

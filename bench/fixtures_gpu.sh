@@ -12,4 +12,4 @@ for d in "$fx"/*; do
   timeout 60 build/moekit run --checkpoint "$d" --device auto >"$log/fx_$s.log" 2>&1
   echo "fixture $s rc=$? $(grep -h 'OK\|FAIL\|rror' "$log/fx_$s.log" | tail -n 1)"
 done | tee "$log/fixtures.txt"
-if [ "${PACK:-0}" = 1 ]; then tar czf "$out/all.tgz" -C "$out" logs && rm -rf "$log"; fi
+if [ "${PACK:-0}" = 1 ]; then pack_logs; fi

@@ -93,4 +93,4 @@ for part in "$@"; do
 } 2>&1 | tee -a "$log/session.log"
 done
 rm -f "$out"/memory_invariance.txt "$out"/device.txt
-tar czf "$out/all.tgz" -C "$out" logs && rm -rf "$log"
+pack_logs

@@ -66,4 +66,4 @@ for part in "$@"; do
   fi
 } 2>&1 | tee -a "$log/session.log"
 done
-tar czf "$out/all.tgz" -C "$out" logs && rm -rf "$log"
+pack_logs

@@ -21,4 +21,4 @@ for case in "ws_tma_kernel 16384" "ws_swapab_kernel 1"; do
     "$log/ncu_$1_$2.log" | head -40
   wc -l "$log/ncu_$1_$2_sass.csv"
 done 2>&1 | tee "$log/session.log"
-tar czf "$out/all.tgz" -C "$out" logs && rm -rf "$log"
+pack_logs
