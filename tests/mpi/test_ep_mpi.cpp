@@ -123,11 +123,8 @@ TEST_P(EpLayer, IdsOfMinusOneContributeNothing) {
   const int64_t M = tokens_of_rank(R) + 4;
   Tensor ids, weights;
   testing::random_routing(M, model.top_k, model.num_experts, 300 + R, &ids, &weights);
-  int32_t* id = ids.data_as<int32_t>();
-  for (int64_t i = 0; i < ids.numel(); i += 3)
-    id[i] = -1;
-  for (int j = 0; j < model.top_k; ++j)
-    id[j] = -1;  // token 0 goes nowhere: its routed output is zero (plus the shared experts)
+  // Token 0 goes nowhere: its routed output is zero (plus the shared experts).
+  testing::drop_some_slots(ids);
   const Tensor x = testing::random_tensor({M, model.hidden_size}, DType::kBF16, 400 + R);
   Tensor out = testing::poisoned({M, model.hidden_size}, DType::kBF16);
   ep.forward_routed_into(out, x, ids, weights, {});

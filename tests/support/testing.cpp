@@ -20,6 +20,15 @@ Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, float lo, f
   return Tensor::from_floats(values, shape, dtype);
 }
 
+void drop_some_slots(Tensor& topk_ids) {
+  int32_t* id = topk_ids.data_as<int32_t>();
+  const int64_t n = topk_ids.numel();
+  for (int64_t i = 0; i < n; i += 3)
+    id[i] = -1;
+  for (int64_t j = 0; j < std::min<int64_t>(topk_ids.size(1), n); ++j)
+    id[j] = -1;
+}
+
 void random_routing(int64_t M, int topk, int num_experts, uint64_t seed, Tensor* topk_ids,
                     Tensor* topk_weights) {
   std::mt19937_64 rng(seed);

@@ -30,6 +30,9 @@ Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, float lo = 
 // Random top-k routing: distinct ids in [0, E) per row and softmax-like positive weights.
 void random_routing(int64_t M, int topk, int num_experts, uint64_t seed, Tensor* topk_ids,
                     Tensor* topk_weights);
+// Sets every third slot of host int32 topk_ids (M, topk) to -1, and all of token 0's (it goes
+// to no expert): routing with ids of -1 for the layers' "-1 contributes nothing" tests.
+void drop_some_slots(Tensor& topk_ids);
 
 // ||out - ref||_2 / ||ref||_2 (0 when both are zero). NaN-safe: a NaN or Inf in either input, or
 // sums that overflow, give +infinity, so every `err <= tol` check fails (and `err > tol` holds).
