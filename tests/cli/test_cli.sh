@@ -122,6 +122,9 @@ expect 0 "sm90_mxfp4 +Sm90Mxfp4Experts +CHOSEN" explain --device h200 --model sm
 expect 0 "sm90_w4a8 +Sm90W4A8Experts +CHOSEN" explain --device h200 --model small --quant w4a8_fp8
 expect 0 "M=1 +gemm1 16x64tma +gemm2 16x64tma" \
   explain --device h200 --model qwen3-30b-a3b --quant w4a8_fp8
+# Decode on the CUDA cores: one token per expert runs the simt rows (no tuned table for MXFP4).
+expect 0 "M=1 +gemm1 1x64simt +gemm2 1x64simt .*CUDA-core" \
+  explain --device h200 --model gpt-oss-120b --quant mxfp4_w4a16
 expect 0 "naive_allgather +naive +CHOSEN" explain --model deepseek-v3 --ep --dp 2
 expect 0 "all2all +nccl_all2all +CHOSEN" explain --model deepseek-v3 --ep --dp 2 --all2all nccl_all2all
 # The megakernel deployment: the peer-memory experts on Hopper (through the pass-through

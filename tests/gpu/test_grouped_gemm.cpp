@@ -610,8 +610,9 @@ TEST(GroupedGemm, CanImplementGivesReasons) {
   EXPECT_EQ(cache.w, nullptr);
   moekit::cuda::GroupedGemmParams params;
   params.tile = sm90::kNumTiles;
-  EXPECT_NE(moekit::cuda::can_implement(g, params).find("16x64, 16x64tma, 64x64, 128x256"),
-            std::string::npos);
+  EXPECT_NE(
+      moekit::cuda::can_implement(g, params).find("16x64, 16x64tma, 1x64simt, 64x64, 128x256"),
+      std::string::npos);
 }
 
 // ---- fused gated activation
@@ -1382,7 +1383,11 @@ TEST(GroupedGemmW4A16, CanImplementGivesReasons) {
   GroupedGemmParams forced;
   forced.tile = swapab;
   EXPECT_EQ(moekit::cuda::can_implement(g, forced), "");
-  EXPECT_EQ(moekit::cuda::select_grouped_gemm_tile(g), swapab);  // 0 rows per expert
+  // Up to one row per expert the CUDA-core row (any k % 32 == 0), then swap-AB.
+  EXPECT_EQ(moekit::cuda::select_grouped_gemm_tile(g),
+            sm90::find_tile("1x64simt", sm90::TileFamily::kW4A16));
+  g.num_rows_upper_bound = 4 * static_cast<int64_t>(g.num_experts);
+  EXPECT_EQ(moekit::cuda::select_grouped_gemm_tile(g), swapab);
   bad = g;
   bad.k = 96;
   bad.lda = 96;

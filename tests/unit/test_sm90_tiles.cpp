@@ -19,11 +19,26 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   }
   EXPECT_EQ(sm90::find_tile("16x64"), 0);
   EXPECT_EQ(sm90::find_tile("16x64tma"), 1);
-  EXPECT_EQ(sm90::find_tile("64x64"), 2);
-  EXPECT_EQ(sm90::find_tile("128x256"), 3);
+  EXPECT_EQ(sm90::find_tile("1x64simt"), 2);
+  EXPECT_EQ(sm90::find_tile("64x64"), 3);
+  EXPECT_EQ(sm90::find_tile("128x256"), 4);
   EXPECT_EQ(sm90::find_tile("256x128"), -1);
   EXPECT_EQ(sm90::find_tile("auto"), -1);
-  EXPECT_EQ(sm90::tile_names(), "16x64, 16x64tma, 64x64, 128x256");
+  EXPECT_EQ(sm90::tile_names(), "16x64, 16x64tma, 1x64simt, 64x64, 128x256");
+  // The CUDA-core rows serve 16-bit and W4A16 only, 8 warps of 8 weight rows.
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A16), "1x64simt, 16x64, 64x64, 128x128");
+  sm90::TileConfig simt_fp8 = sm90::kTileTable[sm90::find_tile("1x64simt")];
+  EXPECT_TRUE(sm90::valid_tile(simt_fp8));
+  simt_fp8.family = sm90::TileFamily::kFp8;
+  EXPECT_FALSE(sm90::valid_tile(simt_fp8));
+  sm90::TileConfig simt_wide = sm90::kTileTable[sm90::find_tile("1x64simt")];
+  simt_wide.bn = 128;
+  EXPECT_FALSE(sm90::valid_tile(simt_wide));
+  simt_wide = sm90::kTileTable[sm90::find_tile("1x64simt")];
+  simt_wide.consumers = 2;  // 8 warps of 8 rows: valid (measured slower, not in the table)
+  EXPECT_TRUE(sm90::valid_tile(simt_wide));
+  simt_wide.consumers = 3;  // 12 warps do not split 64 rows into gate / up halves
+  EXPECT_FALSE(sm90::valid_tile(simt_wide));
   // The fp8 family has its own rows (a 64x64 of its own; its 128x256 promotes in 128-column
   // chunks, a row of its own too).
   EXPECT_EQ(sm90::kTileTable[sm90::find_tile("64x64", sm90::TileFamily::kFp8)].family,
@@ -49,9 +64,15 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
 }
 
 // Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): swap-AB up to 8 rows
-// per expert, then the 64x64 decode tile below 64 rows per expert, from 64 on the prefill tile.
+// per expert, then the 64x64 decode tile below 64 rows per expert, from 64 on the prefill tile;
+// W4A16 first runs the CUDA-core row at one row per expert (bf16's is tuned by name only).
 TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
   std::string why;
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(1, &why, sm90::TileFamily::kW4A16)].name,
+            std::string("1x64simt"));
+  EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 1", "1x64simt", "CUDA-core"}));
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(2, &why, sm90::TileFamily::kW4A16)].name,
+            std::string("16x64"));
   EXPECT_EQ(sm90::kTileTable[sm90::select_tile(0, &why)].name, std::string("16x64"));
   EXPECT_EQ(sm90::kTileTable[sm90::select_tile(8, &why)].name, std::string("16x64"));
   EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 8", "16x64", "swap-AB"}));
@@ -115,8 +136,8 @@ TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
   moe.tile_config = "96x96";
   const std::string msg =
       testing::error_of([&] { Sm90GroupedExperts e(moe, QuantConfig::unquantized()); });
-  EXPECT_TRUE(
-      testing::contains_all(msg, {"tile_config '96x96'", "auto, 16x64, 16x64tma, 64x64, 128x256"}));
+  EXPECT_TRUE(testing::contains_all(
+      msg, {"tile_config '96x96'", "auto, 16x64, 16x64tma, 1x64simt, 64x64, 128x256"}));
   moe.tile_config = "128x256";
   EXPECT_NO_THROW(Sm90GroupedExperts(moe, QuantConfig::unquantized()));
   moe.tile_config = "auto";

@@ -25,6 +25,10 @@
 //      kSingleRole (single_role_kernel; decode): every thread loads with cp.async into the ring
 //      (a stage refilled two K steps after it was consumed, one __syncthreads per K step) and the
 //      warpgroups compute; faster at few rows per expert.
+//      kSimt (simt_kernel; one or two tokens per expert, 16-bit and W4A16): no tensor cores and
+//      no ring; each warp takes 8 weight rows of an item, its lanes stream K in 16-byte chunks and
+//      multiply them with the tokens on the CUDA cores, a butterfly sums the lanes, and the warp
+//      stores its outputs itself.
 //   The K step of a family (KStep below): 16-bit operands keep one wgmma group in flight and
 //   accumulate straight into acc. fp8 operands with block scales (kFp8 rows) write each 128-byte
 //   K block (= 128 elements, one scale block) into a temporary, wait for it, and add it to acc
@@ -1457,6 +1461,311 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   }
 }
 
+// ---- kSimt: dot products on the CUDA cores ------------------------------------------------------
+
+// Row slot j (0 .. kRows - 1) of warp slice s of a 64-row block, h = kRows / 2: rows hs .. hs +
+// h - 1 and 32 + hs .. 32 + hs + h - 1, so that in the fused layout one warp holds the gate rows
+// and the up rows of output columns hs .. hs + h - 1 of the block.
+template <int kRows>
+__device__ __forceinline__ int simt_row(int slice, int j) {
+  static_assert(kFusedGateUpBlock == 32, "gate rows and their up rows 32 apart");
+  constexpr int kHalf = kRows / 2;
+  return kHalf * slice + (j < kHalf ? j : kFusedGateUpBlock - kHalf + j);
+}
+
+// Sums each of the kV values v over the warp's 32 lanes (kV a power of two <= 32) with kV - 1
+// shuffles: at each step a lane keeps one half of its values and adds its partner's copy of that
+// half, so that lane l ends with the total of value l >> (5 - log2 kV) (the lanes that differ
+// only below that bit then hold the same total).
+template <int kV>
+__device__ __forceinline__ float warp_reduce_scatter(float (&v)[kV], int lane) {
+  static_assert(kV >= 1 && kV <= 32 && (kV & (kV - 1)) == 0);
+  int offset = 16;
+#pragma unroll
+  for (int c = kV; c > 1; c /= 2) {
+    const bool upper = (lane & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < c / 2; ++i) {
+      const float keep = upper ? v[i + c / 2] : v[i];
+      const float send = upper ? v[i] : v[i + c / 2];
+      v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, offset);
+    }
+    offset /= 2;
+  }
+  float total = v[0];
+  for (; offset > 0; offset /= 2)
+    total += __shfl_xor_sync(0xFFFFFFFFu, total, offset);
+  return total;
+}
+
+// A packed pair of T (element 0 in the low half) as two floats.
+template <typename T>
+__device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xFFFF0000u));
+  } else {
+    __half2 h;
+    static_assert(sizeof(h) == sizeof(bits));
+    memcpy(&h, &bits, sizeof(h));
+    return __half22float2(h);
+  }
+}
+
+// 16 bytes of weights, read once: not kept in L1.
+__device__ __forceinline__ uint4 ld_stream_16(const void* src) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(src));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// The gated activation of the kernel parameters, per element (one output per lane and item here,
+// so the switch costs nothing measurable).
+__device__ __forceinline__ float simt_gated(const KernelParams& p, float g, float u) {
+  using act::Gated;
+  switch (p.act) {
+    case FusedActivation::kSiluMul:
+      return p.has_clamp ? act::gated<Gated::kSiluClamp>(g, u, p.limit, p.alpha)
+                         : act::gated<Gated::kSilu>(g, u, p.limit, p.alpha);
+    case FusedActivation::kGeluMul:
+      return act::gated<Gated::kGelu>(g, u, p.limit, p.alpha);
+    case FusedActivation::kGeluTanhMul:
+      return act::gated<Gated::kGeluTanh>(g, u, p.limit, p.alpha);
+    case FusedActivation::kSwigluOai:
+      return act::gated<Gated::kSwigluOai>(g, u, p.limit, p.alpha);
+    case FusedActivation::kSwigluStep:
+      return act::gated<Gated::kSwigluStep>(g, u, p.limit, p.alpha);
+    default:
+      return act::gated<Gated::kRelu2>(g, u, p.limit, p.alpha);
+  }
+}
+
+// Bias of column col of expert e, or 0.
+template <typename T>
+__device__ __forceinline__ float bias_at(const KernelParams& p, int expert, int col) {
+  if (p.bias == nullptr) return 0.0f;
+  const int64_t i = static_cast<int64_t>(expert) * p.n + col;
+  return p.bias_is_fp32 ? __ldg(static_cast<const float*>(p.bias) + i)
+                        : to_f32(static_cast<const T*>(p.bias)[i]);
+}
+
+// CUDA-core mainloop (MainloopKind::kSimt) of the 16-bit and W4A16 rows. Work items are those of
+// the other kernels (kBM tokens x 64 weight rows of one expert); each of a CTA's 8 (16) warps takes
+// one slice of an item: 8 (4) weight rows (simt_row) x kBM tokens, walked without block barriers
+// after the prefix. Lane l reads K chunks l, l + 32, ... of each row (16 bytes: 8 elements, or one
+// packed 32-element group with its scale code), the next chunk's weights in flight while it
+// multiplies the current one with the tokens' elements (read through L1: every warp of the item
+// reads the same tokens) into fp32 accumulators, one per row and token. A reduce-scatter butterfly
+// sums the lanes; the lane holding a total scales it (W4A16's per-expert scale), adds the bias and
+// stores it, or, fused, pairs the gate row's total with the up row's 16 lanes away and stores the
+// activation (gate and up rounded to OutT first, as every epilogue of the kit does).
+template <typename T, typename OutT, int kTile, bool kNvfp4>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    simt_kernel(const KernelParams p) {
+  using Shape = ShapeOf<T, kTile>;
+  static_assert(Shape::kSimt && Shape::kBN == 64);
+  constexpr int kBM = Shape::kBM;
+  constexpr int kWarps = Shape::kThreads / 32;  // 8 or 16
+  constexpr int kRows = Shape::kBN / kWarps;    // weight rows per warp: 8 or 4
+  constexpr int kV = kRows * kBM;               // accumulators per lane: v[j * kBM + t]
+  constexpr int kDup = 32 / kV;                 // lanes holding each total after the butterfly
+  constexpr bool kW4 = Shape::kPackedW4;
+  static_assert(!kW4 || std::is_same_v<T, __nv_bfloat16>);
+
+  __shared__ int s_tile_prefix[kMaxExperts + 1];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  if (tid < 32) tile_prefix_by_warp<kBM>(p, s_tile_prefix, lane);
+  __syncthreads();
+  const int total_m_tiles = s_tile_prefix[p.num_experts];
+  const int total = total_m_tiles * p.n_tiles * kWarps;
+  const int chunks = kW4 ? p.k / 32 : p.k / 8;  // 16-byte chunks of a weight row
+  const int64_t w_row_bytes = kW4 ? p.k / 2 : static_cast<int64_t>(p.k) * 2;
+
+  for (int wi = static_cast<int>(blockIdx.x) * kWarps + warp; wi < total;
+       wi += static_cast<int>(gridDim.x) * kWarps) {
+    const WorkItem w = resolve_item<kBM, Shape::kBN>(p, s_tile_prefix, total_m_tiles, wi / kWarps);
+    const int slice = wi % kWarps;
+    const uint8_t* a_row[kBM];
+#pragma unroll
+    for (int t = 0; t < kBM; ++t) {
+      a_row[t] = nullptr;
+      if (const int row = w.m0 + t; row < w.row_end) {
+        const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+        if (s >= 0) a_row[t] = p.a + static_cast<int64_t>(s) * p.lda_bytes;
+      }
+    }
+    // Row slot j is W row first + simt_row(slice, j) of the expert; `valid` bit j when < n.
+    const int64_t first = static_cast<int64_t>(w.expert) * p.n + w.n0;
+    const uint8_t* w_base = p.w + first * w_row_bytes;
+    uint32_t valid = 0;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j)
+      valid |= (w.n0 + simt_row<kRows>(slice, j) < p.n ? 1u : 0u) << j;
+
+    // Chunk c of every row slot (zeros past K or n) and, W4A16, its scale codes.
+    struct Chunk {
+      uint4 w[kRows];
+      uint32_t code[kRows];
+    };
+    // Slot j's rows relative to slot 0's, in 32-bit offsets (a few registers: this kernel is
+    // limited by them, and 64-bit row pointers per slot would take 32).
+    const int slice_row = simt_row<kRows>(slice, 0);
+    const uint8_t* w_slice = w_base + static_cast<int64_t>(slice_row) * w_row_bytes;
+    const uint8_t* codes_slice = kW4 ? p.w_group_scale + (first + slice_row) * p.k_groups : nullptr;
+    const uint32_t row_bytes32 = static_cast<uint32_t>(w_row_bytes);
+    const uint32_t codes_per_row = static_cast<uint32_t>(p.k_groups);
+    auto load = [&](int c, Chunk& d) {
+      const uint8_t* w_c = w_slice + static_cast<int64_t>(c) * 16;
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        const bool ok = c < chunks && ((valid >> j) & 1u) != 0;
+        const uint32_t slot = static_cast<uint32_t>(simt_row<kRows>(0, j));
+        d.w[j] = ok ? ld_stream_16(w_c + slot * row_bytes32) : make_uint4(0, 0, 0, 0);
+        if constexpr (kW4) {
+          const uint8_t* codes = codes_slice + slot * codes_per_row;
+          if constexpr (kNvfp4) {  // the two 16-element groups' kernel codes, one aligned pair
+            d.code[j] = ok ? __ldg(reinterpret_cast<const uint16_t*>(codes) + c) : 0u;
+          } else {
+            d.code[j] = ok ? __ldg(codes + c) : 0u;
+          }
+        }
+      }
+    };
+
+    float acc[kV];
+    zero_accumulators(acc);
+    // One chunk: acc[j * kBM + t] += W row j's chunk . token t's elements.
+    auto accumulate_16bit = [&](int c, const Chunk& cur) {
+      float2 a[kBM][4];
+#pragma unroll
+      for (int t = 0; t < kBM; ++t) {
+        const uint4 raw = a_row[t] != nullptr && c < chunks
+                              ? __ldg(reinterpret_cast<const uint4*>(a_row[t]) + c)
+                              : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          a[t][q] = unpack_pair<T>(word_of(raw, q));
+      }
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 wv = unpack_pair<T>(word_of(cur.w[j], q));
+#pragma unroll
+          for (int t = 0; t < kBM; ++t)
+            acc[j * kBM + t] = fmaf(wv.y, a[t][q].y, fmaf(wv.x, a[t][q].x, acc[j * kBM + t]));
+        }
+      }
+    };
+    // W4A16: word q of a group holds pairs p = 0..3, elements 16 (p / 2) + 8 (p % 2) + 2q (+1)
+    // (sm90/mxfp4_layout.h): the tokens' bf16 pair 4p + q, i.e. word q of their 16-byte piece p.
+    auto accumulate_w4 = [&](int c, const Chunk& cur, auto two_steps_tag) {
+      constexpr bool kTwoSteps = decltype(two_steps_tag)::value;
+      uint4 a[kBM][4];
+#pragma unroll
+      for (int t = 0; t < kBM; ++t) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          a[t][u] = a_row[t] != nullptr && c < chunks
+                        ? __ldg(reinterpret_cast<const uint4*>(a_row[t]) + 4 * c + u)
+                        : make_uint4(0, 0, 0, 0);
+      }
+      // The factors of elements 0..15 and 16..31 (one for MXFP4, whose f2 is derived only on the
+      // rare two-step path: registers are what limits this kernel).
+      uint32_t f_lo[kRows], f_hi[kNvfp4 ? kRows : 1];
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        if constexpr (kNvfp4) {
+          f_lo[j] = nvfp4_factor(cur.code[j] & 0xFFu);
+          f_hi[j] = nvfp4_factor(cur.code[j] >> 8);
+        } else {
+          f_lo[j] = w4_first_factor(cur.code[j]);
+        }
+      }
+      [&]<int... kP>(std::integer_sequence<int, kP...>) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          (
+              [&] {
+                float2 av[kBM];
+#pragma unroll
+                for (int t = 0; t < kBM; ++t)
+                  av[t] = unpack_pair<T>(word_of(a[t][kP], q));
+#pragma unroll
+                for (int j = 0; j < kRows; ++j) {
+                  uint32_t bits = mul_bf16x2(e2m1_pair_bits<kP>(word_of(cur.w[j], q)),
+                                             kP < 2 || !kNvfp4 ? f_lo[j] : f_hi[j % kRows]);
+                  if constexpr (kTwoSteps) bits = mul_bf16x2(bits, w4_second_factor(cur.code[j]));
+                  const float2 wv = unpack_pair<T>(bits);
+#pragma unroll
+                  for (int t = 0; t < kBM; ++t)
+                    acc[j * kBM + t] = fmaf(wv.y, av[t].y, fmaf(wv.x, av[t].x, acc[j * kBM + t]));
+                }
+              }(),
+              ...);
+        }
+      }
+      (std::make_integer_sequence<int, 4>{});
+    };
+
+    // Warp-uniform trip count (the W4A16 step votes): lanes past the last chunk multiply zeros.
+    Chunk cur, next;
+    load(lane, cur);
+    for (int c0 = 0; c0 < chunks; c0 += 32) {
+      const int c = c0 + lane;
+      load(c + 32, next);  // in flight while this chunk is multiplied
+      if constexpr (kW4) {
+        // MXFP4 codes above 128 (scales above 2, and NaN) need the second multiply: one
+        // warp-uniform branch, rarely taken.
+        bool above = false;
+#pragma unroll
+        for (int j = 0; j < kRows; ++j)
+          above = above || (!kNvfp4 && cur.code[j] > 128u);
+        if (__any_sync(0xFFFFFFFFu, above)) {
+          accumulate_w4(c, cur, std::true_type{});
+        } else {
+          accumulate_w4(c, cur, std::false_type{});
+        }
+      } else {
+        accumulate_16bit(c, cur);
+      }
+      cur = next;
+    }
+
+    float total = warp_reduce_scatter<kV>(acc, lane);
+    const int j = (lane / kDup) / kBM, t = (lane / kDup) % kBM;
+    if constexpr (!kIsScaled<T>) {
+      if (p.w_scale_kind == WScale::kExpert) total *= __ldg(&p.w_scale[w.expert]);
+    }
+    const int row = w.m0 + t;
+    const int col = w.n0 + simt_row<kRows>(slice, j);
+    const bool mine = lane % kDup == 0 && row < w.row_end;
+    uint8_t* c_row = p.c + static_cast<int64_t>(row) * p.ldc_bytes;
+    if (p.act == FusedActivation::kNone) {
+      if (mine && col < p.n) {
+        reinterpret_cast<OutT*>(c_row)[col] =
+            from_f32<OutT>(total + bias_at<OutT>(p, w.expert, col));
+      }
+    } else {
+      // The up row of slot j < kRows / 2 is slot j + kRows / 2: value index + kRows kBM / 2, 16
+      // lanes further on.
+      const float up = __shfl_down_sync(0xFFFFFFFFu, total, 16);
+      if (mine && lane < 16) {
+        const float g = rounded<OutT>(total + bias_at<OutT>(p, w.expert, col));
+        const float u = rounded<OutT>(up + bias_at<OutT>(p, w.expert, col + kFusedGateUpBlock));
+        reinterpret_cast<OutT*>(c_row)[w.n0 / 2 + slice_row + j] =
+            from_f32<OutT>(simt_gated(p, g, u));
+      }
+    }
+  }
+}
+
 // ---- host side ----------------------------------------------------------------------------------
 
 // f(OutT{}) for the output type of a scaled (fp8 / int8) problem: bf16 or f16.
@@ -1468,13 +1777,15 @@ cudaError_t with_out_type(ElemType out, F&& f) {
 
 // A kernel's dynamic shared memory, and the whole unified L1 / shared memory as shared memory, so
 // that min_blocks CTAs fit on an SM (the driver's default split may hold fewer: the swap-AB row's
-// four CTAs of ~48 KB need it).
+// four CTAs of ~48 KB need it); kernels without dynamic shared memory (the CUDA-core rows, which
+// read the tokens through L1) prefer L1.
 template <typename Kernel>
 cudaError_t set_kernel_attributes(Kernel kernel, int dynamic_smem) {
   MOEKIT_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_smem));
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                              cudaSharedmemCarveoutMaxShared);
+  return cudaFuncSetAttribute(
+      kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+      dynamic_smem == 0 ? cudaSharedmemCarveoutMaxL1 : cudaSharedmemCarveoutMaxShared);
 }
 
 // The kernel of table row kTile for operand T and output OutT; the packed-W4 rows' NVFP4 variant
@@ -1482,7 +1793,9 @@ cudaError_t set_kernel_attributes(Kernel kernel, int dynamic_smem) {
 template <typename T, typename OutT, int kTile, bool kNvfp4 = false>
 constexpr auto kernel_of() {
   static_assert(!kNvfp4 || ShapeOf<T, kTile>::kPackedW4, "NVFP4 is a packed-W4 variant");
-  if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kPackedW4) {
+  if constexpr (ShapeOf<T, kTile>::kSimt) {
+    return &simt_kernel<T, OutT, kTile, kNvfp4>;
+  } else if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_swapab_kernel<T, OutT, kTile, kNvfp4>;
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kProducer) {
     return &ws_swapab_kernel<T, OutT, kTile>;

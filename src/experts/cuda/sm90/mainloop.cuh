@@ -77,8 +77,11 @@ struct TileShape {
   static constexpr int kStageBytes = kPackedInt4 ? kStageABytes : kStageABytes + kStageBBytes;
   static constexpr int kConvertedBytes =
       kPackedW4 || kPackedInt4 ? kConvertedTiles * kBN * kRowBytes : 0;
+  // CUDA-core rows: no ring, no shared memory beyond the scheduler's prefix (and L1 for A).
+  static constexpr bool kSimt = kConfig.kind == MainloopKind::kSimt;
   static constexpr int kDynamicSmem =
-      kConvertedBytes + kStages * kStageBytes + kPackedStages * kStageBBytes + kSmemAlign;
+      kSimt ? 0
+            : kConvertedBytes + kStages * kStageBytes + kPackedStages * kStageBBytes + kSmemAlign;
   static constexpr int kRowsPerPass = kLoaderThreads / (kRowBytes / kChunkBytes);
   static constexpr int kAPasses = kBM / kRowsPerPass;
   static constexpr int kBPasses = kBN / kRowsPerPass;  // single-role: W by cp.async too
@@ -89,11 +92,14 @@ struct TileShape {
       kProducer && !kPackedInt4 && kMinBlocks == 1 && kConsumers == 2;
   static constexpr int kProducerRegisters = 56;
   static constexpr int kConsumerRegisters = 224;
-  static_assert(kAPasses * kRowsPerPass == kBM);
-  static_assert(kStageBytes % kSmemAlign == 0 && kConvertedBytes % kSmemAlign == 0,
+  static_assert(kSimt || kAPasses * kRowsPerPass == kBM);
+  static_assert(kSimt || (kStageBytes % kSmemAlign == 0 && kConvertedBytes % kSmemAlign == 0),
                 "every stage starts on the swizzle period");
-  static_assert(!kPackedW4 || kConsumerThreads == 2 * kBN, "one thread per 32-value W group");
-  static_assert(kProducer || kBPasses * kRowsPerPass == kBN);
+  static_assert(kSimt || !kPackedW4 || kConsumerThreads == 2 * kBN,
+                "one thread per 32-value W group");
+  static_assert(kSimt || kProducer || kBPasses * kRowsPerPass == kBN);
+  static_assert(!kSimt || kThreads == 8 * 32 || kThreads == 16 * 32,
+                "CUDA-core rows: 8 warps of 8 weight rows or 16 of 4");
   static_assert(!kPackedInt4 || (kBN * 4) % 128 == 0, "whole 16-byte packed chunks per thread");
   static_assert(!kRebalanceRegisters ||
                 128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);

@@ -31,6 +31,14 @@ enum class MainloopKind : uint8_t {
   // tokens by cp.async, both on the stage's mbarriers; the consumer warpgroup only computes, so
   // its stalls (barriers, epilogue, the next item's lookups) never stop the loads.
   kSwapABTma,
+  // Dot products on the CUDA cores, no tensor cores (decode: one or two tokens per expert, where a
+  // wgmma tile would be mostly padding and a work item a long serial chain of K steps): each warp
+  // owns 8 weight rows of a 64-row block (the gate and up rows of 4 output columns in the fused
+  // layout) for the item's bm tokens, its lanes stream the rows' K in 16-byte chunks (W4A16: one
+  // 32-element group, converted in registers), a butterfly sums the lanes, and the warp stores
+  // its outputs (bias, scales, fused activation) without a block barrier. Warps walk the work
+  // items independently, 8 per item, so every SM streams weights even when few experts are hit.
+  kSimt,
 };
 
 // The mainloop family a row serves.
@@ -94,11 +102,20 @@ struct TileConfig {
 // (qwen3-30b-a3b block-128 M=16..256 5-12%, per-tensor 5-7%; deepseek-v3 block-128 2-5%), 1-2.5%
 // slower on mixtral-8x7b per-tensor's long items: first in the fp8 families. For bf16 no faster
 // (within +-2%, gpt-oss-120b M=1 80.0 vs 75.2 us): after 16x64, forceable and tuned by name.
+// CUDA-core rows (1x64simt, one token per item; bench/results/2026-12-03-h200-simt): for W4A16 at
+// one token per expert faster than swap-AB, whose items are long serial chains of converting K
+// steps (gpt-oss-120b M=1 GEMM1 27.8 vs 34.4 us, GEMM2 19.2 vs 28.1; at M=16 16x64 wins, 310 vs
+// 287): first in its family. For bf16 level with 16x64 at M=1 (gpt-oss-120b GEMM1 43.5 vs 44.0 us,
+// qwen3-30b-a3b 22.3 vs 20.1) and slower at 16: after the swap-AB rows, tuned by name. The 8-warp
+// form (8 weight rows per warp, 2 tokens) measured 30-45% slower than 16 warps of 4 rows: fewer
+// warps in flight per SM.
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
     {"16x64tma", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
      "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
+    {"1x64simt", TileFamily::k16Bit, 1, 64, 1, 4, 2, MainloopKind::kSimt, 1,
+     "CUDA-core dot products: 16 warps of 4 weight rows per item, one token"},
     {"64x64", TileFamily::k16Bit, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
     {"128x256", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
@@ -134,6 +151,9 @@ inline constexpr TileConfig kTileTable[] = {
     // W4A16: swap-AB at a few rows per expert (16 tokens x 64 weight rows per item), then
     // single-role (every thread loads, converts its 32-value group and computes); a stage holds 64
     // elements of K: 128 bytes of A per row, 32 bytes of packed W per row.
+    {"1x64simt", TileFamily::kW4A16, 1, 64, 1, 4, 1, MainloopKind::kSimt, 1,
+     "CUDA-core dot products: 16 warps of 4 weight rows per item, each lane converting one "
+     "32-value group per row and step"},
     {"16x64", TileFamily::kW4A16, 16, 64, 10, 1, 4, MainloopKind::kSwapAB, 16,
      "swap-AB: weights converted in registers, 4 CTAs per SM, 7 K steps in flight"},
     {"64x64", TileFamily::kW4A16, 64, 64, 8, 1, 2, MainloopKind::kSingleRole, 63,
@@ -150,13 +170,19 @@ inline constexpr TileConfig kTileTable[] = {
 };
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
 
-// NOTE: the rows the kernels assume of every table row; fp8 rows promote per 128 columns of K
-// (one K stage) with one weight scale per 32 rows, and their bn is 64, 128 or 256; W4A8 rows have a
-// producer warpgroup (swap-AB TMA or warp-specialized kinds); W4A16 rows are
-// single-role with one thread per 32-value weight group of a stage (2 bn threads); swap-AB rows
-// (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage) x 64 weight
-// rows, at least 6 stages (W4A16: an even number, two K steps per barrier).
+// NOTE: the rows the kernels assume of every table row; CUDA-core rows (kSimt) are 16-bit or W4A16,
+// 1, 2 or 4 tokens x 64 weight rows, 8 or 16 warps (consumers = 2 or 4; stages unused); fp8 rows
+// promote per 128 columns of K (one K stage) with one weight scale per 32 rows, and their bn is 64,
+// 128 or 256; W4A8 rows have a producer warpgroup (swap-AB TMA or warp-specialized kinds); W4A16
+// rows are single-role with one thread per 32-value weight group of a stage (2 bn threads); swap-AB
+// rows (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage) x 64
+// weight rows, at least 6 stages (W4A16: an even number, two K steps per barrier).
 constexpr bool valid_tile(const TileConfig& t) {
+  if (t.kind == MainloopKind::kSimt) {
+    return (t.family == TileFamily::k16Bit || t.family == TileFamily::kW4A16) &&
+           (t.bm == 1 || t.bm == 2 || t.bm == 4) && t.bn == 64 &&
+           (t.consumers == 2 || t.consumers == 4);
+  }
   if (t.family == TileFamily::kW4A8 && t.kind != MainloopKind::kSwapABTma &&
       t.kind != MainloopKind::kWarpSpecializedTma) {
     return false;  // only the producer kinds convert
