@@ -14,6 +14,7 @@
 #include "core/elementwise.h"
 #include "experts/cuda/sm90/int4_layout.h"
 #include "experts/cuda/sm90/mxfp4_layout.h"
+#include "experts/cuda/sm90/mxfp6_layout.h"
 #include "moekit/core/error.h"
 #include "moekit/core/half.h"
 #include "moekit/experts/cpu_reference.h"
@@ -352,6 +353,145 @@ TEST(WeightLayout, Mxfp4PairConversionIsExact) {
     }
   }
   EXPECT_EQ(wrong, 0);
+}
+
+// mul.rn.bf16x2 emulated in float (exact where the products are bf16 values, as here).
+uint32_t mul_bf16x2_host(uint32_t a, uint32_t b) {
+  uint32_t out = 0;
+  for (int h = 0; h < 2; ++h) {
+    const float x = bf16_bits_to_float(static_cast<uint16_t>(a >> (16 * h)));
+    const float y = bf16_bits_to_float(static_cast<uint16_t>(b >> (16 * h)));
+    out |= static_cast<uint32_t>(float_to_bf16_bits(x * y)) << (16 * h);
+  }
+  return out;
+}
+
+// Pair p of an MXFP6 kernel word as the kernels will convert it (sm90/mxfp6_layout.h): the bits,
+// the first factor, and the second where the scale needs it.
+uint32_t fp6_pair_value(bool e3m2, int p, uint32_t word, uint32_t high, uint32_t s) {
+  namespace k = cuda::sm90;
+  uint32_t bits = 0;
+  switch (4 * (e3m2 ? 1 : 0) + p) {
+    case 0:
+      bits = k::fp6_pair_bits<0, false>(word, high);
+      break;
+    case 1:
+      bits = k::fp6_pair_bits<1, false>(word, high);
+      break;
+    case 2:
+      bits = k::fp6_pair_bits<2, false>(word, high);
+      break;
+    case 3:
+      bits = k::fp6_pair_bits<3, false>(word, high);
+      break;
+    case 4:
+      bits = k::fp6_pair_bits<0, true>(word, high);
+      break;
+    case 5:
+      bits = k::fp6_pair_bits<1, true>(word, high);
+      break;
+    case 6:
+      bits = k::fp6_pair_bits<2, true>(word, high);
+      break;
+    default:
+      bits = k::fp6_pair_bits<3, true>(word, high);
+      break;
+  }
+  uint32_t v = mul_bf16x2_host(bits, k::mxfp6_first_factor(s, e3m2));
+  if (k::mxfp6_two_steps(s, e3m2)) v = mul_bf16x2_host(v, k::mxfp6_second_factor(s, e3m2));
+  return v;
+}
+
+// Every pair of 6-bit codes (both formats) at every position of a word, the other nibbles and
+// high bits set to junk, and every e8m0 scale from 2^-111 up (the products stay bf16 normals or
+// exact subnormals) and NaN: the decoded value times the scale, exactly.
+TEST(WeightLayout, Mxfp6PairConversionIsExact) {
+  int wrong = 0;
+  for (const bool e3m2 : {false, true}) {
+    for (uint32_t s = 16; s <= 255; ++s) {
+      for (uint32_t codes = 0; codes < 4096; ++codes) {  // (low, high) code of a pair
+        const uint32_t c[2] = {codes & 0x3Fu, codes >> 6};
+        for (int p = 0; p < 4; ++p) {
+          const uint32_t nibbles = (0xFu << (4 * p)) | (0xFu << (4 * (p + 4)));
+          const uint32_t word = ((c[0] & 0xFu) << (4 * p)) | ((c[1] & 0xFu) << (4 * (p + 4))) |
+                                (0xA5C3A5C3u & ~nibbles);
+          const uint32_t fields = (0x3u << (2 * p)) | (0x3u << (2 * p + 16));
+          const uint32_t high =
+              ((c[0] >> 4) << (2 * p)) | ((c[1] >> 4) << (2 * p + 16)) | (0x6C396C39u & ~fields);
+          const uint32_t v = fp6_pair_value(e3m2, p, word, high, s);
+          for (int h = 0; h < 2; ++h) {
+            const float got = bf16_bits_to_float(static_cast<uint16_t>(v >> (16 * h)));
+            const auto code = static_cast<uint8_t>(c[h]);
+            const float want =
+                (e3m2 ? quant::decode_fp6_e3m2(code) : quant::decode_fp6_e2m3(code)) *
+                quant::decode_e8m0(static_cast<uint8_t>(s));
+            const bool ok = s == 255 ? std::isnan(got) : got == want && !std::isnan(got);
+            if (!ok && wrong++ < 5) {
+              ADD_FAILURE() << (e3m2 ? "e3m2" : "e2m3") << " s=" << s << " codes " << c[0] << ","
+                            << c[1] << " p=" << p << " h=" << h << ": got " << got << ", want "
+                            << want;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+// The load-time repack of MXFP6 rows (standard 6-bit packing -> low nibble plane + high 2-bit
+// plane): random rows round-trip bit for bit, and the kernel layout, read the way the kernels
+// will (word q of a group's low plane, H[q / 2] >> 8 (q % 2), pair p = elements 16 (p / 2) +
+// 8 (p % 2) + 2q and + 1), gives every element the library's own decoder gives the standard row.
+TEST(WeightLayout, Mxfp6RepackRoundTripsAndFeedsThePairConversion) {
+  namespace k = cuda::sm90;
+  std::mt19937 rng(606);
+  for (const int64_t kk : {32, 96, 2880}) {
+    for (const bool e3m2 : {false, true}) {
+      const int64_t rows = 3, row_bytes = 3 * kk / 4;
+      std::vector<uint8_t> standard(static_cast<size_t>(rows * row_bytes));
+      for (auto& b : standard)
+        b = static_cast<uint8_t>(rng());
+      std::vector<uint8_t> kernel = standard;
+      k::mxfp6_repack_rows(kernel.data(), rows, kk, /*to_kernel=*/true);
+      EXPECT_NE(kernel, standard);
+      std::vector<uint8_t> back = kernel;
+      k::mxfp6_repack_rows(back.data(), rows, kk, /*to_kernel=*/false);
+      EXPECT_EQ(back, standard) << "k=" << kk;
+
+      const quant::Format format = e3m2 ? quant::Format::kFp6E3M2 : quant::Format::kFp6E2M3;
+      const uint32_t s = 120 + static_cast<uint32_t>(rng() % 16);  // one scale: 2^-7 .. 2^8
+      int wrong = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<float> want(static_cast<size_t>(kk));
+        quant::decode_fp6_packed(
+            format, std::span<const uint8_t>(standard.data() + r * row_bytes, row_bytes), want);
+        const uint8_t* row = kernel.data() + r * row_bytes;
+        for (int64_t g = 0; g < kk / 32; ++g) {
+          for (int q = 0; q < 4; ++q) {
+            uint32_t word = 0, high = 0;
+            std::memcpy(&word, row + g * 16 + 4 * q, 4);
+            std::memcpy(&high, row + kk / 2 + g * 8 + 4 * (q / 2), 4);
+            high >>= 8 * (q % 2);
+            for (int p = 0; p < 4; ++p) {
+              const uint32_t v = fp6_pair_value(e3m2, p, word, high, s);
+              const int64_t e = g * 32 + 16 * (p / 2) + 8 * (p % 2) + 2 * q;
+              for (int h = 0; h < 2; ++h) {
+                const float got = bf16_bits_to_float(static_cast<uint16_t>(v >> (16 * h)));
+                const float expect =
+                    want[static_cast<size_t>(e + h)] * quant::decode_e8m0(static_cast<uint8_t>(s));
+                if (got != expect && wrong++ < 5) {
+                  ADD_FAILURE() << "k=" << kk << " row " << r << " element " << e + h << ": got "
+                                << got << ", want " << expect;
+                }
+              }
+            }
+          }
+        }
+      }
+      EXPECT_EQ(wrong, 0) << "k=" << kk << (e3m2 ? " e3m2" : " e2m3");
+    }
+  }
 }
 
 // The W4A8 rows' int4 -> e4m3 conversion (sm90/int4_layout.h, the producer's byte permutes) on
