@@ -304,40 +304,38 @@ TEST(WeightLayout, Sm90Mxfp4ReordersCodesOfBothWeightsAndInverts) {
   }
 }
 
+// mul.rn.bf16x2 emulated in float (exact where the products are bf16 values, as here).
+uint32_t mul_bf16x2_host(uint32_t a, uint32_t b) {
+  uint32_t out = 0;
+  for (int h = 0; h < 2; ++h) {
+    const float x = bf16_bits_to_float(static_cast<uint16_t>(a >> (16 * h)));
+    const float y = bf16_bits_to_float(static_cast<uint16_t>(b >> (16 * h)));
+    out |= static_cast<uint32_t>(float_to_bf16_bits(x * y)) << (16 * h);
+  }
+  return out;
+}
+
+// e2m1_pair_bits of pair p (a run-time index).
+uint32_t e2m1_pair_bits_at(int p, uint32_t word) {
+  namespace k = cuda::sm90;
+  constexpr uint32_t (*kPairs[])(uint32_t) = {&k::e2m1_pair_bits<0>, &k::e2m1_pair_bits<1>,
+                                              &k::e2m1_pair_bits<2>, &k::e2m1_pair_bits<3>};
+  return kPairs[p](word);
+}
+
 // The W4A16 kernels' conversion (sm90/mxfp4_layout.h) on the host, with bf16 multiplies emulated
 // in float (exact: every product is a power-of-two multiple of an e2m1 value): every pair of every
 // byte pattern, every e8m0 scale the GPU tests cover (2^-119 .. 2^127) and NaN, gives the decoded
 // value exactly.
 TEST(WeightLayout, Mxfp4PairConversionIsExact) {
-  auto mul = [](uint32_t a, uint32_t b) {  // mul.rn.bf16x2
-    uint32_t out = 0;
-    for (int h = 0; h < 2; ++h) {
-      const float x = bf16_bits_to_float(static_cast<uint16_t>(a >> (16 * h)));
-      const float y = bf16_bits_to_float(static_cast<uint16_t>(b >> (16 * h)));
-      out |= static_cast<uint32_t>(float_to_bf16_bits(x * y)) << (16 * h);
-    }
-    return out;
-  };
-  auto pair = [](int p, uint32_t word) {
-    switch (p) {
-      case 0:
-        return cuda::sm90::e2m1_pair_bits<0>(word);
-      case 1:
-        return cuda::sm90::e2m1_pair_bits<1>(word);
-      case 2:
-        return cuda::sm90::e2m1_pair_bits<2>(word);
-      default:
-        return cuda::sm90::e2m1_pair_bits<3>(word);
-    }
-  };
   int wrong = 0;
   for (uint32_t s = 8; s <= 255; ++s) {
     for (uint32_t codes = 0; codes < 256; ++codes) {  // (low, high) code of a pair
       for (int p = 0; p < 4; ++p) {
         const uint32_t word = ((codes & 0xFu) << (4 * p)) | ((codes >> 4) << (4 * (p + 4))) |
                               (0x5A5A5A5Au & ~((0xFu << (4 * p)) | (0xFu << (4 * (p + 4)))));
-        uint32_t v = mul(pair(p, word), cuda::sm90::w4_first_factor(s));
-        if (s > 128) v = mul(v, cuda::sm90::w4_second_factor(s));
+        uint32_t v = mul_bf16x2_host(e2m1_pair_bits_at(p, word), cuda::sm90::w4_first_factor(s));
+        if (s > 128) v = mul_bf16x2_host(v, cuda::sm90::w4_second_factor(s));
         for (int h = 0; h < 2; ++h) {
           const float got = bf16_bits_to_float(static_cast<uint16_t>(v >> (16 * h)));
           const float want =
@@ -355,48 +353,22 @@ TEST(WeightLayout, Mxfp4PairConversionIsExact) {
   EXPECT_EQ(wrong, 0);
 }
 
-// mul.rn.bf16x2 emulated in float (exact where the products are bf16 values, as here).
-uint32_t mul_bf16x2_host(uint32_t a, uint32_t b) {
-  uint32_t out = 0;
-  for (int h = 0; h < 2; ++h) {
-    const float x = bf16_bits_to_float(static_cast<uint16_t>(a >> (16 * h)));
-    const float y = bf16_bits_to_float(static_cast<uint16_t>(b >> (16 * h)));
-    out |= static_cast<uint32_t>(float_to_bf16_bits(x * y)) << (16 * h);
-  }
-  return out;
+// fp6_pair_bits of pair p (a run-time index).
+template <bool kE3M2>
+uint32_t fp6_pair_bits_at(int p, uint32_t word, uint32_t high) {
+  namespace k = cuda::sm90;
+  constexpr uint32_t (*kPairs[])(uint32_t, uint32_t) = {
+      &k::fp6_pair_bits<0, kE3M2>, &k::fp6_pair_bits<1, kE3M2>, &k::fp6_pair_bits<2, kE3M2>,
+      &k::fp6_pair_bits<3, kE3M2>};
+  return kPairs[p](word, high);
 }
 
 // Pair p of an MXFP6 kernel word as the kernels will convert it (sm90/mxfp6_layout.h): the bits,
 // the first factor, and the second where the scale needs it.
 uint32_t fp6_pair_value(bool e3m2, int p, uint32_t word, uint32_t high, uint32_t s) {
   namespace k = cuda::sm90;
-  uint32_t bits = 0;
-  switch (4 * (e3m2 ? 1 : 0) + p) {
-    case 0:
-      bits = k::fp6_pair_bits<0, false>(word, high);
-      break;
-    case 1:
-      bits = k::fp6_pair_bits<1, false>(word, high);
-      break;
-    case 2:
-      bits = k::fp6_pair_bits<2, false>(word, high);
-      break;
-    case 3:
-      bits = k::fp6_pair_bits<3, false>(word, high);
-      break;
-    case 4:
-      bits = k::fp6_pair_bits<0, true>(word, high);
-      break;
-    case 5:
-      bits = k::fp6_pair_bits<1, true>(word, high);
-      break;
-    case 6:
-      bits = k::fp6_pair_bits<2, true>(word, high);
-      break;
-    default:
-      bits = k::fp6_pair_bits<3, true>(word, high);
-      break;
-  }
+  const uint32_t bits =
+      e3m2 ? fp6_pair_bits_at<true>(p, word, high) : fp6_pair_bits_at<false>(p, word, high);
   uint32_t v = mul_bf16x2_host(bits, k::mxfp6_first_factor(s, e3m2));
   if (k::mxfp6_two_steps(s, e3m2)) v = mul_bf16x2_host(v, k::mxfp6_second_factor(s, e3m2));
   return v;
@@ -522,27 +494,6 @@ TEST(WeightLayout, Int4ToE4m3ConversionIsExact) {
 // included) as its kernel scale code gives the factor s x 2^118, and every pair of every byte
 // pattern times it is e2m1 x s x 2^-8 exactly (the 2^8 goes to the epilogue's global scale).
 TEST(WeightLayout, Nvfp4PairConversionIsExact) {
-  auto mul = [](uint32_t a, uint32_t b) {  // mul.rn.bf16x2
-    uint32_t out = 0;
-    for (int h = 0; h < 2; ++h) {
-      const float x = bf16_bits_to_float(static_cast<uint16_t>(a >> (16 * h)));
-      const float y = bf16_bits_to_float(static_cast<uint16_t>(b >> (16 * h)));
-      out |= static_cast<uint32_t>(float_to_bf16_bits(x * y)) << (16 * h);
-    }
-    return out;
-  };
-  auto pair = [](int p, uint32_t word) {
-    switch (p) {
-      case 0:
-        return cuda::sm90::e2m1_pair_bits<0>(word);
-      case 1:
-        return cuda::sm90::e2m1_pair_bits<1>(word);
-      case 2:
-        return cuda::sm90::e2m1_pair_bits<2>(word);
-      default:
-        return cuda::sm90::e2m1_pair_bits<3>(word);
-    }
-  };
   EXPECT_EQ(cuda::sm90::nvfp4_kernel_scale(0), 0);
   EXPECT_EQ(cuda::sm90::nvfp4_factor(0), 0u);
   std::set<uint32_t> kernel_codes;
@@ -558,7 +509,7 @@ TEST(WeightLayout, Nvfp4PairConversionIsExact) {
       for (int p = 0; p < 4; ++p) {
         const uint32_t word = ((codes & 0xFu) << (4 * p)) | ((codes >> 4) << (4 * (p + 4))) |
                               (0xA5A5A5A5u & ~((0xFu << (4 * p)) | (0xFu << (4 * (p + 4)))));
-        const uint32_t v = mul(pair(p, word), f);
+        const uint32_t v = mul_bf16x2_host(e2m1_pair_bits_at(p, word), f);
         for (int h = 0; h < 2; ++h) {
           const float got = bf16_bits_to_float(static_cast<uint16_t>(v >> (16 * h))) *
                             cuda::sm90::kNvfp4PairExponentScale;
