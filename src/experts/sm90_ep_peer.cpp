@@ -26,7 +26,6 @@ struct Sm90EpPeerExperts::Peers {
   cuda::ep::PeerLayout layout;
   cuda::ep::PeerPointers pointers;
   int rank = 0;
-  int device = 0;
   // Frees this rank's buffer and closes the others (those opened so far, if binding failed).
   ~Peers() {
     if constexpr (kCudaBuild) {
@@ -71,7 +70,6 @@ void Sm90EpPeerExperts::bind_communicator(Communicator* comm) {
   if constexpr (kCudaBuild) {
     auto peers = std::make_unique<Peers>();
     peers->rank = comm->rank();
-    peers->device = device.index;
     peers->layout = cuda::ep::make_peer_layout(world, moe.max_num_tokens, moe.hidden_dim,
                                                moe.experts_per_token, element_size(moe.in_dtype));
     const cuda::ep::OwnBuffer own = cuda::ep::allocate_peer_buffer(peers->layout, device.index);
