@@ -319,8 +319,20 @@ TEST(KernelNotes, Sm90BackendsNameTheirTilesByBatchSize) {
                            {"kernels:", "M=1      gemm1 16x64    gemm2 16x64",
                             "M=16384  gemm1 128x256  gemm2 128x256", "rows per expert <= "}))
       << bf16.to_string();
-  // gpt-oss's MXFP4 layer: the CUDA-core row at one token per expert, then swap-AB; the tiny
-  // preset's I = 96 keeps GEMM2 off swap-AB.
+  // gpt-oss's MXFP4 layer: the CUDA-core row at one token per expert (gpt-oss-120b: 4 rows over
+  // 128 experts), passed by where many experts would get two rows (the small presets' 8 and 16
+  // experts at M = 1, gpt-oss-120b at M = 16), then swap-AB; the tiny preset's I = 96 keeps GEMM2
+  // off swap-AB.
+  {
+    const MoEPlan plan = plan_moe(config_of("gpt-oss-120b", o), QuantOracleKind::kMxfp4,
+                                  quant_keys::kMxfp4Static, std::nullopt, preview);
+    ASSERT_TRUE(plan.ok()) << plan.error();
+    const std::string text = plan.to_string();
+    EXPECT_TRUE(contains_all(
+        text, {"M=1      gemm1 1x64simt gemm2 1x64simt", "CUDA-core",
+               "M=16     gemm1 16x64    gemm2 16x64", "tile 1x64simt: 64 rows over 128 experts"}))
+        << text;
+  }
   for (const char* preset : {"small-gpt-oss", "tiny"}) {
     SCOPED_TRACE(preset);
     const MoEConfig moe = config_of(preset, o);
@@ -328,8 +340,9 @@ TEST(KernelNotes, Sm90BackendsNameTheirTilesByBatchSize) {
         plan_moe(moe, QuantOracleKind::kMxfp4, quant_keys::kMxfp4Static, std::nullopt, preview);
     ASSERT_TRUE(plan.ok()) << plan.error();
     const std::string text = plan.to_string();
-    EXPECT_TRUE(contains_all(text, {"M=1      gemm1 1x64simt gemm2 1x64simt", "CUDA-core",
-                                    "M=16     gemm1 16x64", "swap-AB", "M=16384  gemm1 128x128"}))
+    EXPECT_TRUE(contains_all(
+        text, {"M=1      gemm1 16x64", "tile 1x64simt: ", "would read their weights twice",
+               "swap-AB", "M=16384  gemm1 128x128"}))
         << text;
     const bool k96 = std::string(preset) == "tiny";
     EXPECT_EQ(

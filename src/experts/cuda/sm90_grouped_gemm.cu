@@ -242,9 +242,20 @@ int select_grouped_gemm_tile(const GroupedGemmArgs& args, std::string* why) {
   const sm90::TileFamily family = tile_family_of(args);
   int row = sm90::select_tile((args.num_rows_upper_bound + experts - 1) / experts, why, family);
   // A row that cannot take the problem's shape gives way to the next row of its family (the last
-  // row of a family takes every shape).
-  for (std::string unfit = detail::tile_fits(args, row); !unfit.empty();
-       unfit = detail::tile_fits(args, row)) {
+  // row of a family takes every shape). So does a CUDA-core row where experts would often get two
+  // rows (it reads an expert's weights once per row): it serves up to E / 16 rows (measured on
+  // gpt-oss-120b MXFP4: 4 rows over 128 experts faster than swap-AB, 64 rows slower;
+  // bench/results/2026-12-03-h200-simt).
+  auto passed_by = [&](int r) {
+    if (sm90::kTileTable[r].kind == sm90::MainloopKind::kSimt &&
+        args.num_rows_upper_bound * 16 > experts) {
+      return "tile " + std::string(sm90::kTileTable[r].name) + ": " +
+             std::to_string(args.num_rows_upper_bound) + " rows over " + std::to_string(experts) +
+             " experts (more than 1 / 16 per expert: many experts would read their weights twice)";
+    }
+    return detail::tile_fits(args, r);
+  };
+  for (std::string unfit = passed_by(row); !unfit.empty(); unfit = passed_by(row)) {
     int next = row + 1;
     while (sm90::kTileTable[next].family != family)
       ++next;
