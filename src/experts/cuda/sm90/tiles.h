@@ -106,10 +106,10 @@ struct TileConfig {
 // one token per expert faster than swap-AB, whose items are long serial chains of converting K
 // steps (gpt-oss-120b M=1 GEMM1 27.8 vs 34.4 us, GEMM2 19.2 vs 28.1; at M=16 16x64 wins, 310 vs
 // 287): first in its family, and select_grouped_gemm_tile passes it by above E / 16 rows (where
-// experts often get two rows, whose weights it reads twice). For bf16 level with 16x64 at M=1 (gpt-oss-120b GEMM1 43.5 vs 44.0 us,
-// qwen3-30b-a3b 22.3 vs 20.1) and slower at 16: after the swap-AB rows, tuned by name. The 8-warp
-// form (8 weight rows per warp, 2 tokens) measured 30-45% slower than 16 warps of 4 rows: fewer
-// warps in flight per SM.
+// experts often get two rows, whose weights it reads twice). For bf16 level with 16x64 at M=1
+// (gpt-oss-120b GEMM1 43.5 vs 44.0 us, qwen3-30b-a3b 22.3 vs 20.1) and slower at 16: after the
+// swap-AB rows, tuned by name. The 8-warp form (8 weight rows per warp, 2 tokens) measured 30-45%
+// slower than 16 warps of 4 rows: fewer warps in flight per SM.
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
