@@ -39,6 +39,20 @@ std::string sm90_shape_check(const MoEConfig& moe) {
   return {};
 }
 
+// The factory of a Standard-format class constructed from (moe, quant): the batched-format
+// arguments are refused by name.
+template <typename ExpertsT>
+ExpertsClass::Factory standard_format_factory(const char* name) {
+  return [name](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
+                std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
+    MOEKIT_CHECK(!max_tokens && !dispatchers,
+                 "{}: max_num_tokens and num_dispatchers should only be set for the BatchedExperts "
+                 "activation format",
+                 name);
+    return std::make_unique<ExpertsT>(moe, quant);
+  };
+}
+
 }  // namespace
 
 // NOTE: switching this changes the weight layout the sm90 experts expect (the oracle converts at
@@ -64,14 +78,7 @@ const ExpertsClass& Sm90GroupedExperts::klass() {
         c.in_dtypes = {DType::kBF16, DType::kF16};
         return c;
       }(),
-      [](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
-         std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
-        MOEKIT_CHECK(!max_tokens && !dispatchers,
-                     "Sm90GroupedExperts: max_num_tokens and num_dispatchers should only be set "
-                     "for the BatchedExperts activation format");
-        return std::make_unique<Sm90GroupedExperts>(moe, quant);
-      },
-      sm90_shape_check);
+      standard_format_factory<Sm90GroupedExperts>("Sm90GroupedExperts"), sm90_shape_check);
   return k;
 }
 
@@ -375,17 +382,8 @@ ExpertsClass sm90_quantized_class(const char* name, std::vector<QuantScheme> sch
   c.quant_schemes = std::move(schemes);
   if (!in_dtypes.empty()) c.in_dtypes = std::move(in_dtypes);
   c.expects_unquantized_inputs = expects_unquantized_inputs;
-  return ExpertsClass(
-      std::move(c),
-      [name](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
-             std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
-        MOEKIT_CHECK(!max_tokens && !dispatchers,
-                     "{}: max_num_tokens and num_dispatchers should only be set for the "
-                     "BatchedExperts activation format",
-                     name);
-        return std::make_unique<ExpertsT>(moe, quant);
-      },
-      std::move(shape_check));
+  return ExpertsClass(std::move(c), standard_format_factory<ExpertsT>(name),
+                      std::move(shape_check));
 }
 
 }  // namespace
@@ -833,13 +831,7 @@ const ExpertsClass& Sm90EpPeerExperts::klass() {
         c.expects_unquantized_inputs = true;
         return c;
       }(),
-      [](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
-         std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
-        MOEKIT_CHECK(!max_tokens && !dispatchers,
-                     "Sm90EpPeerExperts: max_num_tokens and num_dispatchers should only be set "
-                     "for the BatchedExperts activation format");
-        return std::make_unique<Sm90EpPeerExperts>(moe, quant);
-      },
+      standard_format_factory<Sm90EpPeerExperts>("Sm90EpPeerExperts"),
       [](const MoEConfig& moe) -> std::string {
         if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
         if (moe.parallel.ep_size > cuda::ep::kMaxRanks) {

@@ -123,9 +123,8 @@ TEST(Sm90Tiles, Fp8FamilyFollowsTheScaleShapes) {
             sm90::TileFamily::kFp8);
 }
 
-TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
-  if constexpr (!kCudaBuild)
-    GTEST_SKIP() << "moekit was built without CUDA (the experts throw first)";
+// A small layer the Hopper classes take: 8 experts, top-2, H = I = 64.
+MoEConfig eight_experts() {
   MoEConfig moe;
   moe.num_experts = 8;
   moe.experts_per_token = 2;
@@ -133,6 +132,13 @@ TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
   moe.intermediate_size = 64;
   moe.num_local_experts = 8;
   moe.num_logical_experts = 8;
+  return moe;
+}
+
+TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
+  if constexpr (!kCudaBuild)
+    GTEST_SKIP() << "moekit was built without CUDA (the experts throw first)";
+  MoEConfig moe = eight_experts();
   moe.tile_config = "96x96";
   const std::string msg =
       testing::error_of([&] { Sm90GroupedExperts e(moe, QuantConfig::unquantized()); });
@@ -142,6 +148,20 @@ TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
   EXPECT_NO_THROW(Sm90GroupedExperts(moe, QuantConfig::unquantized()));
   moe.tile_config = "auto";
   EXPECT_NO_THROW(Sm90BatchedExperts(moe, QuantConfig::unquantized(), 16, 1));
+}
+
+// The Standard-format Hopper classes refuse the batched format's arguments by name, before any
+// construction (so also without CUDA).
+TEST(Sm90Tiles, StandardClassesRefuseBatchedArgumentsByName) {
+  MoEConfig moe = eight_experts();
+  for (const ExpertsClass* k : {&Sm90GroupedExperts::klass(), &Sm90Fp8Experts::klass(),
+                                &Sm90Mxfp4Experts::klass(), &Sm90EpPeerExperts::klass()}) {
+    const std::string msg =
+        testing::error_of([&] { k->make(moe, QuantConfig::unquantized(), int64_t{16}, 1); });
+    EXPECT_TRUE(testing::contains_all(
+        msg, {k->name() + ":", "should only be set for the BatchedExperts activation format"}))
+        << msg;
+  }
 }
 
 }  // namespace
