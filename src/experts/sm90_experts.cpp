@@ -12,6 +12,7 @@
 #include "core/elementwise.h"
 #include "experts/cuda/ep_peer.h"
 #include "experts/cuda/sm90/mxfp4_layout.h"
+#include "experts/cuda/sm90/mxfp6_layout.h"
 #include "experts/cuda/sm90_experts.h"
 #include "moekit/core/checks.h"
 #include "moekit/core/error.h"
@@ -272,11 +273,11 @@ std::string sm90_8bit_shape_check(const MoEConfig& moe) {
 
 // The packed sub-byte rows (`format`: "int4", "MXFP4", ...) in whole 16-byte chunks of 32
 // elements: hidden and intermediate sizes multiples of 32.
-std::string groups_of_32_check(const MoEConfig& moe, std::string_view format) {
+std::string packed_rows_check(const MoEConfig& moe, std::string_view format, int64_t multiple) {
   const int64_t I = moe.intermediate_size_per_partition();
-  if (moe.hidden_dim % 32 != 0 || I % 32 != 0) {
-    return fmt::format("({} rows need hidden {} and intermediate {} multiples of 32)", format,
-                       moe.hidden_dim, I);
+  if (moe.hidden_dim % multiple != 0 || I % multiple != 0) {
+    return fmt::format("({} rows need hidden {} and intermediate {} multiples of {})", format,
+                       moe.hidden_dim, I, multiple);
   }
   return {};
 }
@@ -430,7 +431,7 @@ namespace {
 // The 8-bit shapes, with whole 16-byte chunks of int4 (32 elements) along K.
 std::string sm90_w4a8_shape_check(const MoEConfig& moe) {
   if (std::string why = sm90_8bit_shape_check(moe); !why.empty()) return why;
-  return groups_of_32_check(moe, "int4");
+  return packed_rows_check(moe, "int4", 32);
 }
 
 }  // namespace
@@ -453,7 +454,7 @@ Sm90W4A8Experts::Sm90W4A8Experts(const MoEConfig& moe, const QuantConfig& quant)
                quant.describe());
   sm90::choose_tiles(*state_, moe, "Sm90W4A8Experts", cuda::sm90::TileFamily::kW4A8);
   bind_weight_scales(*state_, moe, quant);
-  state_->packed_int4 = true;
+  state_->packing = cuda::WPacking::kInt4;
 }
 
 Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
@@ -520,11 +521,11 @@ Tensor Sm90SharedExperts::forward(const Tensor& x, RunContext ctx) {
 namespace {
 
 // MXFP4 / NVFP4 (`format`) rows are whole 16-byte groups of 32 elements: hidden and intermediate
-// multiples of 32.
-ExpertsClass::ShapeCheck sm90_fp4_shape_check(const char* format) {
-  return [format](const MoEConfig& moe) -> std::string {
+// multiples of 32; MXFP6 rows (3k / 4 bytes) whole 16-byte chunks: multiples of 64.
+ExpertsClass::ShapeCheck sm90_fp4_shape_check(const char* format, int64_t multiple = 32) {
+  return [format, multiple](const MoEConfig& moe) -> std::string {
     if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
-    if (std::string why = groups_of_32_check(moe, format); !why.empty()) return why;
+    if (std::string why = packed_rows_check(moe, format, multiple); !why.empty()) return why;
     if (moe.in_dtype != DType::kBF16) {
       return fmt::format("({} weights run with bf16 activations, got {})", format,
                          dtype_name(moe.in_dtype));
@@ -567,16 +568,16 @@ Tensor kernel_group_scale(const Tensor& scale, const std::vector<int32_t>& sourc
   return device.is_cpu() ? out : out.to(device);
 }
 
-// The group scales of both weights in the kernel's layout (w13 in its kernel row order).
+// The group scales of both weights (of `format`) in the kernel's layout (w13 in its kernel row
+// order).
 void bind_group_scales(sm90::LaunchState& state, const MoEConfig& moe, const QuantConfig& quant,
-                       bool nvfp4) {
+                       bool nvfp4, const char* format) {
   const int64_t H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
   std::vector<int32_t> identity(static_cast<size_t>(H));
   std::iota(identity.begin(), identity.end(), 0);
   const Device device = moe.device.device();
-  const char* format = nvfp4 ? "NVFP4" : "MXFP4";
   state.w1_scale = kernel_group_scale(quant.w1.scale, kernel_row_sources(N, moe), device,
                                       fmt::format("{} w1 scale", format), nvfp4);
   state.w2_scale = kernel_group_scale(quant.w2.scale, identity, device,
@@ -645,7 +646,8 @@ Sm90Mxfp4Experts::Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quan
                quant.describe());
   sm90::choose_tiles(*state_, moe, "Sm90Mxfp4Experts", cuda::sm90::TileFamily::kW4A16);
   state_->scales = sm90::LaunchState::WeightScales::kMxfp4;
-  bind_group_scales(*state_, moe, quant, /*nvfp4=*/false);
+  state_->packing = cuda::WPacking::kMxfp4;
+  bind_group_scales(*state_, moe, quant, /*nvfp4=*/false, "MXFP4");
   if (fp8_activations) {
     // The activations' static scales, one per expert for the epilogue (w*_global: each GEMM's
     // accumulator scale): the kernels multiply e4m3 codes, as bf16, by the bf16 weights.
@@ -654,6 +656,35 @@ Sm90Mxfp4Experts::Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quan
     state_->w1_global = per_expert_activation_scale(quant.a1, E, device, "a1 (w13 input) scale");
     state_->w2_global = per_expert_activation_scale(quant.a2, E, device, "a2 (w2 input) scale");
   }
+}
+
+// ---- Sm90Mxfp6Experts -------------------------------------------------------------------------
+
+const ExpertsClass& Sm90Mxfp6Experts::klass() {
+  // MXFP6 activations: rounded to their MX values on the GPU inside the experts (exact in bf16),
+  // so the prepare hands them over unquantized, as to the CPU OCP MX emulation.
+  static const ExpertsClass k = sm90_quantized_class<Sm90Mxfp6Experts>(
+      "Sm90Mxfp6Experts",
+      {{quant_keys::kMxfp6E3M2Static, quant_keys::kMxfp6E3M2Dynamic},
+       {quant_keys::kMxfp6E2M3Static, quant_keys::kMxfp6E2M3Dynamic}},
+      sm90_fp4_shape_check("MXFP6", 64), {DType::kBF16}, /*expects_unquantized_inputs=*/true);
+  return k;
+}
+
+Sm90Mxfp6Experts::Sm90Mxfp6Experts(const MoEConfig& moe, const QuantConfig& quant)
+    : Sm90StandardExpertsBase(klass(), moe, quant) {
+  const QuantDType el = quant.w1.dtype;
+  MOEKIT_CHECK((el == QuantDType::kFp6E3M2 || el == QuantDType::kFp6E2M3) &&
+                   (quant.w1.shape == GroupShape{1, 32}) && quant.a1.dtype == el &&
+                   (quant.a1.shape == GroupShape{1, 32}),
+               "Sm90Mxfp6Experts runs MXFP6 weights (e3m2 or e2m3, e8m0 per 32) with MXFP6 "
+               "activations of the same element only, got {}",
+               quant.describe());
+  sm90::choose_tiles(*state_, moe, "Sm90Mxfp6Experts", cuda::sm90::TileFamily::kW4A16);
+  state_->scales = sm90::LaunchState::WeightScales::kMxfp4;  // e8m0 per 32, as MXFP4's
+  state_->packing =
+      el == QuantDType::kFp6E3M2 ? cuda::WPacking::kMxfp6E3M2 : cuda::WPacking::kMxfp6E2M3;
+  bind_group_scales(*state_, moe, quant, /*nvfp4=*/false, "MXFP6");
 }
 
 // ---- Sm90Nvfp4Experts -------------------------------------------------------------------------
@@ -679,7 +710,8 @@ Sm90Nvfp4Experts::Sm90Nvfp4Experts(const MoEConfig& moe, const QuantConfig& quan
                quant.describe());
   sm90::choose_tiles(*state_, moe, "Sm90Nvfp4Experts", cuda::sm90::TileFamily::kW4A16);
   state_->scales = sm90::LaunchState::WeightScales::kNvfp4;
-  bind_group_scales(*state_, moe, quant, /*nvfp4=*/true);
+  state_->packing = cuda::WPacking::kNvfp4;
+  bind_group_scales(*state_, moe, quant, /*nvfp4=*/true, "NVFP4");
   const Device device = moe.device.device();
   const int64_t E = moe.num_local_experts;
   state_->w1_global = kernel_global_scale(quant.w1.alpha_or_gscale, E, device, "NVFP4 g1_alphas");
@@ -763,24 +795,56 @@ void reorder_mxfp4_in_place(Tensor& t, bool to_kernel, Stream stream) {
                                    to_kernel);
 }
 
-// sm90_mxfp4: the 16-bit backends' gate/up row blocks (when the activation is fused) and every
-// group's codes in the W4A16 kernels' nibble order.
-std::optional<WeightLayout> sm90_mxfp4_weight_layout(const MoEConfig& moe) {
+// MXFP6 rows (the last dimension, 3k / 4 bytes) between the standard and the kernel layout
+// (sm90/mxfp6_layout.h), in place: on the device by a kernel, on the host by the same functions.
+void repack_mxfp6_in_place(Tensor& t, bool to_kernel, Stream stream) {
+  if (!t.defined()) return;
+  if (t.device().is_cuda()) {
+    if constexpr (kCudaBuild) sm90::repack_mxfp6_codes(t, to_kernel, stream);
+    return;
+  }
+  const int64_t row_bytes = t.dim() > 0 ? t.size(t.dim() - 1) : 0;
+  MOEKIT_CHECK(
+      t.is_contiguous() && element_size(t.dtype()) == 1 && row_bytes > 0 && row_bytes % 48 == 0,
+      "MXFP6 weight {}: not contiguous rows of 3k / 4 bytes with k a multiple of 64", t.describe());
+  cuda::sm90::mxfp6_repack_rows(t.data_as<uint8_t>(), t.numel() / row_bytes, row_bytes * 4 / 3,
+                                to_kernel);
+}
+
+// A packed-weight backend's layout: the 16-bit backends' gate/up row blocks (when the activation
+// is fused), then both weights' codes rewritten in place by `codes` (to_kernel: true) into the
+// W4A16 kernels' layout, which `what` names.
+using PackedCodesInPlace = void (*)(Tensor&, bool to_kernel, Stream);
+std::optional<WeightLayout> packed_weight_layout(const MoEConfig& moe, const char* what,
+                                                 PackedCodesInPlace codes) {
   std::optional<WeightLayout> rows = sm90_weight_layout(moe);
   WeightLayout layout;
-  layout.name = (rows ? rows->name + "; " : std::string()) +
-                "e2m1 codes of each group of 32 in the W4A16 kernels' nibble order";
-  layout.to_kernel = [rows](ExpertWeights& w, const MoEConfig& m, Stream stream) {
+  layout.name = (rows ? rows->name + "; " : std::string()) + what;
+  layout.to_kernel = [rows, codes](ExpertWeights& w, const MoEConfig& m, Stream stream) {
     if (rows) rows->to_kernel(w, m, stream);
-    reorder_mxfp4_in_place(w.w13, true, stream);
-    reorder_mxfp4_in_place(w.w2, true, stream);
+    codes(w.w13, true, stream);
+    codes(w.w2, true, stream);
   };
-  layout.to_standard = [rows](ExpertWeights& w, const MoEConfig& m) {
-    reorder_mxfp4_in_place(w.w13, false, Stream{});
-    reorder_mxfp4_in_place(w.w2, false, Stream{});
+  layout.to_standard = [rows, codes](ExpertWeights& w, const MoEConfig& m) {
+    codes(w.w13, false, Stream{});
+    codes(w.w2, false, Stream{});
     if (rows) rows->to_standard(w, m);
   };
   return layout;
+}
+
+// sm90_mxfp4 / sm90_nvfp4: every group's e2m1 codes in the kernels' nibble order.
+std::optional<WeightLayout> sm90_mxfp4_weight_layout(const MoEConfig& moe) {
+  return packed_weight_layout(moe,
+                              "e2m1 codes of each group of 32 in the W4A16 kernels' nibble order",
+                              reorder_mxfp4_in_place);
+}
+
+// sm90_mxfp6: every row repacked into the kernels' MXFP6 layout.
+std::optional<WeightLayout> sm90_mxfp6_weight_layout(const MoEConfig& moe) {
+  return packed_weight_layout(
+      moe, "fp6 rows as a low nibble plane (MXFP4 kernel order) + a plane of their top bits",
+      repack_mxfp6_in_place);
 }
 
 // The Standard-format backends' GEMM tiles by batch size (`moekit explain`).
@@ -865,7 +929,7 @@ namespace {
 
 // A Hopper backend of a quantized oracle: alias "cuda", native-GPU priority; `size_align` (> 0)
 // the hidden / intermediate alignment its kernels need (packed sub-byte rows: 32, as
-// groups_of_32_check).
+// packed_rows_check).
 ExpertsBackend sm90_quantized_backend(std::string name, const ExpertsClass& klass,
                                       QuantOracleKind oracle, std::string description,
                                       int size_align = 0) {
@@ -895,6 +959,19 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4, [] {
       "per expert) or shared memory",
       /*size_align=*/32);
   b.layout = sm90_mxfp4_weight_layout;
+  return b;
+}());
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp6, [] {
+  ExpertsBackend b = sm90_quantized_backend(
+      "sm90_mxfp6", Sm90Mxfp6Experts::klass(), QuantOracleKind::kMxfp4,
+      "Hopper bf16 wgmma grouped GEMMs on MXFP6 weights with MXFP6 activations (Hopper has no "
+      "fp6 tensor cores): the rows repacked at load into a nibble plane and a plane of top bits, "
+      "streamed at 6.25 bits per weight and converted exactly to bf16 with their e8m0 scale per "
+      "32, the activations rounded to their MXFP6 values",
+      /*size_align=*/64);
+  b.aliases = {};  // the MXFP4 oracle's "cuda" is sm90_mxfp4
+  b.layout = sm90_mxfp6_weight_layout;
   return b;
 }());
 

@@ -118,6 +118,10 @@ expect 0 "sm90_nvfp4 +Sm90Nvfp4Experts +CHOSEN" \
 # MXFP4 weights with fp8 per-tensor activations (Quark w_mxfp4_a_fp8) on Hopper: the MXFP4
 # kernels on the activations' e4m3 codes.
 expect 0 "sm90_mxfp4 +Sm90Mxfp4Experts +CHOSEN" explain --device h200 --model small --quant mxfp4_a8
+# MXFP6 weights with MXFP6 activations (Quark w_mxfp6_*_a_mxfp6_*) on Hopper: the W4A16 kernels on
+# the repacked rows; a size that is not a multiple of 64 is padded up to the kernels' rows.
+expect 0 "sm90_mxfp6 +Sm90Mxfp6Experts +CHOSEN" explain --device h200 --model small --quant mxfp6_e3m2
+expect 0 "sm90_mxfp6 +Sm90Mxfp6Experts +CHOSEN" explain --device h200 --model small --quant mxfp6_e2m3
 # W4A8 on Hopper: int4 converted to e4m3 by the GEMMs' producer, the swap-AB row at decode.
 expect 0 "sm90_w4a8 +Sm90W4A8Experts +CHOSEN" explain --device h200 --model small --quant w4a8_fp8
 expect 0 "M=1 +gemm1 16x64tma +gemm2 16x64tma" \

@@ -1,10 +1,11 @@
 // Quantized layers on the GPU (Sm90Fp8Experts, Sm90Int8Experts, Sm90W4A8Experts, Sm90Mxfp4Experts,
-// Sm90Nvfp4Experts) against the CPU emulation of the same quantization (CpuFp8Experts /
-// CpuInt8Experts / CpuW4A8Experts / CpuMxfp4Experts / CpuNvfp4Experts, same random weights through
-// the same Quark method) and against the float64 reference: fp8 (128x128 blocks with 1x128
-// activation groups, per-tensor static, per-channel with per-token activations), int8 (per-channel
-// weights with per-token activations, per-tensor static), W4A8 (int4 per-channel weights, fp8
-// activations), MXFP4 weights with bf16 activations (gpt-oss W4A16)
+// Sm90Mxfp6Experts, Sm90Nvfp4Experts) against the CPU emulation of the same quantization
+// (CpuFp8Experts / CpuInt8Experts / CpuW4A8Experts / CpuMxfp4Experts / CpuOcpMxExperts /
+// CpuNvfp4Experts, same random weights through the same Quark method) and against the float64
+// reference: fp8 (128x128 blocks with 1x128 activation groups, per-tensor static, per-channel with
+// per-token activations), int8 (per-channel weights with per-token activations, per-tensor static),
+// W4A8 (int4 per-channel weights, fp8 activations), MXFP4 weights with bf16 activations (gpt-oss
+// W4A16), MXFP6 weights with MXFP6 activations (e3m2 and e2m3)
 // and NVFP4 weights with bf16 activations (a W4A16 checkpoint, and a W4A4 one that Hopper runs
 // weight-only: it is held to its own W4A16 float64 recomputation and to the W4A4 emulation within
 // the scheme's tolerance), H and I that are not multiples of 128,
@@ -63,6 +64,8 @@ SchemeInfo scheme_info(const std::string& scheme) {
     return {"Sm90Mxfp4Experts", "CpuMxfp4Experts", "mxfp4_w4a4_gpu", "mxfp4"};
   if (scheme == "mxfp4_a8")  // fp8 codes requantized between the GEMMs: fp8's bound
     return {"Sm90Mxfp4Experts", "CpuMxfp4Experts", "fp8_w8a8_gpu", "mxfp4"};
+  if (scheme == "mxfp6_e3m2" || scheme == "mxfp6_e2m3")
+    return {"Sm90Mxfp6Experts", "CpuOcpMxExperts", "mxfp6_gpu", "mxfp6"};
   if (scheme.rfind("int8_", 0) == 0) {
     return {"Sm90Int8Experts", "CpuInt8Experts", "int8_w8a8_gpu", "int8_w8a8"};
   }
@@ -157,6 +160,17 @@ TEST_P(QuantizedGpuVsEmulation, MatchesEmulationAndFloat64) {
         << msg;
     return;
   }
+  if (c.scheme.rfind("mxfp6", 0) == 0 &&
+      (model.hidden_size % 64 != 0 || model.intermediate_size % 64 != 0)) {
+    // The kernels' MXFP6 rows are whole 16-byte chunks (3k / 4 bytes): refused with the reason
+    // (a checkpoint's Quark method pads the sizes to the backend's 64 instead).
+    MoELayerOptions opt;
+    opt.device = default_device_info();
+    const std::string msg =
+        testing::error_of([&] { random_quantized_layer(model, c.scheme, opt, 5); });
+    EXPECT_TRUE(testing::contains_all(msg, {"Sm90Mxfp6Experts", "multiples of 64"})) << msg;
+    return;
+  }
   LayerPair p = make_pair(model, c.scheme, std::max<int64_t>(c.M, 1));
   EXPECT_EQ(p.gpu.kernel().fused_experts().name(), info.gpu_experts);
   EXPECT_EQ(p.cpu.kernel().fused_experts().name(), info.cpu_experts);
@@ -170,12 +184,13 @@ TEST_P(QuantizedGpuVsEmulation, MatchesEmulationAndFloat64) {
 
 std::vector<SchemeCase> scheme_cases() {
   std::vector<SchemeCase> v;
-  for (const char* scheme :
-       {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8", "int8_per_tensor",
-        "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8", "mxfp4_a4", "mxfp4_a8"}) {
+  for (const char* scheme : {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8",
+                             "int8_per_tensor", "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8",
+                             "mxfp4_a4", "mxfp4_a8", "mxfp6_e3m2", "mxfp6_e2m3"}) {
     // small: H 256, I 384 (multiples of 128); small-h320: H 320 (partial K and N blocks);
     // small-deepseek: shared experts, grouped routing; small-gpt-oss: H = I = 192, swigluoai with
-    // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128).
+    // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128;
+    // MXFP6 refuses tiny: I is not a multiple of 64).
     for (const char* preset : {"small", "small-h320", "small-deepseek", "small-gpt-oss", "tiny"}) {
       for (int64_t M : {0, 1, 33, 257})
         v.push_back({scheme, preset, M});
@@ -209,8 +224,10 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
       {"16x64",
        {"fp8_block128", "fp8_per_channel", "fp8_per_tensor", "mxfp4_w4a16", "nvfp4_w4a16"}},
       {"16x64tma", {"fp8_block128", "fp8_per_channel", "fp8_per_tensor"}},
-      {"64x64", {"mxfp4_w4a16", "nvfp4_w4a16"}},
-      {"128x128", {"mxfp4_w4a16", "nvfp4_w4a16"}},
+      {"64x64", {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp6_e3m2", "mxfp6_e2m3"}},
+      {"128x128", {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp6_e3m2", "mxfp6_e2m3"}},
+      {"16x64", {"mxfp6_e3m2", "mxfp6_e2m3"}},
+      {"1x64simt", {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp6_e3m2", "mxfp6_e2m3"}},
       {"16x64tma", {"w4a8_fp8"}},
       {"128x256", {"w4a8_fp8"}},
   };

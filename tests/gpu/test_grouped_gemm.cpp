@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "experts/cuda/sm90/mxfp6_layout.h"
 #include "experts/cuda/sm90_grouped_gemm.h"
 #include "moekit/core/half.h"
 #include "moekit/quant/formats.h"
@@ -1003,8 +1004,10 @@ TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
 // One W4A16 problem: bf16 A (rows, k), W as e2m1 pairs (E, n, k / 2) with e8m0 codes (E, n, k /
 // 32), the schedule `counts`; C (rows, n) bf16 poisoned before the run.
 // NVFP4 (`global` given): ue4m3 codes (E, n, k / 16) and a global scale per expert.
+// MXFP6 (`packing` kMxfp6*): w holds standard MXFP6 rows (E, n, 3k / 4), e8m0 codes as MXFP4's.
 struct W4Problem {
   int n = 0, k = 0, num_experts = 0, rows = 0;
+  moekit::cuda::WPacking packing = moekit::cuda::WPacking::kMxfp4;
   std::vector<int32_t> offsets;
   std::vector<uint16_t> a;  // bf16 bits
   std::vector<uint8_t> w, scale;
@@ -1013,8 +1016,23 @@ struct W4Problem {
   GroupedGemmArgs args;
 
   bool nvfp4() const { return !global.empty(); }
-  // The exact value of W[e][c][kk] (e2m1 x 2^(s - 127); NVFP4: e2m1 x ue4m3 x global).
+  bool mxfp6() const {
+    return packing == moekit::cuda::WPacking::kMxfp6E2M3 ||
+           packing == moekit::cuda::WPacking::kMxfp6E3M2;
+  }
+  // The exact value of W[e][c][kk] (e2m1 or fp6 x 2^(s - 127); NVFP4: e2m1 x ue4m3 x global).
   double w_value(int e, int c, int kk) const {
+    if (mxfp6()) {
+      uint8_t codes[sm90::kMxfp6GroupElems];
+      sm90::mxfp6_read_group(w.data() + (static_cast<size_t>(e) * n + c) * (3 * k / 4), k, kk / 32,
+                             false, codes);
+      const uint8_t code = codes[kk % 32];
+      const double v = packing == moekit::cuda::WPacking::kMxfp6E2M3
+                           ? moekit::quant::decode_fp6_e2m3(code)
+                           : moekit::quant::decode_fp6_e3m2(code);
+      const uint8_t s = scale[(static_cast<size_t>(e) * n + c) * (k / 32) + kk / 32];
+      return v * static_cast<double>(moekit::quant::decode_e8m0(s));
+    }
     const uint8_t byte = w[(static_cast<size_t>(e) * n + c) * (k / 2) + kk / 2];
     const uint8_t code = kk % 2 == 0 ? byte & 0xF : byte >> 4;
     const double v = moekit::quant::decode_fp4_e2m1(code);
@@ -1028,7 +1046,9 @@ struct W4Problem {
 };
 
 void build_w4(W4Problem& p, std::vector<int> counts, int n, int k, std::vector<uint16_t> a,
-              std::vector<uint8_t> w, std::vector<uint8_t> scale, std::vector<float> global = {}) {
+              std::vector<uint8_t> w, std::vector<uint8_t> scale, std::vector<float> global = {},
+              moekit::cuda::WPacking packing = moekit::cuda::WPacking::kMxfp4) {
+  p.packing = packing;
   p.n = n;
   p.k = k;
   p.num_experts = static_cast<int>(counts.size());
@@ -1040,10 +1060,14 @@ void build_w4(W4Problem& p, std::vector<int> counts, int n, int k, std::vector<u
   p.w = std::move(w);
   p.scale = std::move(scale);
   p.d_a = upload(p.a);
-  // The kernels read each group's codes in their nibble order.
+  // The kernels read each group's codes in their nibble order (MXFP6: each row repacked).
   std::vector<uint8_t> kernel_w = p.w;
-  sm90::mxfp4_reorder_groups(kernel_w.data(),
-                             static_cast<int64_t>(kernel_w.size()) / sm90::kMxfp4GroupBytes, true);
+  if (p.mxfp6()) {
+    sm90::mxfp6_repack_rows(kernel_w.data(), static_cast<int64_t>(counts.size()) * n, k, true);
+  } else {
+    sm90::mxfp4_reorder_groups(
+        kernel_w.data(), static_cast<int64_t>(kernel_w.size()) / sm90::kMxfp4GroupBytes, true);
+  }
   p.d_w = upload(kernel_w);
   p.global = std::move(global);
   if (p.nvfp4()) {  // kernel scale codes and global scales x 2^8 (sm90/mxfp4_layout.h)
@@ -1072,7 +1096,7 @@ void build_w4(W4Problem& p, std::vector<int> counts, int n, int k, std::vector<u
   g.n = n;
   g.k = k;
   g.dtype = ElemType::kBF16;
-  g.w_packing = moekit::cuda::WPacking::kMxfp4;
+  g.w_packing = p.packing;
   g.w_group_scale = p.d_scale.as<uint8_t>();
   if (p.nvfp4()) {
     g.w_packing = moekit::cuda::WPacking::kNvfp4;
@@ -1100,10 +1124,6 @@ std::vector<int> w4_tiles() {
   return tiles;
 }
 
-// One-hot rows of A pick single weights: C is every (code, scale) pair's dequantized value
-// exactly, over every e2m1 code (both nibbles of random bytes) and e8m0 scales from 2^-119 to
-// 2^125 (both conversion paths: one multiply up to s = 128, two above). Scales below 2^-119 would
-// give subnormal products (bf16 and the tensor cores' inputs keep them, their outputs may not).
 // The rows of the table that take k (the swap-AB row needs whole K steps of 64).
 std::vector<int> w4_tiles_for(int k) {
   std::vector<int> tiles;
@@ -1113,42 +1133,119 @@ std::vector<int> w4_tiles_for(int k) {
   return tiles;
 }
 
+// A problem whose rows each pick one K element of expert 0 (row r: element r, A one-hot), on each
+// of `tiles`: C must be every picked weight's dequantized value exactly. `what` names the case.
+void expect_one_hot_exact(const W4Problem& p, const std::vector<int>& tiles,
+                          const std::string& what) {
+  for (int tile : tiles) {
+    const std::string where = what + " " + sm90::kTileTable[tile].name;
+    const std::vector<uint16_t> c = run_w4(p, tile);
+    ASSERT_EQ(c.size(), static_cast<size_t>(p.rows) * p.n) << where;
+    int wrong = 0;
+    for (int r = 0; r < p.rows; ++r) {
+      for (int col = 0; col < p.n; ++col) {
+        const float want = static_cast<float>(p.w_value(0, col, r));
+        const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * p.n + col]);
+        if (!(got == want) && wrong++ < 5) {
+          ADD_FAILURE() << where << " row " << r << " col " << col << ": got " << got << ", want "
+                        << want;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << where;
+  }
+}
+
+// One-hot rows (k of them: row r picks element r) over n = 128 columns of random codes (`bytes`
+// random bytes per row) with the scale codes `scales` repeated.
+W4Problem one_hot_problem(int k, int bytes_per_row, const std::vector<uint8_t>& scales,
+                          int scales_per_row, uint32_t seed, std::vector<float> global = {},
+                          moekit::cuda::WPacking packing = moekit::cuda::WPacking::kMxfp4) {
+  const int n = 128;
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> w(static_cast<size_t>(n) * bytes_per_row),
+      sc(static_cast<size_t>(n) * scales_per_row);
+  for (auto& b : w)
+    b = static_cast<uint8_t>(rng() & 0xFF);
+  for (size_t i = 0; i < sc.size(); ++i)
+    sc[i] = scales[i % scales.size()];
+  std::vector<uint16_t> a(static_cast<size_t>(k) * k, 0);
+  for (int r = 0; r < k; ++r)
+    a[static_cast<size_t>(r) * k + r] = moekit::float_to_bf16_bits(1.0f);
+  W4Problem p;
+  build_w4(p, {k}, n, k, a, w, sc, std::move(global), packing);
+  return p;
+}
+
+// C of each of `tiles` against a float64 recomputation (within 8e-3 of the products' magnitude
+// sum), NaN exactly at column nan_col of expert nan_expert (-1: nowhere).
+void expect_float64_match(const W4Problem& p, const std::vector<int>& tiles,
+                          const std::string& what, int nan_expert = -1, int nan_col = -1) {
+  for (int tile : tiles) {
+    const std::string where = what + " " + sm90::kTileTable[tile].name;
+    const std::vector<uint16_t> c = run_w4(p, tile);
+    ASSERT_EQ(c.size(), static_cast<size_t>(p.rows) * p.n) << where;
+    int wrong = 0;
+    for (int e = 0; e < p.num_experts; ++e) {
+      for (int r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
+        for (int col = 0; col < p.n; ++col) {
+          double ref = 0.0, mag = 0.0;
+          for (int kk = 0; kk < p.k; ++kk) {
+            const double t = static_cast<double>(moekit::bf16_bits_to_float(
+                                 p.a[static_cast<size_t>(r) * p.k + kk])) *
+                             p.w_value(e, col, kk);
+            ref += t;
+            mag += std::fabs(t);
+          }
+          const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * p.n + col]);
+          const bool want_nan = e == nan_expert && col == nan_col;
+          const bool ok =
+              want_nan ? std::isnan(got) : std::isfinite(got) && std::fabs(got - ref) <= 8e-3 * mag;
+          if (!ok && wrong++ < 5) {
+            ADD_FAILURE() << where << " expert " << e << " row " << r << " col " << col << ": got "
+                          << got << ", want " << ref;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << where;
+  }
+}
+
+// Random A (bf16 in [-1, 1]) for the rows of `counts` and random code bytes (`bytes_per_row` per
+// weight row of E = counts.size() experts, n columns); `scales` the scale codes.
+W4Problem random_problem(const std::vector<int>& counts, int n, int k, int bytes_per_row,
+                         std::vector<uint8_t> scales, uint32_t seed, std::vector<float> global = {},
+                         moekit::cuda::WPacking packing = moekit::cuda::WPacking::kMxfp4) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<uint8_t> w(counts.size() * n * static_cast<size_t>(bytes_per_row));
+  for (auto& b : w)
+    b = static_cast<uint8_t>(rng() & 0xFF);
+  int rows = 0;
+  for (int c : counts)
+    rows += c;
+  std::vector<uint16_t> a(static_cast<size_t>(rows) * k);
+  for (auto& x : a)
+    x = moekit::float_to_bf16_bits(uni(rng));
+  W4Problem p;
+  build_w4(p, counts, n, k, a, w, std::move(scales), std::move(global), packing);
+  return p;
+}
+
+// One-hot rows of A pick single weights: C is every (code, scale) pair's dequantized value
+// exactly, over every e2m1 code (both nibbles of random bytes) and e8m0 scales from 2^-119 to
+// 2^125 (both conversion paths: one multiply up to s = 128, two above). Scales below 2^-119 would
+// give subnormal products (bf16 and the tensor cores' inputs keep them, their outputs may not).
 TEST(GroupedGemmW4A16, OneHotRowsGiveEveryDequantizedWeightExactly) {
   REQUIRE_GPU();
   // Two n-tiles of 64; k = 96: a partial second K step (32 of 64, not for swap-AB); k = 128: 128
   // rows in 8 swap-AB token blocks.
   for (const int k : {96, 128}) {
-    const int n = 128;
-    const std::vector<uint8_t> scales = {8, 60, 100, 126, 127, 128, 129, 130, 200, 252};
-    std::mt19937 rng(21);
-    std::vector<uint8_t> w(static_cast<size_t>(n) * k / 2), sc(static_cast<size_t>(n) * k / 32);
-    for (auto& b : w)
-      b = static_cast<uint8_t>(rng() & 0xFF);
-    for (size_t i = 0; i < sc.size(); ++i)
-      sc[i] = scales[i % scales.size()];
-    const int rows = k;  // row r picks K element r
-    std::vector<uint16_t> a(static_cast<size_t>(rows) * k, 0);
-    for (int r = 0; r < rows; ++r)
-      a[static_cast<size_t>(r) * k + r] = moekit::float_to_bf16_bits(1.0f);
-    W4Problem p;
-    build_w4(p, {rows}, n, k, a, w, sc);
+    const W4Problem p =
+        one_hot_problem(k, k / 2, {8, 60, 100, 126, 127, 128, 129, 130, 200, 252}, k / 32, 21);
     ASSERT_EQ(moekit::cuda::can_implement(p.args), "");
-    for (int tile : w4_tiles_for(k)) {
-      const std::vector<uint16_t> c = run_w4(p, tile);
-      ASSERT_EQ(c.size(), static_cast<size_t>(rows) * n) << sm90::kTileTable[tile].name;
-      int wrong = 0;
-      for (int r = 0; r < rows; ++r) {
-        for (int col = 0; col < n; ++col) {
-          const float want = static_cast<float>(p.w_value(0, col, r));
-          const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * n + col]);
-          if (!(got == want) && wrong++ < 5) {
-            ADD_FAILURE() << sm90::kTileTable[tile].name << " k=" << k << " row " << r << " col "
-                          << col << ": got " << got << ", want " << want;
-          }
-        }
-      }
-      EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name << " k=" << k;
-    }
+    expect_one_hot_exact(p, w4_tiles_for(k), "k=" + std::to_string(k));
   }
 }
 
@@ -1163,52 +1260,13 @@ TEST(GroupedGemmW4A16, RandomProblemMatchesFloat64AndPropagatesNaNScale) {
     const std::vector<int> counts = {5, 0, 70, 133};
     const int n = 192, E = static_cast<int>(counts.size());
     std::mt19937 rng(5);
-    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    std::vector<uint8_t> w(static_cast<size_t>(E) * n * k / 2),
-        sc(static_cast<size_t>(E) * n * k / 32);
-    for (auto& b : w)
-      b = static_cast<uint8_t>(rng() & 0xFF);
+    std::vector<uint8_t> sc(static_cast<size_t>(E) * n * k / 32);
     for (auto& s : sc)
       s = static_cast<uint8_t>(118 + rng() % 12);
     const int nan_expert = 2, nan_col = 7;
     sc[(static_cast<size_t>(nan_expert) * n + nan_col) * (k / 32) + 3] = 0xFF;
-    int rows = 0;
-    for (int c : counts)
-      rows += c;
-    std::vector<uint16_t> a(static_cast<size_t>(rows) * k);
-    for (auto& x : a)
-      x = moekit::float_to_bf16_bits(uni(rng));
-    W4Problem p;
-    build_w4(p, counts, n, k, a, w, sc);
-    for (int tile : w4_tiles_for(k)) {
-      const std::vector<uint16_t> c = run_w4(p, tile);
-      ASSERT_EQ(c.size(), static_cast<size_t>(rows) * n) << sm90::kTileTable[tile].name;
-      int wrong = 0;
-      for (int e = 0; e < E; ++e) {
-        for (int r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
-          for (int col = 0; col < n; ++col) {
-            double ref = 0.0, mag = 0.0;
-            for (int kk = 0; kk < k; ++kk) {
-              const double t = static_cast<double>(
-                                   moekit::bf16_bits_to_float(a[static_cast<size_t>(r) * k + kk])) *
-                               p.w_value(e, col, kk);
-              ref += t;
-              mag += std::fabs(t);
-            }
-            const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * n + col]);
-            const bool want_nan = e == nan_expert && col == nan_col;
-            const bool ok = want_nan ? std::isnan(got)
-                                     : std::isfinite(got) && std::fabs(got - ref) <= 8e-3 * mag;
-            if (!ok && wrong++ < 5) {
-              ADD_FAILURE() << sm90::kTileTable[tile].name << " k=" << k << " expert " << e
-                            << " row " << r << " col " << col << ": got " << got << ", want "
-                            << ref;
-            }
-          }
-        }
-      }
-      EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name << " k=" << k;
-    }
+    const W4Problem p = random_problem(counts, n, k, k / 2, sc, 6);
+    expect_float64_match(p, w4_tiles_for(k), "k=" + std::to_string(k), nan_expert, nan_col);
   }
 }
 
@@ -1218,36 +1276,12 @@ TEST(GroupedGemmW4A16, RandomProblemMatchesFloat64AndPropagatesNaNScale) {
 TEST(GroupedGemmNvfp4, OneHotRowsGiveEveryDequantizedWeightExactly) {
   REQUIRE_GPU();
   for (const int k : {96, 128}) {
-    const int n = 128;
-    std::mt19937 rng(23);
-    std::vector<uint8_t> w(static_cast<size_t>(n) * k / 2), sc(static_cast<size_t>(n) * k / 16);
-    for (auto& b : w)
-      b = static_cast<uint8_t>(rng() & 0xFF);
-    for (size_t i = 0; i < sc.size(); ++i)
-      sc[i] = static_cast<uint8_t>((i * 37) % 0x7F);  // 0 .. 0x7E, every code
-    const int rows = k;
-    std::vector<uint16_t> a(static_cast<size_t>(rows) * k, 0);
-    for (int r = 0; r < rows; ++r)
-      a[static_cast<size_t>(r) * k + r] = moekit::float_to_bf16_bits(1.0f);
-    W4Problem p;
-    build_w4(p, {rows}, n, k, a, w, sc, {0.5f});
+    std::vector<uint8_t> scales(0x7F);
+    for (size_t i = 0; i < scales.size(); ++i)
+      scales[i] = static_cast<uint8_t>((i * 37) % 0x7F);  // 0 .. 0x7E, every code
+    const W4Problem p = one_hot_problem(k, k / 2, scales, k / 16, 23, {0.5f});
     ASSERT_EQ(moekit::cuda::can_implement(p.args), "");
-    for (int tile : w4_tiles_for(k)) {
-      const std::vector<uint16_t> c = run_w4(p, tile);
-      ASSERT_EQ(c.size(), static_cast<size_t>(rows) * n) << sm90::kTileTable[tile].name;
-      int wrong = 0;
-      for (int r = 0; r < rows; ++r) {
-        for (int col = 0; col < n; ++col) {
-          const float want = static_cast<float>(p.w_value(0, col, r));
-          const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * n + col]);
-          if (!(got == want) && wrong++ < 5) {
-            ADD_FAILURE() << sm90::kTileTable[tile].name << " k=" << k << " row " << r << " col "
-                          << col << ": got " << got << ", want " << want;
-          }
-        }
-      }
-      EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name << " k=" << k;
-    }
+    expect_one_hot_exact(p, w4_tiles_for(k), "NVFP4 k=" + std::to_string(k));
   }
 }
 
@@ -1259,48 +1293,11 @@ TEST(GroupedGemmNvfp4, RandomProblemMatchesFloat64) {
     const std::vector<int> counts = {5, 0, 70, 133};
     const int n = 192, E = static_cast<int>(counts.size());
     std::mt19937 rng(7);
-    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    std::vector<uint8_t> w(static_cast<size_t>(E) * n * k / 2),
-        sc(static_cast<size_t>(E) * n * k / 16);
-    for (auto& b : w)
-      b = static_cast<uint8_t>(rng() & 0xFF);
+    std::vector<uint8_t> sc(static_cast<size_t>(E) * n * k / 16);
     for (auto& s : sc)
       s = static_cast<uint8_t>(0x30 + rng() % 0x30);
-    const std::vector<float> global = {0.37f, 1.3e-3f, 2.5f, 0.011f};
-    int rows = 0;
-    for (int c : counts)
-      rows += c;
-    std::vector<uint16_t> a(static_cast<size_t>(rows) * k);
-    for (auto& x : a)
-      x = moekit::float_to_bf16_bits(uni(rng));
-    W4Problem p;
-    build_w4(p, counts, n, k, a, w, sc, global);
-    for (int tile : w4_tiles_for(k)) {
-      const std::vector<uint16_t> c = run_w4(p, tile);
-      ASSERT_EQ(c.size(), static_cast<size_t>(rows) * n) << sm90::kTileTable[tile].name;
-      int wrong = 0;
-      for (int e = 0; e < E; ++e) {
-        for (int r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
-          for (int col = 0; col < n; ++col) {
-            double ref = 0.0, mag = 0.0;
-            for (int kk = 0; kk < k; ++kk) {
-              const double t = static_cast<double>(
-                                   moekit::bf16_bits_to_float(a[static_cast<size_t>(r) * k + kk])) *
-                               p.w_value(e, col, kk);
-              ref += t;
-              mag += std::fabs(t);
-            }
-            const float got = moekit::bf16_bits_to_float(c[static_cast<size_t>(r) * n + col]);
-            if (!(std::isfinite(got) && std::fabs(got - ref) <= 8e-3 * mag) && wrong++ < 5) {
-              ADD_FAILURE() << sm90::kTileTable[tile].name << " k=" << k << " expert " << e
-                            << " row " << r << " col " << col << ": got " << got << ", want "
-                            << ref;
-            }
-          }
-        }
-      }
-      EXPECT_EQ(wrong, 0) << sm90::kTileTable[tile].name << " k=" << k;
-    }
+    const W4Problem p = random_problem(counts, n, k, k / 2, sc, 8, {0.37f, 1.3e-3f, 2.5f, 0.011f});
+    expect_float64_match(p, w4_tiles_for(k), "NVFP4 k=" + std::to_string(k));
   }
   W4Problem p;
   build_w4(p, {8}, 64, 64, std::vector<uint16_t>(8 * 64, 0), std::vector<uint8_t>(64 * 32, 0),
@@ -1349,20 +1346,123 @@ TEST(GroupedGemmW4A16, DeviceReorderMatchesHostBothWays) {
       cudaErrorInvalidValue);
 }
 
-// Host-only: needs no GPU.
-TEST(GroupedGemmW4A16, CanImplementGivesReasons) {
+// ---- MXFP6-packed W ----------------------------------------------------------------------------
+
+constexpr moekit::cuda::WPacking kMxfp6Packings[] = {moekit::cuda::WPacking::kMxfp6E2M3,
+                                                     moekit::cuda::WPacking::kMxfp6E3M2};
+
+const char* packing_name(moekit::cuda::WPacking p) {
+  return p == moekit::cuda::WPacking::kMxfp6E2M3 ? "e2m3" : "e3m2";
+}
+
+// One-hot rows of A pick single weights: C is every (fp6 code, e8m0 scale) pair's dequantized
+// value exactly, for both elements, over every code (random bytes) and scales from 2^-119 to 2^123
+// (both conversion paths: one multiply up to s = 128 (e2m3) / 130 (e3m2), two above), on every
+// W4A16 row; k = 128 and 192 (odd K steps for swap-AB's pairs).
+TEST(GroupedGemmMxfp6, OneHotRowsGiveEveryDequantizedWeightExactly) {
+  REQUIRE_GPU();
+  for (const moekit::cuda::WPacking packing : kMxfp6Packings) {
+    for (const int k : {128, 192}) {
+      const W4Problem p =
+          one_hot_problem(k, 3 * k / 4, {8, 60, 100, 126, 127, 128, 129, 130, 131, 132, 200, 250},
+                          k / 32, 29, {}, packing);
+      ASSERT_EQ(moekit::cuda::can_implement(p.args), "");
+      expect_one_hot_exact(p, w4_tiles(),
+                           std::string(packing_name(packing)) + " k=" + std::to_string(k));
+    }
+  }
+}
+
+// Random A and W over an uneven schedule (an empty expert, partial m-tiles, rows in several
+// m-tiles and swap-AB token blocks), both elements, every W4A16 row: C against a float64
+// recomputation; one NaN scale (e8m0 0xFF) makes exactly its column of its expert NaN.
+TEST(GroupedGemmMxfp6, RandomProblemMatchesFloat64AndPropagatesNaNScale) {
+  REQUIRE_GPU();
+  for (const moekit::cuda::WPacking packing : kMxfp6Packings) {
+    const int k = 192;
+    const std::vector<int> counts = {5, 0, 70, 133};
+    const int n = 192, E = static_cast<int>(counts.size());
+    std::mt19937 rng(11);
+    std::vector<uint8_t> sc(static_cast<size_t>(E) * n * k / 32);
+    for (auto& s : sc)
+      s = static_cast<uint8_t>(118 + rng() % 16);
+    const int nan_expert = 2, nan_col = 7;
+    sc[(static_cast<size_t>(nan_expert) * n + nan_col) * (k / 32) + 3] = 0xFF;
+    const W4Problem p = random_problem(counts, n, k, 3 * k / 4, sc, 12, {}, packing);
+    expect_float64_match(p, w4_tiles(), packing_name(packing), nan_expert, nan_col);
+  }
+}
+
+// The device repack of MXFP6 rows is the host one, both ways; bad arguments are refused.
+TEST(GroupedGemmMxfp6, DeviceRepackMatchesHostBothWays) {
+  REQUIRE_GPU();
+  std::mt19937 rng(5);
+  const int64_t rows = 37, k = 4096 + 64;
+  std::vector<uint8_t> standard(static_cast<size_t>(rows * k * 3 / 4));
+  for (auto& b : standard)
+    b = static_cast<uint8_t>(rng() & 0xFF);
+  std::vector<uint8_t> host = standard;
+  sm90::mxfp6_repack_rows(host.data(), rows, k, true);
+  EXPECT_NE(host, standard);
+  DeviceBuffer d = upload(standard);
+  CUDA_OK(moekit::cuda::repack_mxfp6_rows(d.get(), rows, k, true, nullptr));
+  std::vector<uint8_t> got(standard.size());
+  CUDA_OK(cudaMemcpy(got.data(), d.get(), got.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, host);
+  CUDA_OK(moekit::cuda::repack_mxfp6_rows(d.get(), rows, k, false, nullptr));
+  CUDA_OK(cudaMemcpy(got.data(), d.get(), got.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(got, standard);
+  EXPECT_EQ(moekit::cuda::repack_mxfp6_rows(d.get(), rows, 96, true, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      moekit::cuda::repack_mxfp6_rows(static_cast<uint8_t*>(d.get()) + 8, 1, 64, true, nullptr),
+      cudaErrorInvalidValue);
+}
+
+// A W4A16 problem for host-only checks (can_implement, tile selection): one expert, n = 64, k
+// elements of `packing`; its pointers are host placeholders (4-byte aligned), never read.
+GroupedGemmArgs host_w4_args(moekit::cuda::WPacking packing, int k) {
+  alignas(4) static const uint8_t kScaleBytes[4] = {127, 127, 127, 127};
+  alignas(16) static int dummy[4] = {};
   GroupedGemmArgs g;
-  int dummy[4] = {};
   g.a = g.w = g.c = dummy;
   g.expert_offsets = dummy;
   g.num_experts = 1;
   g.n = 64;
-  g.k = 64;
-  g.lda = 64;
+  g.k = k;
+  g.lda = k;
   g.ldc = 64;
-  g.w_packing = moekit::cuda::WPacking::kMxfp4;
-  alignas(4) const uint8_t scale_bytes[4] = {127, 127, 127, 127};
-  g.w_group_scale = scale_bytes;
+  g.w_packing = packing;
+  g.w_group_scale = kScaleBytes;
+  return g;
+}
+
+// Host-only: MXFP6's reasons (rows of whole 16-byte chunks: k a multiple of 64).
+TEST(GroupedGemmMxfp6, CanImplementGivesReasons) {
+  const GroupedGemmArgs g = host_w4_args(moekit::cuda::WPacking::kMxfp6E3M2, 128);
+  EXPECT_EQ(moekit::cuda::can_implement(g), "");
+  EXPECT_EQ(moekit::cuda::tile_family_of(g), sm90::TileFamily::kW4A16);
+  GroupedGemmArgs bad = g;
+  bad.k = 96;
+  bad.lda = 96;
+  EXPECT_EQ(moekit::cuda::can_implement(bad),
+            "k=96 is not a multiple of 64 (MXFP6 e3m2 rows of 3k / 4 bytes in whole 16-byte "
+            "chunks)");
+  bad = g;
+  bad.w_packing = moekit::cuda::WPacking::kMxfp6E2M3;
+  bad.w_group_scale = nullptr;
+  EXPECT_EQ(moekit::cuda::can_implement(bad),
+            "MXFP6 e2m3 W needs its e8m0 group scales (w_group_scale)");
+  bad = g;
+  bad.dtype = ElemType::kF16;
+  EXPECT_EQ(moekit::cuda::can_implement(bad),
+            "dtype f16 is not bf16 (MXFP6 e3m2 weights run with bf16 activations)");
+}
+
+// Host-only: needs no GPU.
+TEST(GroupedGemmW4A16, CanImplementGivesReasons) {
+  GroupedGemmArgs g = host_w4_args(moekit::cuda::WPacking::kMxfp4, 64);
+  const uint8_t* scale_bytes = g.w_group_scale;
   EXPECT_EQ(moekit::cuda::can_implement(g), "");
   GroupedGemmArgs bad = g;
   bad.k = 48;

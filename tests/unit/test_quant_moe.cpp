@@ -833,6 +833,44 @@ TEST(QuantOracles, Nvfp4OnHopperIsWeightOnly) {
             "emulation");
 }
 
+// On Hopper MXFP6 weights with MXFP6 activations run moekit's W4A16 kernels on repacked rows
+// (sm90_mxfp6), both elements; MXFP4 keeps sm90_mxfp4; sizes that are not multiples of 64 are
+// refused with the reason; the CPU keeps the emulation.
+TEST(QuantOracles, Mxfp6OnHopperRunsSm90Mxfp6) {
+  const Layer dims;
+  MoEConfig hopper = make_moe(dims.E, dims.topk, 128, 192);
+  hopper.device = cuda_device(90);
+  for (const auto& [wk, ak] : {std::pair{qk::kMxfp6E3M2Static, qk::kMxfp6E3M2Dynamic},
+                               std::pair{qk::kMxfp6E2M3Static, qk::kMxfp6E2M3Dynamic}}) {
+    const auto sel = Mxfp4MoEKernelOracle(hopper, wk, ak).select_backend();
+    EXPECT_EQ(sel.backend.name, "sm90_mxfp6");
+    EXPECT_EQ(sel.experts, &Sm90Mxfp6Experts::klass());
+    EXPECT_EQ(sel.backend.traits.hidden_align, 64);
+    EXPECT_EQ(sel.backend.traits.intermediate_align, 64);
+    EXPECT_EQ(Mxfp4MoEKernelOracle(make_moe(dims.E, dims.topk, 128, 192), wk, ak)
+                  .select_backend()
+                  .backend.name,
+              "emulation");
+  }
+  EXPECT_EQ(
+      Mxfp4MoEKernelOracle(hopper, qk::kMxfp4Static, std::nullopt).select_backend().backend.name,
+      "sm90_mxfp4");
+  MoEConfig odd = make_moe(dims.E, dims.topk, 128, 96);
+  odd.device = cuda_device(90);
+  const OracleReport r =
+      Mxfp4MoEKernelOracle(odd, qk::kMxfp6E3M2Static, qk::kMxfp6E3M2Dynamic).explain();
+  bool seen = false;
+  for (const auto& cand : r.candidates) {
+    if (cand.backend != "sm90_mxfp6") continue;
+    seen = true;
+    EXPECT_FALSE(cand.supported);
+    EXPECT_TRUE(testing::contains_all(
+        cand.reason, {"MXFP6 rows need hidden 128 and intermediate 96 multiples of 64"}))
+        << cand.reason;
+  }
+  EXPECT_TRUE(seen);
+}
+
 TEST(QuantOracles, Fp8PriorityPolicy) {
   MoEConfig moe = make_moe(8, 2, 128, 64);
   using V = Names;

@@ -252,6 +252,24 @@ TEST(WeightLayout, PlanCarriesTheChosenBackendsLayout) {
   EXPECT_FALSE(plan.weight_layout.has_value());
 }
 
+// to_standard on each expert of `w` (in the kernel layout), alone, gives its standard bytes back.
+void expect_each_expert_back(const WeightLayout& layout, const ExpertWeights& w,
+                             const MoEConfig& moe, const Tensor& w13_standard,
+                             const Tensor& w2_standard) {
+  for (int64_t e = 0; e < w.w13.size(0); ++e) {
+    ExpertWeights one;
+    one.w13 = w.w13.slice(0, e, e + 1).clone();
+    one.w2 = w.w2.slice(0, e, e + 1).clone();
+    layout.to_standard(one, moe);
+    const Tensor want13 = w13_standard.slice(0, e, e + 1).clone();
+    const Tensor want2 = w2_standard.slice(0, e, e + 1).clone();
+    EXPECT_EQ(std::memcmp(one.w13.data(), want13.data(), static_cast<size_t>(want13.numel())), 0)
+        << "expert " << e;
+    EXPECT_EQ(std::memcmp(one.w2.data(), want2.data(), static_cast<size_t>(want2.numel())), 0)
+        << "expert " << e;
+  }
+}
+
 // sm90_mxfp4 (host tensors): the fused gate/up row blocks and every 16-byte group's codes in the
 // kernel nibble order, w2's codes too; to_standard on single experts gives the bytes back. The
 // kernel order is a permutation of each group (mxfp4_kernel_element).
@@ -290,18 +308,44 @@ TEST(WeightLayout, Sm90Mxfp4ReordersCodesOfBothWeightsAndInverts) {
   cuda::sm90::mxfp4_reorder_groups(w2_expect.data_as<uint8_t>(), w2_expect.numel() / 16, true);
   EXPECT_EQ(std::memcmp(w.w2.data(), w2_expect.data(), static_cast<size_t>(w.w2.numel())), 0);
   EXPECT_NE(std::memcmp(w.w13.data(), w13_standard.data(), static_cast<size_t>(w.w13.numel())), 0);
-  for (int64_t e = 0; e < E; ++e) {
-    ExpertWeights one;
-    one.w13 = w.w13.slice(0, e, e + 1).clone();
-    one.w2 = w.w2.slice(0, e, e + 1).clone();
-    layout->to_standard(one, moe);
-    const Tensor want13 = w13_standard.slice(0, e, e + 1).clone();
-    const Tensor want2 = w2_standard.slice(0, e, e + 1).clone();
-    EXPECT_EQ(std::memcmp(one.w13.data(), want13.data(), static_cast<size_t>(want13.numel())), 0)
-        << "expert " << e;
-    EXPECT_EQ(std::memcmp(one.w2.data(), want2.data(), static_cast<size_t>(want2.numel())), 0)
-        << "expert " << e;
-  }
+  expect_each_expert_back(*layout, w, moe, w13_standard, w2_standard);
+}
+
+// sm90_mxfp6 (host tensors): the fused gate/up row blocks and every row repacked into the MXFP6
+// kernel layout, w2 too; to_standard on single experts gives the bytes back.
+TEST(WeightLayout, Sm90Mxfp6RepacksRowsOfBothWeightsAndInverts) {
+  MoEConfig moe = small_moe(Activation::kSilu);
+  moe.hidden_dim = 128;
+  moe.intermediate_size = 64;
+  const std::optional<WeightLayout> layout =
+      Mxfp4MoEKernelOracle(moe).backend("sm90_mxfp6").layout_for(moe);
+  ASSERT_TRUE(layout.has_value());
+  EXPECT_NE(layout->name.find("top bits"), std::string::npos) << layout->name;
+  const int64_t E = moe.num_local_experts, N = 2 * moe.intermediate_size, H = moe.hidden_dim;
+  const int64_t I = moe.intermediate_size;
+  std::mt19937 rng(9);
+  auto random_bytes = [&](Shape shape) {
+    Tensor t = Tensor::empty(shape, DType::kUInt8);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.data_as<uint8_t>()[i] = static_cast<uint8_t>(rng() & 0xFF);
+    return t;
+  };
+  ExpertWeights w;
+  w.w13 = random_bytes({E, N, 3 * H / 4});
+  w.w2 = random_bytes({E, H, 3 * I / 4});
+  const Tensor w13_standard = w.w13.clone(), w2_standard = w.w2.clone();
+  layout->to_kernel(w, moe, Stream{});
+  // w2 has no row reorder: its rows are the standard ones repacked.
+  Tensor w2_expect = w2_standard.clone();
+  cuda::sm90::mxfp6_repack_rows(w2_expect.data_as<uint8_t>(), E * H, I, true);
+  EXPECT_EQ(std::memcmp(w.w2.data(), w2_expect.data(), static_cast<size_t>(w.w2.numel())), 0);
+  EXPECT_NE(std::memcmp(w.w13.data(), w13_standard.data(), static_cast<size_t>(w.w13.numel())), 0);
+  expect_each_expert_back(*layout, w, moe, w13_standard, w2_standard);
+  // Rows that are not 3k / 4 bytes with k a multiple of 64 are refused by name.
+  ExpertWeights bad;
+  bad.w13 = random_bytes({E, N, 3 * H / 4});
+  bad.w2 = random_bytes({E, H, 24});
+  EXPECT_THROW(layout->to_kernel(bad, moe, Stream{}), Error);
 }
 
 // mul.rn.bf16x2 emulated in float (exact where the products are bf16 values, as here).

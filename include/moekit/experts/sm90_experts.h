@@ -132,6 +132,19 @@ class Sm90Mxfp4Experts final : public Sm90StandardExpertsBase {
   Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quant);
 };
 
+// MXFP6 weights (e3m2 or e2m3 codes, an e8m0 scale per 32 of K) with MXFP6 activations of the same
+// element (Quark w_mxfp6_e3m2_a_mxfp6_e3m2 / w_mxfp6_e2m3_a_mxfp6_e2m3) on Hopper, Standard format:
+// the W4A16 kernels of Sm90Mxfp4Experts on rows repacked at load into a low nibble plane (the
+// MXFP4 kernel layout) and a plane of the codes' top two bits (sm90_mxfp6 backend's weight
+// layout), converted exactly to bf16 in the mainloop; the activations rounded to their MXFP6
+// values on the GPU (exact in bf16), as for Sm90Mxfp4Experts' MX activations. H and I multiples
+// of 64 (rows of 3k / 4 bytes in whole 16-byte chunks).
+class Sm90Mxfp6Experts final : public Sm90StandardExpertsBase {
+ public:
+  static const ExpertsClass& klass();
+  Sm90Mxfp6Experts(const MoEConfig& moe, const QuantConfig& quant);
+};
+
 // NVFP4 weights with bf16 activations on Hopper, Standard format: the W4A16 kernels of
 // Sm90Mxfp4Experts with one ue4m3 scale per 16 of K (kernel scale codes laid out at construction)
 // and each expert's global scale applied in the GEMMs' epilogue. Scheme: (kNvfp4Static, no

@@ -246,24 +246,31 @@ bool is_packed_fp4(DType d) {
   return d == DType::kUInt8 || d == DType::kFp4E2M1x2;
 }
 
-// How W is packed, for its launch state (MXFP4 and NVFP4 share theirs).
-enum class Packing : uint8_t { kNone, kFp4, kInt4 };
+// The bf16-activation packings (MXFP4, NVFP4, MXFP6): W4A16's kernels.
+bool is_w4a16_packing(cuda::WPacking p) {
+  return p == cuda::WPacking::kMxfp4 || p == cuda::WPacking::kNvfp4 ||
+         p == cuda::WPacking::kMxfp6E2M3 || p == cuda::WPacking::kMxfp6E3M2;
+}
+
+// Elements of K in `bytes` bytes of a packed row (6-bit codes: 4 per 3 bytes; 4-bit: 2 per byte).
+int64_t packed_row_elements(cuda::WPacking p, int64_t bytes) {
+  if (p == cuda::WPacking::kMxfp6E2M3 || p == cuda::WPacking::kMxfp6E3M2) return bytes * 4 / 3;
+  return p == cuda::WPacking::kNone ? bytes : 2 * bytes;
+}
 
 // W (experts, n, k) as the GEMM sees it, for prepare_grouped_gemm_weights; fp8 / int8 codes with
-// output `out`; e2m1 pairs (k / 2 bytes per row) with bf16 A and C for kFp4; uint4b8 pairs with
-// e4m3 A and C of `out` for kInt4.
-cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, Packing packing) {
+// output `out`; packed e2m1 / fp6 rows with bf16 A and C for the W4A16 packings; uint4b8 pairs
+// with e4m3 A and C of `out` for kInt4.
+cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, cuda::WPacking packing) {
   cuda::GroupedGemmArgs g;
   g.w = w.data();
   g.num_experts = static_cast<int>(w.dim() == 3 ? w.size(0) : 1);
   g.n = static_cast<int>(w.size(w.dim() - 2));
-  g.k = static_cast<int>(w.size(w.dim() - 1));
-  if (packing == Packing::kFp4) {
-    g.k *= 2;
+  g.k = static_cast<int>(packed_row_elements(packing, w.size(w.dim() - 1)));
+  if (is_w4a16_packing(packing)) {
     g.dtype = gemm_dtype_of(out);
-    g.w_packing = cuda::WPacking::kMxfp4;
-  } else if (packing == Packing::kInt4) {
-    g.k *= 2;
+    g.w_packing = packing;
+  } else if (packing == cuda::WPacking::kInt4) {
     g.dtype = cuda::ElemType::kE4M3;
     g.out_dtype = gemm_dtype_of(out);
     g.w_packing = cuda::WPacking::kInt4;
@@ -277,12 +284,11 @@ cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, Packing packing) 
 }
 
 // W's launch state; empty (every launch prepares itself) for a tensor the GEMM cannot take.
-cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out,
-                                      Packing packing = Packing::kNone) {
+cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out, cuda::WPacking packing) {
   cuda::sm90::WeightLaunchCache cache;
   const bool takes =
-      packing == Packing::kFp4 ? is_packed_fp4(w.dtype())
-      : packing == Packing::kInt4
+      is_w4a16_packing(packing) ? is_packed_fp4(w.dtype())
+      : packing == cuda::WPacking::kInt4
           ? w.dtype() == DType::kUInt8
           : w.dtype() == DType::kBF16 || w.dtype() == DType::kF16 || is_8bit_codes(w.dtype());
   if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) || !takes) {
@@ -319,28 +325,30 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   const int64_t M = x.size(0), K = x.size(1), topk = args.topk_ids.size(1);
   const int64_t E = args.w1.size(0), N = args.w1.size(1);
   const int64_t d = activation_output_dim(args.activation, N);
-  // MXFP4 / NVFP4: bf16 activations, W packed two elements per byte with group scale codes.
-  const bool nvfp4 = state.scales == LaunchState::WeightScales::kNvfp4;
-  const bool packed_fp4 = nvfp4 || state.scales == LaunchState::WeightScales::kMxfp4;
-  const int64_t per_byte = packed_fp4 || state.packed_int4 ? 2 : 1;
-  MOEKIT_CHECK(args.w2.size(2) * per_byte == d,
-               "w2 {} has I={} but the activation of w1 (N={}) gives {}", args.w2.describe(),
-               args.w2.size(2) * per_byte, N, d);
-  MOEKIT_CHECK(args.w1.size(2) * per_byte == K, "w1 {} holds K={} elements per row, x has {}",
-               args.w1.describe(), args.w1.size(2) * per_byte, K);
+  // MXFP4 / NVFP4 / MXFP6: bf16 activations, W packed (2 elements per byte, or 4 per 3 bytes)
+  // with group scale codes.
+  const bool nvfp4 = state.packing == cuda::WPacking::kNvfp4;
+  const bool packed_fp4 = is_w4a16_packing(state.packing);
+  const bool packed_int4 = state.packing == cuda::WPacking::kInt4;
+  const int64_t w1_k = packed_row_elements(state.packing, args.w1.size(2));
+  const int64_t w2_k = packed_row_elements(state.packing, args.w2.size(2));
+  MOEKIT_CHECK(w2_k == d, "w2 {} has I={} but the activation of w1 (N={}) gives {}",
+               args.w2.describe(), w2_k, N, d);
+  MOEKIT_CHECK(w1_k == K, "w1 {} holds K={} elements per row, x has {}", args.w1.describe(), w1_k,
+               K);
   const QuantConfig& quant = experts.quant_config();
   const bool scaled = state.scales != LaunchState::WeightScales::kNone && !packed_fp4;
   // The activations' dtype (GEMM outputs, the activation, the output): x's, or for 8-bit codes
   // the output's; `codes` is the operands' dtype (the weights': e4m3 or int8).
   const DType dtype = scaled ? args.output.dtype() : x.dtype();
-  const DType codes = state.packed_int4 ? DType::kFp8E4M3 : scaled ? args.w1.dtype() : dtype;
+  const DType codes = packed_int4 ? DType::kFp8E4M3 : scaled ? args.w1.dtype() : dtype;
   MOEKIT_CHECK(!scaled || is_8bit_codes(codes), "w1 holds {}, the experts take e4m3 or int8 codes",
                args.w1.describe());
   expect_dtype(x, "hidden_states", {codes});
   if (packed_fp4) {
     expect_dtype(args.w1, "w1", {DType::kUInt8, DType::kFp4E2M1x2});
     expect_dtype(args.w2, "w2", {DType::kUInt8, DType::kFp4E2M1x2});
-  } else if (state.packed_int4) {
+  } else if (packed_int4) {
     expect_dtype(args.w1, "w1", {DType::kUInt8});
     expect_dtype(args.w2, "w2", {DType::kUInt8});
   } else {
@@ -429,9 +437,9 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   if (scaled) {
     set_scaled_operands(g1, state, codes, state.w1_scale, quant.a1, args.a1q_scale, dtype);
   }
-  if (state.packed_int4) g1.w_packing = cuda::WPacking::kInt4;
+  if (packed_int4) g1.w_packing = cuda::WPacking::kInt4;
   if (packed_fp4) {
-    g1.w_packing = nvfp4 ? cuda::WPacking::kNvfp4 : cuda::WPacking::kMxfp4;
+    g1.w_packing = state.packing;
     g1.w_group_scale = state.w1_scale.data_as<const uint8_t>();
     if (nvfp4 || bf16_codes) {  // NVFP4's global scales, or fp8 activations' scale
       g1.w_scale_kind = cuda::WScale::kExpert;
@@ -602,13 +610,8 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
 }
 
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype) {
-  const bool packed_fp4 = state.scales == LaunchState::WeightScales::kMxfp4 ||
-                          state.scales == LaunchState::WeightScales::kNvfp4;
-  const Packing packing = packed_fp4          ? Packing::kFp4
-                          : state.packed_int4 ? Packing::kInt4
-                                              : Packing::kNone;
-  state.w1 = prepare(w1, act_dtype, packing);
-  state.w2 = prepare(w2, act_dtype, packing);
+  state.w1 = prepare(w1, act_dtype, state.packing);
+  state.w2 = prepare(w2, act_dtype, state.packing);
 }
 
 cuda::sm90::TileFamily fp8_tile_family(const GroupShape& weight, const GroupShape& activation) {
@@ -629,6 +632,9 @@ std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<Qua
   const QuantDType wd = weight ? weight->dtype : QuantDType::kNone;
   if (wd == QuantDType::kFp4E2M1) {  // MXFP4 or NVFP4: the same rows, the same fits
     g.w_packing = cuda::WPacking::kMxfp4;
+  } else if (wd == QuantDType::kFp6E2M3 || wd == QuantDType::kFp6E3M2) {
+    g.w_packing =
+        wd == QuantDType::kFp6E2M3 ? cuda::WPacking::kMxfp6E2M3 : cuda::WPacking::kMxfp6E3M2;
   } else if (wd == QuantDType::kFp8E4M3 || wd == QuantDType::kInt8 || wd == QuantDType::kInt4) {
     g.dtype = wd == QuantDType::kInt8 ? cuda::ElemType::kS8 : cuda::ElemType::kE4M3;
     if (wd == QuantDType::kInt4) g.w_packing = cuda::WPacking::kInt4;
@@ -707,9 +713,20 @@ void reorder_mxfp4_codes(Tensor& w, bool to_kernel, Stream stream) {
                                                to_kernel, to_cuda(stream)));
 }
 
+void repack_mxfp6_codes(Tensor& w, bool to_kernel, Stream stream) {
+  const int64_t row_bytes = w.dim() > 0 ? w.size(w.dim() - 1) : 0;
+  MOEKIT_CHECK(w.device().is_cuda() && w.is_contiguous() && element_size(w.dtype()) == 1 &&
+                   row_bytes > 0 && row_bytes % 48 == 0,
+               "repack_mxfp6_codes: {} is not a contiguous CUDA tensor of MXFP6 rows (3k / 4 "
+               "bytes, k a multiple of 64)",
+               w.describe());
+  MOEKIT_CUDA_CHECK(cuda::repack_mxfp6_rows(w.data(), w.numel() / row_bytes, row_bytes * 4 / 3,
+                                            to_kernel, to_cuda(stream)));
+}
+
 void prepare_shared(SharedMlp& mlp) {
-  mlp.w13_cache = prepare(mlp.w13, mlp.w13.dtype());
-  mlp.w2_cache = prepare(mlp.w2, mlp.w2.dtype());
+  mlp.w13_cache = prepare(mlp.w13, mlp.w13.dtype(), cuda::WPacking::kNone);
+  mlp.w2_cache = prepare(mlp.w2, mlp.w2.dtype(), cuda::WPacking::kNone);
 }
 
 Tensor shared_forward(const SharedMlp& mlp, const Tensor& x, RunContext ctx) {

@@ -13,6 +13,7 @@
 #include "experts/cuda/sm90/launch_cache.h"
 #include "experts/cuda/sm90/tile_tables.h"
 #include "experts/cuda/sm90/tiles.h"
+#include "experts/cuda/w_packing.h"
 
 #include "moekit/config/quant_key.h"
 #include "moekit/experts/sm90_experts.h"
@@ -37,15 +38,16 @@ struct LaunchState {
   // fp8 / int8 experts: how W is scaled and its scales in the kernel's layout (f32 on the device;
   // see cuda::WScale: (E,), (E, N) in w13's kernel row order, or (E, ceil(N / 32), ceil(K / 128)));
   // kNone for 16-bit weights. The codes' dtype is the weights' (kFp8E4M3 or kInt8).
-  // kMxfp4: W packed as e2m1 pairs (bf16 activations); the scales are the e8m0 codes (E, N, K / 32)
-  // in the kernel row order (cuda::WPacking::kMxfp4). kNvfp4: likewise with the kernel scale codes
-  // (E, N, K / 16) of the ue4m3 scales and w1_global / w2_global (E,) f32, each expert's global
-  // scale x 2^8 (cuda::WPacking::kNvfp4).
+  // kMxfp4: W packed as e2m1 pairs or MXFP6 rows (bf16 activations); the scales are the e8m0
+  // codes (E, N, K / 32) in the kernel row order (cuda::WPacking::kMxfp4, kMxfp6E2M3, kMxfp6E3M2).
+  // kNvfp4: e2m1 pairs with the kernel scale codes (E, N, K / 16) of the ue4m3 scales and
+  // w1_global / w2_global (E,) f32, each expert's global scale x 2^8 (cuda::WPacking::kNvfp4).
   enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock, kMxfp4, kNvfp4 };
   WeightScales scales = WeightScales::kNone;
-  // W4A8: W holds uint4b8 pairs (K / 2 bytes per row, cuda::WPacking::kInt4) with kTensor /
-  // kChannel scales; the activations are e4m3 codes.
-  bool packed_int4 = false;
+  // How W's codes are packed (kNone: one code per element, in its dtype). kInt4 (W4A8): uint4b8
+  // pairs (K / 2 bytes per row) with kTensor / kChannel scales; the activations are e4m3 codes.
+  // kMxfp4 / kNvfp4 / kMxfp6*: with bf16 activations and the scales above.
+  cuda::WPacking packing = cuda::WPacking::kNone;
   Tensor w1_scale, w2_scale;
   Tensor w1_global, w2_global;
 };
@@ -83,8 +85,7 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
 
 // SM count, kernel attributes and W's tensor maps for w1 (E, N, K) and w2 (E, K, N'), on their
 // device (fp8 / int8 codes: for GEMMs writing act_dtype). Outside graph capture.
-// MXFP4-packed weights (state.scales kMxfp4) and int4-packed ones (state.packed_int4) are
-// prepared as such.
+// Packed weights (state.packing) are prepared as such.
 void bind_weights(LaunchState& state, const Tensor& w1, const Tensor& w2, DType act_dtype);
 
 // The tile family of an fp8 layer with these weight / activation group shapes: the promoting
@@ -100,6 +101,9 @@ std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<Qua
 // MXFP4 codes on the device, in place: every 16-byte group between the standard and the kernel's
 // nibble order (sm90/mxfp4_layout.h), asynchronously on `stream`.
 void reorder_mxfp4_codes(Tensor& w, bool to_kernel, Stream stream);
+// MXFP6 rows on the device, in place: each row (the last dimension, 3k / 4 bytes, k a multiple of
+// 64) between the standard and the kernel layout (sm90/mxfp6_layout.h), on `stream`.
+void repack_mxfp6_codes(Tensor& w, bool to_kernel, Stream stream);
 
 // align -> GEMM1 (+ fused activation) -> (activation) -> GEMM2 -> weighted unpermute.
 void grouped_apply(const ExpertsModular& experts, const LaunchState& state,

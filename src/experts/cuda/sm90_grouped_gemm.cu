@@ -133,7 +133,8 @@ std::string check_8bit_operands(const GroupedGemmArgs& args, const char* what) {
 }  // namespace detail
 
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args) {
-  if (args.w_packing == WPacking::kMxfp4 || args.w_packing == WPacking::kNvfp4) {
+  if (args.w_packing == WPacking::kMxfp4 || args.w_packing == WPacking::kNvfp4 ||
+      args.w_packing == WPacking::kMxfp6E2M3 || args.w_packing == WPacking::kMxfp6E3M2) {
     return sm90::TileFamily::kW4A16;
   }
   if (args.w_packing == WPacking::kInt4) return sm90::TileFamily::kW4A8;

@@ -28,6 +28,7 @@
 #include "experts/cuda/sm90/launch_cache.h"
 #include "experts/cuda/sm90/mxfp4_layout.h"
 #include "experts/cuda/sm90/tiles.h"
+#include "experts/cuda/w_packing.h"
 
 namespace moekit::cuda {
 
@@ -71,26 +72,6 @@ enum class WScale : uint8_t {
   kBlock32x128,  // w_scale (E, ceil(n / 32), ceil(k / 128)): per 32 rows x 128 K (a 128x128
                  // weight block's scale repeated for its four quarters, which the gate/up
                  // blocks-of-32 reorder moves apart)
-};
-
-// How W is stored when it is not in the operand type:
-enum class WPacking : uint8_t {
-  kNone,   // W in dtype (bf16 / f16 / e4m3 / int8)
-  kMxfp4,  // OCP MXFP4: w (num_experts, n, k / 2) bytes of e2m1 codes, each 32-element group's
-           // 16 bytes in the kernel nibble order (sm90/mxfp4_layout.h; reorder_mxfp4_groups
-           // converts the standard order, element 2i in the low nibble of byte i),
-           // w_group_scale (num_experts, n, k / 32) e8m0 codes; dtype (A and C) bf16. Each
-           // 32-element group is converted exactly to bf16 (e2m1 x 2^(s - 127)).
-  kNvfp4,  // NVFP4: w as for kMxfp4 (the same nibble order), w_group_scale (num_experts, n,
-           // k / 16) kernel scale codes of the ue4m3 scales (nvfp4_kernel_scale), w_scale_kind
-           // kExpert with w_scale (num_experts,) = each expert's global scale x 2^8
-           // (kNvfp4PairExponentScale); dtype bf16. Each element converts exactly to the bf16
-           // e2m1 x s x 2^-8; the epilogue applies the rest in fp32.
-  kInt4,   // int4 (W4A8): w (num_experts, n, k / 2) bytes of uint4b8 nibbles (value = nibble - 8,
-           // element 2i in the low nibble of byte i; sm90/int4_layout.h), dtype (A) kE4M3 with
-           // its scales, W scales kExpert or kChannel (f32, the int4 code's unit); k a multiple
-           // of 32. Each element converts exactly to e4m3; the tensor cores accumulate over all
-           // of K (as kFp8Direct) and the epilogue applies the scales.
 };
 
 // Row alignment the kernel requires of expert_offsets: none. Offsets need not be padded to the tile
@@ -145,7 +126,7 @@ struct GroupedGemmArgs {
   const float* w_scale = nullptr;
   // Packed W (see WPacking); kNone: W is in dtype.
   WPacking w_packing = WPacking::kNone;
-  const uint8_t* w_group_scale = nullptr;  // kMxfp4 / kNvfp4: the group scale codes
+  const uint8_t* w_group_scale = nullptr;  // kMxfp4 / kNvfp4 / kMxfp6*: group scale codes
   // Fused gated activation (see above); kNone = plain GEMM (C has n columns).
   FusedActivation fused_act = FusedActivation::kNone;
   bool has_clamp_limit = false;  // kSiluMul only: clamp g above and u to [-L, L]
@@ -199,9 +180,15 @@ void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_
 // Rewrites `groups` 16-byte MXFP4 groups at device address w in place from the standard into the
 // kernel nibble order (to_kernel) or back (sm90/mxfp4_layout.h); w 16-byte aligned.
 cudaError_t reorder_mxfp4_groups(void* w, int64_t groups, bool to_kernel, cudaStream_t stream);
+// Rewrites `rows` MXFP6 rows of k elements (3k / 4 bytes each, k a positive multiple of 64) at
+// device address w in place from the standard layout into the kernel layout (to_kernel) or back
+// (sm90/mxfp6_layout.h); w 16-byte aligned. One CTA per row at a time (the row staged in shared
+// memory: the two layouts of a row overlap); k up to 2^18.
+cudaError_t repack_mxfp6_rows(void* w, int64_t rows, int64_t k, bool to_kernel,
+                              cudaStream_t stream);
 
 // The tile family that serves the operand type of `args` (k16Bit for bf16 / f16; e4m3: kFp8 with
-// block scales on A or W, kFp8Direct otherwise; kInt8 for int8, kW4A16 for MXFP4- or
+// block scales on A or W, kFp8Direct otherwise; kInt8 for int8, kW4A16 for MXFP4-, MXFP6- or
 // NVFP4-packed W with bf16 A, kW4A8 for int4-packed W with e4m3 A).
 sm90::TileFamily tile_family_of(const GroupedGemmArgs& args);
 

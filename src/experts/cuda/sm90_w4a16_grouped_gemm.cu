@@ -1,10 +1,12 @@
 // The W4A16 family of the Hopper grouped GEMM (sm90_grouped_gemm.h): MXFP4-packed W (e2m1 codes in
-// the kernel nibble order + one e8m0 scale per 32 of K) or NVFP4-packed W (the same codes, a ue4m3
-// scale per 16 of K as kernel scale codes, a global scale per expert in the epilogue) with bf16 A
-// and C, fp32 accumulation on the bf16 wgmma. The packed weights stream from memory at 4.25 bits
-// per element and are converted to bf16 each K step, into registers (the swap-AB decode row,
-// w4a16_swapab_kernel) or into shared memory (w4a16_kernel), over the kW4A16 rows of the tile
-// table; and the in-place reorder of standard MXFP4 codes into the kernel order.
+// the kernel nibble order + one e8m0 scale per 32 of K), NVFP4-packed W (the same codes, a ue4m3
+// scale per 16 of K as kernel scale codes, a global scale per expert in the epilogue) or
+// MXFP6-packed W (e2m3 / e3m2 codes as a low nibble plane in the MXFP4 order + a plane of their
+// top two bits, an e8m0 scale per 32) with bf16 A and C, fp32 accumulation on the bf16 wgmma (or
+// the CUDA cores' FMA on the decode row). The packed weights stream from memory at 4.25 (6.25)
+// bits per element and are converted to bf16 each K step, into registers (the swap-AB and
+// CUDA-core decode rows) or into shared memory (w4a16_kernel), over the kW4A16 rows of the tile
+// table; and the in-place reorders of standard MXFP4 codes and MXFP6 rows into the kernel layouts.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -18,25 +20,38 @@ namespace detail {
 using namespace sm90;  // NOLINT: the kit
 
 // Supported and compiled: bf16 A and C (f16 activations would need another conversion); W
-// packed as MXFP4 with its e8m0 group scales, or as NVFP4 with its kernel scale codes and the
-// experts' global scales; k a multiple of 32 (whole 16-byte packed chunks); no A scales; every
-// kW4A16 row of the tile table.
+// packed as MXFP4 or MXFP6 with its e8m0 group scales, or as NVFP4 with its kernel scale codes and
+// the experts' global scales; k a multiple of 32 (whole 16-byte packed chunks; MXFP6: of 64, rows
+// of whole 16-byte chunks); no A scales; every kW4A16 row of the tile table.
 std::string can_implement_w4a16(const GroupedGemmArgs& args) {
   using std::to_string;
   const bool nvfp4 = args.w_packing == WPacking::kNvfp4;
-  if (args.w_packing != WPacking::kMxfp4 && !nvfp4) return "W is not MXFP4- or NVFP4-packed";
-  const char* format = nvfp4 ? "NVFP4" : "MXFP4";
+  const bool mxfp6 =
+      args.w_packing == WPacking::kMxfp6E2M3 || args.w_packing == WPacking::kMxfp6E3M2;
+  if (args.w_packing != WPacking::kMxfp4 && !nvfp4 && !mxfp6) {
+    return "W is not MXFP4-, NVFP4- or MXFP6-packed";
+  }
+  const char* format = nvfp4 ? "NVFP4"
+                       : mxfp6
+                           ? (args.w_packing == WPacking::kMxfp6E2M3 ? "MXFP6 e2m3" : "MXFP6 e3m2")
+                           : "MXFP4";
   if (args.dtype != ElemType::kBF16) {
     return std::string("dtype ") + elem_type_name(args.dtype) + " is not bf16 (" + format +
            " weights run with bf16 activations)";
   }
   if (args.k % 32 != 0) {
     return "k=" + to_string(args.k) + " is not a multiple of 32 (" +
-           (nvfp4 ? "NVFP4 rows in whole 16-byte groups of 32" : "MXFP4 groups of 32") + ")";
+           (nvfp4 ? "NVFP4 rows in whole 16-byte groups of 32"
+                  : std::string(format) + " groups of 32") +
+           ")";
+  }
+  if (mxfp6 && args.k % 64 != 0) {
+    return "k=" + to_string(args.k) + " is not a multiple of 64 (" + format +
+           " rows of 3k / 4 bytes in whole 16-byte chunks)";
   }
   if (args.w_group_scale == nullptr) {
     return nvfp4 ? "NVFP4 W needs its ue4m3 group scale codes (w_group_scale)"
-                 : "MXFP4 W needs its e8m0 group scales (w_group_scale)";
+                 : std::string(format) + " W needs its e8m0 group scales (w_group_scale)";
   }
   if (args.a_scale_kind != AScale::kNone) {
     return std::string("A scales are given for ") + format + " W with bf16 A";
@@ -51,7 +66,8 @@ std::string can_implement_w4a16(const GroupedGemmArgs& args) {
   } else if (args.w_scale_kind != WScale::kNone &&
              (args.w_scale_kind != WScale::kExpert || args.w_scale == nullptr)) {
     // kExpert: a scale per expert in the epilogue (fp8 activations' codes on the bf16 operands)
-    return "MXFP4 W takes no scale beside its group scales but one per expert (kExpert)";
+    return std::string(format) +
+           " W takes no scale beside its group scales but one per expert (kExpert)";
   }
   return "";
 }
@@ -88,7 +104,43 @@ __global__ void reorder_mxfp4_kernel(uint4* w, int64_t groups, bool to_kernel) {
   }
 }
 
+// Rows r = blockIdx.x, + gridDim.x, ...: the row copied whole into shared memory, then each
+// thread rewrites groups of it from the copy (a group's bytes in either layout belong to it alone).
+__global__ void repack_mxfp6_kernel(uint8_t* w, int64_t rows, int64_t k, bool to_kernel) {
+  extern __shared__ uint4 row_copy[];
+  const int64_t row_bytes = 3 * k / 4, chunks = row_bytes / 16, groups = k / 32;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    uint8_t* row = w + r * row_bytes;
+    __syncthreads();  // the previous row's copy is no longer read
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x)
+      row_copy[c] = reinterpret_cast<const uint4*>(row)[c];
+    __syncthreads();
+    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+      uint8_t codes[sm90::kMxfp6GroupElems] = {};
+      sm90::mxfp6_read_group(reinterpret_cast<const uint8_t*>(row_copy), k, g, !to_kernel, codes);
+      sm90::mxfp6_write_group(row, k, g, to_kernel, codes);
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t repack_mxfp6_rows(void* w, int64_t rows, int64_t k, bool to_kernel,
+                              cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  constexpr int64_t kMaxK = int64_t{1} << 18;  // 192 KB of shared memory per row
+  if (w == nullptr || reinterpret_cast<uintptr_t>(w) % 16 != 0 || k <= 0 || k % 64 != 0 ||
+      k > kMaxK) {
+    return cudaErrorInvalidValue;
+  }
+  const int smem = static_cast<int>(3 * k / 4);
+  MOEKIT_CUDA_TRY(
+      cudaFuncSetAttribute(repack_mxfp6_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t blocks = std::min<int64_t>(rows, 4096);
+  repack_mxfp6_kernel<<<static_cast<unsigned>(blocks), 128, smem, stream>>>(
+      static_cast<uint8_t*>(w), rows, k, to_kernel);
+  return cudaGetLastError();
+}
 
 cudaError_t reorder_mxfp4_groups(void* w, int64_t groups, bool to_kernel, cudaStream_t stream) {
   if (groups <= 0) return cudaSuccess;

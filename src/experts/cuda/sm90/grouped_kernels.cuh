@@ -54,6 +54,7 @@
 #include "experts/cuda/sm90/host.h"
 #include "experts/cuda/sm90/int4_layout.h"
 #include "experts/cuda/sm90/mainloop.cuh"
+#include "experts/cuda/sm90/mxfp6_layout.h"
 #include "experts/cuda/sm90_grouped_gemm.h"
 
 namespace moekit::cuda::sm90 {
@@ -713,21 +714,56 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
+// The packed formats of the kW4A16 rows (WPacking kMxfp4, kNvfp4, kMxfp6E2M3, kMxfp6E3M2): how
+// long a row is, how a kernel-order word becomes bf16 pairs (sm90/mxfp4_layout.h and
+// sm90/mxfp6_layout.h, plain functions tested on the host) and the bf16x2 factors of a group's
+// scale code(s). MXFP6 words come with their high bits: `high` is the group's high-plane word
+// H[q / 2] shifted right by 8 (q % 2) for low word q (ignored by the 4-bit formats).
+template <WPacking kPacking>
+struct Packed {
+  static constexpr bool kNvfp4 = kPacking == WPacking::kNvfp4;
+  static constexpr bool kMxfp6 =
+      kPacking == WPacking::kMxfp6E2M3 || kPacking == WPacking::kMxfp6E3M2;
+  static constexpr bool kE3M2 = kPacking == WPacking::kMxfp6E3M2;
+  // e8m0 codes above this need the second multiply (MXFP4 and e2m3: scales above 2; e3m2, whose
+  // pairs carry 2^-124, above 8); NaN (255) among them.
+  static constexpr uint32_t kOneStepMax = kE3M2 ? 130u : 128u;
+  static constexpr int64_t row_bytes(int k) {
+    return kMxfp6 ? static_cast<int64_t>(k) * 3 / 4 : k / 2;
+  }
+  template <int kP>
+  static constexpr uint32_t pair_bits(uint32_t word, uint32_t high) {
+    if constexpr (kMxfp6) return fp6_pair_bits<kP, kE3M2>(word, high);
+    return e2m1_pair_bits<kP>(word);
+  }
+  // The high-plane word of low word q, given the group's two (h0, h1).
+  static constexpr uint32_t high_of(uint32_t h0, uint32_t h1, int q) {
+    return (q < 2 ? h0 : h1) >> (8 * (q % 2));
+  }
+  static constexpr uint32_t first_factor(uint32_t s) {
+    return kE3M2 ? mxfp6_first_factor(s, true) : w4_first_factor(s);
+  }
+  static constexpr uint32_t second_factor(uint32_t s) {
+    return kE3M2 ? mxfp6_second_factor(s, true) : w4_second_factor(s);
+  }
+};
+
 // The bf16x2 factors of one 32-element group: `lo` for pairs 0, 1 of its words (elements 0..15),
-// `hi` for pairs 2, 3 (16..31), then f2 when two_steps. MXFP4 (`codes` its e8m0 code): lo = hi =
-// w4_first_factor, f2 above scale 2. NVFP4 (`codes` the kernel scale codes of its two 16-element
-// groups, bytes 0 and 1): one multiply each.
+// `hi` for pairs 2, 3 (16..31), then f2 when two_steps. MXFP4 / MXFP6 (`codes` its e8m0 code): lo
+// = hi = the first factor, f2 above kOneStepMax. NVFP4 (`codes` the kernel scale codes of its two
+// 16-element groups, bytes 0 and 1): one multiply each.
 struct W4Factors {
   uint32_t lo, hi, f2;
   bool two_steps;
 };
-template <bool kNvfp4>
+template <WPacking kPacking>
 __device__ __forceinline__ W4Factors w4_factors(uint32_t codes) {
-  if constexpr (kNvfp4) {
+  using Fmt = Packed<kPacking>;
+  if constexpr (Fmt::kNvfp4) {
     return {nvfp4_factor(codes & 0xFFu), nvfp4_factor((codes >> 8) & 0xFFu), 0u, false};
   }
-  const uint32_t f1 = w4_first_factor(codes);
-  return {f1, f1, w4_second_factor(codes), codes > 128u};
+  const uint32_t f1 = Fmt::first_factor(codes);
+  return {f1, f1, Fmt::second_factor(codes), codes > Fmt::kOneStepMax};
 }
 
 // Single-role mainloop of the kW4A16 rows. Every thread copies its part of a stage (gathered A
@@ -735,11 +771,13 @@ __device__ __forceinline__ W4Factors w4_factors(uint32_t codes) {
 // (row t / 2, half t % 2) of each packed stage into one of kConvertedTiles bf16 W tiles (128-byte
 // swizzled, the layout the 16-bit wgmma reads) one K step ahead: while the tensor cores run step
 // kt on tile kt % 3, the threads convert step kt + 1 into the tile step kt - 2 read. One block
-// barrier per K step.
-template <typename T, typename OutT, int kTile, bool kNvfp4>
+// barrier per K step. MXFP6: the thread also reads its group's 8 high-plane bytes (one 8-byte
+// load, a K step ahead like the scale code).
+template <typename T, typename OutT, int kTile, WPacking kPacking>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     w4a16_kernel(const KernelParams p) {
   using Shape = ShapeOf<T, kTile>;
+  using Fmt = Packed<kPacking>;
   static_assert(Shape::kPackedW4 && std::is_same_v<T, __nv_bfloat16>);
   constexpr int kBM = Shape::kBM;
   constexpr int kBN = Shape::kBN;
@@ -767,7 +805,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int w_row = tid >> 1;  // W: the packed row this thread loads and converts
   const int w_half = tid & 1;  // W: its 32-element group of the stage
   const int warpgroup = tid / 128;
-  const int64_t w_row_bytes = p.k / 2;
+  const int64_t w_row_bytes = Fmt::row_bytes(p.k);
   using Step = KStep<T, kBN, Shape::kPromotion>;
   Step step;
 
@@ -779,10 +817,14 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     const int n = w.n0 + w_row;
     const int64_t w_index = static_cast<int64_t>(w.expert) * p.n + n;
     const uint8_t* w_src = n < p.n ? p.w + w_index * w_row_bytes + w_half * kChunkBytes : nullptr;
-    // The scale code(s) of this thread's group: one e8m0 (MXFP4), two kernel codes (NVFP4).
-    constexpr int codes_per_group = kNvfp4 ? 2 : 1;
+    // The scale code(s) of this thread's group: one e8m0 (MXFP4, MXFP6), two kernel codes
+    // (NVFP4).
+    constexpr int codes_per_group = Fmt::kNvfp4 ? 2 : 1;
     const uint8_t* scale_src =
         n < p.n ? p.w_group_scale + w_index * p.k_groups + w_half * codes_per_group : nullptr;
+    // MXFP6: the high-plane bytes of this thread's group in K step 0 (16 per step and row).
+    const uint8_t* high_src =
+        Fmt::kMxfp6 && n < p.n ? p.w + w_index * w_row_bytes + p.k / 2 + w_half * 8 : nullptr;
 
     auto load_stage = [&](int kt) {
       if (kt < p.k_tiles) {
@@ -803,10 +845,17 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     auto load_scale = [&](int kt) -> uint32_t {
       const int first = (kt * 2 + w_half) * codes_per_group;
       const bool ok = scale_src != nullptr && kt < p.k_tiles && first < p.k_groups;
-      if (!ok) return kNvfp4 ? 0u : 127u;
+      if (!ok) return Fmt::kNvfp4 ? 0u : 127u;
       const uint8_t* codes = scale_src + 2 * codes_per_group * kt;
-      if constexpr (kNvfp4) return __ldg(reinterpret_cast<const uint16_t*>(codes));
+      if constexpr (Fmt::kNvfp4) return __ldg(reinterpret_cast<const uint16_t*>(codes));
       return __ldg(codes);
+    };
+    // MXFP6: the group's high-plane words H0, H1 in K step kt (zeros past k or n).
+    auto load_high = [&](int kt) -> uint2 {
+      if constexpr (!Fmt::kMxfp6) return make_uint2(0u, 0u);
+      const bool ok = high_src != nullptr && kt < p.k_tiles && kt * Shape::kBK + w_half * 32 < p.k;
+      return ok ? __ldg(reinterpret_cast<const uint2*>(high_src + 16 * static_cast<int64_t>(kt)))
+                : make_uint2(0u, 0u);
     };
 
     typename Step::Acc acc[kAcc];
@@ -815,23 +864,25 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     // This thread's 32-element group of K step kt, converted with its scale code into converted
     // tile kt % kConvertedTiles: pair p of the group's four words is elements 8p .. 8p + 7 of the
     // group, one 16-byte chunk of the bf16 row.
-    auto convert = [&](int kt, uint32_t scale) {
+    auto convert = [&](int kt, uint32_t scale, uint2 high) {
       const uint4 q = *reinterpret_cast<const uint4*>(
           smem_generic + Shape::kConvertedBytes + (kt % kStages) * Shape::kStageBytes +
           Shape::kStageABytes + w_row * kPackedRow + w_half * kChunkBytes);
-      const W4Factors f = w4_factors<kNvfp4>(scale);
+      const W4Factors f = w4_factors<kPacking>(scale);
       const uint32_t tile = static_cast<uint32_t>((kt % kConvertedTiles) * kBN * kRowBytes);
       const uint32_t words[4] = {q.x, q.y, q.z, q.w};
       uint32_t v[4][4];
       [&]<int... kP>(std::integer_sequence<int, kP...>) {
-        ((v[kP][0] = mul_bf16x2(e2m1_pair_bits<kP>(words[0]), kP < 2 ? f.lo : f.hi),
-          v[kP][1] = mul_bf16x2(e2m1_pair_bits<kP>(words[1]), kP < 2 ? f.lo : f.hi),
-          v[kP][2] = mul_bf16x2(e2m1_pair_bits<kP>(words[2]), kP < 2 ? f.lo : f.hi),
-          v[kP][3] = mul_bf16x2(e2m1_pair_bits<kP>(words[3]), kP < 2 ? f.lo : f.hi)),
-         ...);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          ((v[kP][q] =
+                mul_bf16x2(Fmt::template pair_bits<kP>(words[q], Fmt::high_of(high.x, high.y, q)),
+                           kP < 2 ? f.lo : f.hi)),
+           ...);
+        }
       }
       (std::make_integer_sequence<int, 4>{});
-      if (f.two_steps) {  // MXFP4 scales above 2: one branch per group
+      if (f.two_steps) {  // MX scales above kOneStepMax: one branch per group
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
 #pragma unroll
@@ -849,10 +900,12 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     for (int s = 0; s < kStages - 2; ++s)
       load_stage(s);
     const uint32_t first_scale = load_scale(0);
+    const uint2 first_high = load_high(0);
     uint32_t next_scale = load_scale(1);
+    uint2 next_high = load_high(1);
     cp_async_wait<kStages - 3>();  // tile 0 has landed (this thread's copies)
     __syncthreads();               // ... every thread's
-    convert(0, first_scale);
+    convert(0, first_scale, first_high);
 
     for (int kt = 0; kt < p.k_tiles; ++kt) {
       cp_async_wait<kStages - 4>();  // this thread's copies of tile kt + 1 have landed
@@ -871,8 +924,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       // kt - 2 read.
       if (kt + 1 < p.k_tiles) {
         const uint32_t scale = next_scale;
+        const uint2 high = next_high;
         next_scale = load_scale(kt + 2);
-        convert(kt + 1, scale);
+        next_high = load_high(kt + 2);
+        convert(kt + 1, scale, high);
       }
       wgmma_wait<1>();
       fence_registers(acc);
@@ -951,11 +1006,14 @@ __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
 // conversion overlaps step kt - 1's wgmma) and issues 4 m64n16k16 wgmma. The epilogue
 // transposes the accumulator through shared memory into the 16-bit kernels' fragment layout, and
 // warp 0 stores it with store_tile (bias, fused activation). Needs k % 64 == 0 (whole K steps; the
-// two codes of a step in one aligned word) and a 4-byte aligned w_group_scale.
-template <typename T, typename OutT, int kTile, bool kNvfp4>
+// two codes of a step in one aligned word) and a 4-byte aligned w_group_scale. MXFP6: the 64
+// threads that copy the codes words also copy their row's 16 high-plane bytes of the step (both
+// groups) into s_high.
+template <typename T, typename OutT, int kTile, WPacking kPacking>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     w4a16_swapab_kernel(const KernelParams p) {
   using Shape = ShapeOf<T, kTile>;
+  using Fmt = Packed<kPacking>;
   static_assert(Shape::kSwapAB && std::is_same_v<T, __nv_bfloat16>);
   constexpr int kBM = Shape::kBM;  // tokens of an item: the wgmma's N
   constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
@@ -969,6 +1027,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
   __shared__ uint32_t s_scale_words[kStages][kBN];
+  __shared__ uint4 s_high[Fmt::kMxfp6 ? kStages : 1][Fmt::kMxfp6 ? kBN : 1];
   const uint32_t ring = ring_base(smem_dynamic);
   uint8_t* ring_generic = smem_dynamic + (ring - smem_u32(smem_dynamic));
 
@@ -989,7 +1048,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int lane = tid & 31;
   const int r0 = (tid >> 5) * 16 + (lane >> 2);
   const int word_offset = (lane & 3) * 4;
-  const int64_t w_row_bytes = p.k / 2;
+  const int64_t w_row_bytes = Fmt::row_bytes(p.k);
 
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
@@ -1021,10 +1080,17 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
           // NVFP4: codes 4kt .. 4kt + 3, one aligned word (k_groups = k / 16 is a multiple of 4).
           const uint8_t* word = p.w_group_scale;
           if (scale_src != nullptr) {
-            const uint8_t* codes = scale_src + (kNvfp4 ? 4 : 2) * kt;
+            const uint8_t* codes = scale_src + (Fmt::kNvfp4 ? 4 : 2) * kt;
             word = codes - (reinterpret_cast<uintptr_t>(codes) & 3u);
           }
           cp_async_4(smem_u32(&s_scale_words[s][tid]), word, scale_src != nullptr);
+          if constexpr (Fmt::kMxfp6) {
+            const uint8_t* high = p.w;
+            if (scale_src != nullptr) {
+              high = p.w + (w_first + tid) * w_row_bytes + p.k / 2 + 16 * static_cast<int64_t>(kt);
+            }
+            cp_async_16(smem_u32(&s_high[s][tid]), high, scale_src != nullptr);
+          }
         }
       }
       cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
@@ -1040,6 +1106,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
     // The byte offset (0 or 16 bits) of a step's codes in their word, by step parity (the loop
     // below runs even steps with fragment set 0 and odd ones with set 1), and their mask.
+    constexpr bool kNvfp4 = Fmt::kNvfp4;
     const uint32_t code_shift[2][2] = {
         {kNvfp4 ? 0u : (par0 & 2) * 8, kNvfp4 ? 0u : ((par0 + 2) & 2) * 8},
         {kNvfp4 ? 0u : (par1 & 2) * 8, kNvfp4 ? 0u : ((par1 + 2) & 2) * 8}};
@@ -1068,8 +1135,19 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
           word[r][g] = *reinterpret_cast<const uint32_t*>(packed + (r0 + 8 * r) * kPackedRow +
                                                           g * kMxfp4GroupBytes + word_offset);
       }
-      // codes[r] of row r0 + 8r: MXFP4's e8m0 codes of groups 2kt (byte 0) and 2kt + 1 (byte
-      // 1); NVFP4's kernel codes of its 16-element groups 4kt .. 4kt + 3 (bytes 0..3).
+      // MXFP6: high[r][g], the high-plane word of this thread's word of group g of row r0 + 8r.
+      uint32_t high[2][2] = {};
+      if constexpr (Fmt::kMxfp6) {
+        const int q = lane & 3;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint4 h = s_high[s][r0 + 8 * r];
+          high[r][0] = Fmt::high_of(h.x, h.y, q);
+          high[r][1] = Fmt::high_of(h.z, h.w, q);
+        }
+      }
+      // codes[r] of row r0 + 8r: the e8m0 codes (MXFP4, MXFP6) of groups 2kt (byte 0) and 2kt + 1
+      // (byte 1); NVFP4's kernel codes of its 16-element groups 4kt .. 4kt + 3 (bytes 0..3).
       const uint32_t codes[2] = {(s_scale_words[s][r0] >> code_shift[0][kSet]) & code_mask,
                                  (s_scale_words[s][r0 + 8] >> code_shift[1][kSet]) & code_mask};
       // f[g][r][h]: the factor of elements 16h .. 16h + 15 of 32-element group g of row r0 + 8r.
@@ -1082,7 +1160,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
             f[g][r][0] = nvfp4_factor((codes[r] >> (16 * g)) & 0xFFu);
             f[g][r][1] = nvfp4_factor((codes[r] >> (16 * g + 8)) & 0xFFu);
           } else {
-            f[g][r][0] = f[g][r][1] = w4_first_factor((codes[r] >> (8 * g)) & 0xFFu);
+            f[g][r][0] = f[g][r][1] = Fmt::first_factor((codes[r] >> (8 * g)) & 0xFFu);
           }
         }
       }
@@ -1095,22 +1173,23 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             ((a[2 * g + kP / 2][2 * (kP % 2) + r] =
-                  mul_bf16x2(e2m1_pair_bits<kP>(word[r][g]), f[g][r][kP / 2])),
+                  mul_bf16x2(Fmt::template pair_bits<kP>(word[r][g], high[r][g]), f[g][r][kP / 2])),
              ...);
           }
         }
       }
       (std::make_integer_sequence<int, 4>{});
-      // MXFP4 codes above 128 (scales above 2, and NaN) need the second multiply: one
-      // warp-uniform branch, rarely taken.
-      const uint32_t above = __vcmpgtu4(codes[0], 0x8080u) | __vcmpgtu4(codes[1], 0x8080u);
+      // MX codes above kOneStepMax (MXFP4: scales above 2, and NaN) need the second multiply:
+      // one warp-uniform branch, rarely taken.
+      constexpr uint32_t kMax2 = Fmt::kOneStepMax * 0x0101u;
+      const uint32_t above = __vcmpgtu4(codes[0], kMax2) | __vcmpgtu4(codes[1], kMax2);
       if (!kNvfp4 && __any_sync(0xFFFFFFFFu, above != 0)) {
 #pragma unroll
         for (int j = 0; j < kSteps; ++j) {
 #pragma unroll
           for (int i = 0; i < 4; ++i)
             a[j][i] =
-                mul_bf16x2(a[j][i], w4_second_factor((codes[i % 2] >> (8 * (j / 2))) & 0xFFu));
+                mul_bf16x2(a[j][i], Fmt::second_factor((codes[i % 2] >> (8 * (j / 2))) & 0xFFu));
         }
       }
       const uint32_t tokens = ring + static_cast<uint32_t>(s * Shape::kStageBytes);
@@ -1519,6 +1598,12 @@ __device__ __forceinline__ uint4 ld_stream_16(const void* src) {
       : "l"(src));
   return v;
 }
+// 8 bytes, likewise.
+__device__ __forceinline__ uint2 ld_stream_8(const void* src) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(src));
+  return v;
+}
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -1563,11 +1648,15 @@ __device__ __forceinline__ float bias_at(const KernelParams& p, int expert, int 
 // reads the same tokens) into fp32 accumulators, one per row and token. A reduce-scatter butterfly
 // sums the lanes; the lane holding a total scales it (W4A16's per-expert scale), adds the bias and
 // stores it, or, fused, pairs the gate row's total with the up row's 16 lanes away and stores the
-// activation (gate and up rounded to OutT first, as every epilogue of the kit does).
-template <typename T, typename OutT, int kTile, bool kNvfp4>
+// activation (gate and up rounded to OutT first, as every epilogue of the kit does). MXFP6 rows add
+// the group's 8 high-plane bytes to each chunk.
+template <typename T, typename OutT, int kTile, WPacking kPacking>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     simt_kernel(const KernelParams p) {
   using Shape = ShapeOf<T, kTile>;
+  using Fmt = Packed<kPacking>;
+  constexpr bool kNvfp4 = Fmt::kNvfp4;
+  constexpr bool kMxfp6 = Fmt::kMxfp6;
   static_assert(Shape::kSimt && Shape::kBN == 64);
   constexpr int kBM = Shape::kBM;
   constexpr int kWarps = Shape::kThreads / 32;  // 8 or 16
@@ -1585,7 +1674,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int total_m_tiles = s_tile_prefix[p.num_experts];
   const int total = total_m_tiles * p.n_tiles * kWarps;
   const int chunks = kW4 ? p.k / 32 : p.k / 8;  // 16-byte chunks of a weight row
-  const int64_t w_row_bytes = kW4 ? p.k / 2 : static_cast<int64_t>(p.k) * 2;
+  const int64_t w_row_bytes = kW4 ? Fmt::row_bytes(p.k) : static_cast<int64_t>(p.k) * 2;
 
   for (int wi = static_cast<int>(blockIdx.x) * kWarps + warp; wi < total;
        wi += static_cast<int>(gridDim.x) * kWarps) {
@@ -1608,10 +1697,12 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     for (int j = 0; j < kRows; ++j)
       valid |= (w.n0 + simt_row<kRows>(slice, j) < p.n ? 1u : 0u) << j;
 
-    // Chunk c of every row slot (zeros past K or n) and, W4A16, its scale codes.
+    // Chunk c of every row slot (zeros past K or n) and, W4A16, its scale codes (MXFP6: and its
+    // high-plane words).
     struct Chunk {
       uint4 w[kRows];
       uint32_t code[kRows];
+      uint2 high[kMxfp6 ? kRows : 1];
     };
     // Slot j's rows relative to slot 0's, in 32-bit offsets (a few registers: this kernel is
     // limited by them, and 64-bit row pointers per slot would take 32).
@@ -1627,6 +1718,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         const bool ok = c < chunks && ((valid >> j) & 1u) != 0;
         const uint32_t slot = static_cast<uint32_t>(simt_row<kRows>(0, j));
         d.w[j] = ok ? ld_stream_16(w_c + slot * row_bytes32) : make_uint4(0, 0, 0, 0);
+        if constexpr (kMxfp6) {
+          const uint8_t* h = w_slice + p.k / 2 + static_cast<int64_t>(c) * 8 + slot * row_bytes32;
+          d.high[j] = ok ? ld_stream_8(h) : make_uint2(0u, 0u);
+        }
         if constexpr (kW4) {
           const uint8_t* codes = codes_slice + slot * codes_per_row;
           if constexpr (kNvfp4) {  // the two 16-element groups' kernel codes, one aligned pair
@@ -1685,7 +1780,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
           f_lo[j] = nvfp4_factor(cur.code[j] & 0xFFu);
           f_hi[j] = nvfp4_factor(cur.code[j] >> 8);
         } else {
-          f_lo[j] = w4_first_factor(cur.code[j]);
+          f_lo[j] = Fmt::first_factor(cur.code[j]);
         }
       }
       [&]<int... kP>(std::integer_sequence<int, kP...>) {
@@ -1699,9 +1794,14 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
                   av[t] = unpack_pair<T>(word_of(a[t][kP], q));
 #pragma unroll
                 for (int j = 0; j < kRows; ++j) {
-                  uint32_t bits = mul_bf16x2(e2m1_pair_bits<kP>(word_of(cur.w[j], q)),
-                                             kP < 2 || !kNvfp4 ? f_lo[j] : f_hi[j % kRows]);
-                  if constexpr (kTwoSteps) bits = mul_bf16x2(bits, w4_second_factor(cur.code[j]));
+                  uint32_t high = 0;
+                  if constexpr (kMxfp6) {
+                    high = Fmt::high_of(cur.high[j].x, cur.high[j].y, q);
+                  }
+                  uint32_t bits =
+                      mul_bf16x2(Fmt::template pair_bits<kP>(word_of(cur.w[j], q), high),
+                                 kP < 2 || !kNvfp4 ? f_lo[j] : f_hi[j % kRows]);
+                  if constexpr (kTwoSteps) bits = mul_bf16x2(bits, Fmt::second_factor(cur.code[j]));
                   const float2 wv = unpack_pair<T>(bits);
 #pragma unroll
                   for (int t = 0; t < kBM; ++t)
@@ -1721,12 +1821,12 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       const int c = c0 + lane;
       load(c + 32, next);  // in flight while this chunk is multiplied
       if constexpr (kW4) {
-        // MXFP4 codes above 128 (scales above 2, and NaN) need the second multiply: one
-        // warp-uniform branch, rarely taken.
+        // MX codes above kOneStepMax (MXFP4: scales above 2, and NaN) need the second multiply:
+        // one warp-uniform branch, rarely taken.
         bool above = false;
 #pragma unroll
         for (int j = 0; j < kRows; ++j)
-          above = above || (!kNvfp4 && cur.code[j] > 128u);
+          above = above || (!kNvfp4 && cur.code[j] > Fmt::kOneStepMax);
         if (__any_sync(0xFFFFFFFFu, above)) {
           accumulate_w4(c, cur, std::true_type{});
         } else {
@@ -1788,25 +1888,40 @@ cudaError_t set_kernel_attributes(Kernel kernel, int dynamic_smem) {
       dynamic_smem == 0 ? cudaSharedmemCarveoutMaxL1 : cudaSharedmemCarveoutMaxShared);
 }
 
-// The kernel of table row kTile for operand T and output OutT; the packed-W4 rows' NVFP4 variant
-// when kNvfp4 (a compile-time choice: the MXFP4 mainloop keeps its instructions).
-template <typename T, typename OutT, int kTile, bool kNvfp4 = false>
+// The kernel of table row kTile for operand T and output OutT; the packed-W4 rows' variant of
+// format kPacking (a compile-time choice: each format's mainloop keeps only its instructions;
+// the other rows ignore it).
+template <typename T, typename OutT, int kTile, WPacking kPacking = WPacking::kMxfp4>
 constexpr auto kernel_of() {
-  static_assert(!kNvfp4 || ShapeOf<T, kTile>::kPackedW4, "NVFP4 is a packed-W4 variant");
   if constexpr (ShapeOf<T, kTile>::kSimt) {
-    return &simt_kernel<T, OutT, kTile, kNvfp4>;
+    return &simt_kernel<T, OutT, kTile, kPacking>;
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kPackedW4) {
-    return &w4a16_swapab_kernel<T, OutT, kTile, kNvfp4>;
+    return &w4a16_swapab_kernel<T, OutT, kTile, kPacking>;
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kProducer) {
     return &ws_swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB) {
     return &swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kPackedW4) {
-    return &w4a16_kernel<T, OutT, kTile, kNvfp4>;
+    return &w4a16_kernel<T, OutT, kTile, kPacking>;
   } else if constexpr (ShapeOf<T, kTile>::kProducer) {
     return &ws_tma_kernel<T, OutT, kTile>;
   } else {
     return &single_role_kernel<T, OutT, kTile>;
+  }
+}
+
+// f(std::integral_constant<WPacking, packing>) for a packed-W4 format (kMxfp4 for any other).
+template <typename F>
+cudaError_t with_packing(WPacking packing, F&& f) {
+  switch (packing) {
+    case WPacking::kNvfp4:
+      return f(std::integral_constant<WPacking, WPacking::kNvfp4>{});
+    case WPacking::kMxfp6E2M3:
+      return f(std::integral_constant<WPacking, WPacking::kMxfp6E2M3>{});
+    case WPacking::kMxfp6E3M2:
+      return f(std::integral_constant<WPacking, WPacking::kMxfp6E3M2>{});
+    default:
+      return f(std::integral_constant<WPacking, WPacking::kMxfp4>{});
   }
 }
 
@@ -1866,8 +1981,8 @@ KernelParams kernel_params(const GroupedGemmArgs& args) {
   p.w_scale = args.w_scale;
   p.w_scale_row_blocks = div_up(args.n, 32);
   p.w_group_scale = args.w_group_scale;
-  p.nvfp4 = args.w_packing == WPacking::kNvfp4;
-  p.k_groups = args.k / (p.nvfp4 ? kNvfp4GroupElems : 32);
+  p.packing = args.w_packing;
+  p.k_groups = args.k / (p.packing == WPacking::kNvfp4 ? kNvfp4GroupElems : 32);
   return p;
 }
 
@@ -1919,10 +2034,10 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
     cache = nullptr;
   }
   if constexpr (Shape::kPackedW4) {
-    if (p.nvfp4) {
-      return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile, true>(), args, p, cache, params,
-                                     stream);
-    }
+    return with_packing(p.packing, [&](auto packing) {
+      return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile, decltype(packing)::value>(), args, p,
+                                     cache, params, stream);
+    });
   }
   return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile>(), args, p, cache, params, stream);
 }
@@ -1935,10 +2050,13 @@ cudaError_t prepare_rows(const GroupedGemmArgs& args, WeightLaunchCache* c) {
     MOEKIT_CUDA_TRY(with_tile<kFamily>(row, [&](auto tile) {
       constexpr int kRow = decltype(tile)::value;
       using Shape = ShapeOf<T, kRow>;
-      MOEKIT_CUDA_TRY(set_kernel_attributes(kernel_of<T, OutT, kRow>(), Shape::kDynamicSmem));
       if constexpr (Shape::kPackedW4) {
-        MOEKIT_CUDA_TRY(
-            set_kernel_attributes(kernel_of<T, OutT, kRow, true>(), Shape::kDynamicSmem));
+        MOEKIT_CUDA_TRY(with_packing(args.w_packing, [&](auto packing) {
+          return set_kernel_attributes(kernel_of<T, OutT, kRow, decltype(packing)::value>(),
+                                       Shape::kDynamicSmem);
+        }));
+      } else {
+        MOEKIT_CUDA_TRY(set_kernel_attributes(kernel_of<T, OutT, kRow>(), Shape::kDynamicSmem));
       }
       if constexpr (Shape::kTma) {
         return encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype, Shape::kBK,

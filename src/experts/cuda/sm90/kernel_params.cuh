@@ -37,12 +37,12 @@ struct KernelParams {
   WScale w_scale_kind;
   const float* w_scale;
   int w_scale_row_blocks;  // ceil(n / 32): kBlock32x128's blocks of 32 rows per expert
-  // W4A16 (packed e2m1 W): MXFP4's e8m0 code of each 32-element K group, (E, n, k / 32); or
-  // (nvfp4) NVFP4's kernel scale code of each 16-element group (sm90/mxfp4_layout.h), (E, n,
-  // k / 16), with the expert's global scale x 2^8 as WScale::kExpert.
+  // W4A16 (packed e2m1 / fp6 W): the e8m0 code of each 32-element K group (MXFP4, MXFP6), (E,
+  // n, k / 32); or NVFP4's kernel scale code of each 16-element group (sm90/mxfp4_layout.h), (E,
+  // n, k / 16), with the expert's global scale x 2^8 as WScale::kExpert.
   const uint8_t* w_group_scale;
-  int k_groups;  // scale codes per row: k / 32, or k / 16 (nvfp4)
-  bool nvfp4;    // the host launches the kernels' NVFP4 variant (their kNvfp4)
+  int k_groups;      // scale codes per row: k / 32, or k / 16 (NVFP4)
+  WPacking packing;  // the host launches the kernels' variant of this format (their kPacking)
 };
 
 }  // namespace moekit::cuda::sm90

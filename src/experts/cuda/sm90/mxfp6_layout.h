@@ -77,9 +77,10 @@ constexpr bool mxfp6_two_steps(uint32_t s, bool e3m2) {
   return s == 255u || mxfp6_factor_exponent(s, e3m2) > 127;
 }
 
-// The 32 codes of group g of a row of k elements, from the standard layout or the kernel layout.
-inline void mxfp6_read_group(const uint8_t* row, int64_t k, int64_t g, bool kernel,
-                             uint8_t (&codes)[kMxfp6GroupElems]) {
+// The 32 codes of group g of a row of k elements, from the standard layout or the kernel layout
+// (constexpr: the device repack calls it too).
+constexpr void mxfp6_read_group(const uint8_t* row, int64_t k, int64_t g, bool kernel,
+                                uint8_t (&codes)[kMxfp6GroupElems]) {
   if (!kernel) {
     const uint8_t* s = row + g * kMxfp6StandardGroupBytes;
     for (int i = 0; i < kMxfp6GroupElems; ++i) {
@@ -101,9 +102,9 @@ inline void mxfp6_read_group(const uint8_t* row, int64_t k, int64_t g, bool kern
 }
 
 // Writes the 32 codes of group g into a row of k elements in either layout (the group's bytes
-// zeroed first: ORs only).
-inline void mxfp6_write_group(uint8_t* row, int64_t k, int64_t g, bool kernel,
-                              const uint8_t (&codes)[kMxfp6GroupElems]) {
+// zeroed first: ORs only; constexpr as mxfp6_read_group).
+constexpr void mxfp6_write_group(uint8_t* row, int64_t k, int64_t g, bool kernel,
+                                 const uint8_t (&codes)[kMxfp6GroupElems]) {
   if (!kernel) {
     uint8_t* s = row + g * kMxfp6StandardGroupBytes;
     for (int i = 0; i < kMxfp6StandardGroupBytes; ++i)

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Device call for MXFP6 weights on the W4A16 kernels (WPacking::kMxfp6E2M3 / kMxfp6E3M2,
+# Sm90Mxfp6Experts). Parts (arguments, in order):
+#   gemm       the MXFP6 grouped GEMM tests (every W4A16 row, both elements) and the MXFP6 layer
+#              cases of test_gpu_quantized (every preset and M, every tile forced)
+#   sanitizer  memcheck and racecheck on the MXFP6 grouped GEMM tests
+#   tests      every GPU test binary (bench/h200_session.sh tests)
+#   bench      moekit bench (bf16) and the Triton peer, the ratio table; gpt-oss-120b MXFP4 W4A16
+#              and MXFP6 (e3m2, e2m3) side by side
+#   fixtures   every fixture scheme through `moekit run --checkpoint` on the GPU
+# Everything is packed into $OUT/all*.tgz (pack_logs).
+# shellcheck source=bench/device_prelude.sh
+. bench/device_prelude.sh
+for part in "$@"; do
+  t0=$(date +%s)
+  case $part in
+    gemm)
+      timeout 150 build/tests/test_grouped_gemm --gtest_brief=1 \
+        --gtest_filter='GroupedGemmMxfp6*:GroupedGemmW4A16*:GroupedGemmNvfp4*' \
+        >"$log/test_grouped_gemm_w4.log" 2>&1
+      echo "test_grouped_gemm (w4) rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/test_grouped_gemm_w4.log" | tr '\n' ' ')"
+      grep -E "FAILED|Failure" "$log/test_grouped_gemm_w4.log" | head -20
+      timeout 200 build/tests/test_gpu_quantized --gtest_brief=1 \
+        --gtest_filter='*mxfp6*:*Every8BitTile*' >"$log/test_gpu_quantized_mxfp6.log" 2>&1
+      echo "test_gpu_quantized (mxfp6) rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/test_gpu_quantized_mxfp6.log" | tr '\n' ' ')"
+      grep -E "FAILED|Failure" "$log/test_gpu_quantized_mxfp6.log" | head -20
+      grep "\[quantized\] mxfp6" "$log/test_gpu_quantized_mxfp6.log" | head -40
+      ;;
+    sanitizer)
+      for tool in memcheck racecheck; do
+        timeout 150 compute-sanitizer --tool $tool build/tests/test_grouped_gemm --gtest_brief=1 \
+          --gtest_filter='GroupedGemmMxfp6.RandomProblem*:GroupedGemmMxfp6.DeviceRepack*'
+      done >"$log/sanitizer.log" 2>&1
+      grep -h "SUMMARY" "$log/sanitizer.log"
+      ;;
+    tests)
+      OUT=$log timeout 300 bash bench/h200_session.sh tests >/dev/null 2>&1
+      cat "$log/summary.txt"
+      ;;
+    bench)
+      OUT=$log timeout 240 bash bench/h200_session.sh bench peer >/dev/null 2>&1
+      tail -n 40 "$log/ratio.md"
+      for q in mxfp4_w4a16 mxfp6_e3m2 mxfp6_e2m3; do
+        timeout 90 build/moekit bench --quant $q --models gpt-oss-120b \
+          --tokens 1 16 64 256 1024 4096 16384 --json "$log/bench_$q.json" \
+          >"$log/bench_$q.log" 2>&1
+        echo "bench --quant $q rc=$?"
+        grep -E "^ " "$log/bench_$q.log" | head -12
+      done
+      ;;
+    fixtures)
+      bash bench/fixtures_gpu.sh
+      ;;
+    *) echo "unknown part $part" ;;
+  esac
+  echo "($part: $(($(date +%s) - t0)) s)"
+done
+pack_logs
