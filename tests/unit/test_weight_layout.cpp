@@ -252,6 +252,14 @@ TEST(WeightLayout, PlanCarriesTheChosenBackendsLayout) {
   EXPECT_FALSE(plan.weight_layout.has_value());
 }
 
+// A uint8 host tensor of `shape` filled with rng's bytes.
+Tensor random_bytes(std::mt19937& rng, Shape shape) {
+  Tensor t = Tensor::empty(shape, DType::kUInt8);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data_as<uint8_t>()[i] = static_cast<uint8_t>(rng() & 0xFF);
+  return t;
+}
+
 // to_standard on each expert of `w` (in the kernel layout), alone, gives its standard bytes back.
 void expect_each_expert_back(const WeightLayout& layout, const ExpertWeights& w,
                              const MoEConfig& moe, const Tensor& w13_standard,
@@ -292,15 +300,9 @@ TEST(WeightLayout, Sm90Mxfp4ReordersCodesOfBothWeightsAndInverts) {
   EXPECT_NE(layout->name.find("nibble order"), std::string::npos) << layout->name;
   const int64_t E = moe.num_local_experts, N = 2 * moe.intermediate_size, H = moe.hidden_dim;
   std::mt19937 rng(7);
-  auto random_bytes = [&](Shape shape) {
-    Tensor t = Tensor::empty(shape, DType::kUInt8);
-    for (int64_t i = 0; i < t.numel(); ++i)
-      t.data_as<uint8_t>()[i] = static_cast<uint8_t>(rng() & 0xFF);
-    return t;
-  };
   ExpertWeights w;
-  w.w13 = random_bytes({E, N, H / 2});
-  w.w2 = random_bytes({E, H, moe.intermediate_size / 2});
+  w.w13 = random_bytes(rng, {E, N, H / 2});
+  w.w2 = random_bytes(rng, {E, H, moe.intermediate_size / 2});
   const Tensor w13_standard = w.w13.clone(), w2_standard = w.w2.clone();
   layout->to_kernel(w, moe, Stream{});
   // w2 has no row reorder: its groups are the standard ones permuted.
@@ -324,15 +326,9 @@ TEST(WeightLayout, Sm90Mxfp6RepacksRowsOfBothWeightsAndInverts) {
   const int64_t E = moe.num_local_experts, N = 2 * moe.intermediate_size, H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size;
   std::mt19937 rng(9);
-  auto random_bytes = [&](Shape shape) {
-    Tensor t = Tensor::empty(shape, DType::kUInt8);
-    for (int64_t i = 0; i < t.numel(); ++i)
-      t.data_as<uint8_t>()[i] = static_cast<uint8_t>(rng() & 0xFF);
-    return t;
-  };
   ExpertWeights w;
-  w.w13 = random_bytes({E, N, 3 * H / 4});
-  w.w2 = random_bytes({E, H, 3 * I / 4});
+  w.w13 = random_bytes(rng, {E, N, 3 * H / 4});
+  w.w2 = random_bytes(rng, {E, H, 3 * I / 4});
   const Tensor w13_standard = w.w13.clone(), w2_standard = w.w2.clone();
   layout->to_kernel(w, moe, Stream{});
   // w2 has no row reorder: its rows are the standard ones repacked.
@@ -343,8 +339,8 @@ TEST(WeightLayout, Sm90Mxfp6RepacksRowsOfBothWeightsAndInverts) {
   expect_each_expert_back(*layout, w, moe, w13_standard, w2_standard);
   // Rows that are not 3k / 4 bytes with k a multiple of 64 are refused by name.
   ExpertWeights bad;
-  bad.w13 = random_bytes({E, N, 3 * H / 4});
-  bad.w2 = random_bytes({E, H, 24});
+  bad.w13 = random_bytes(rng, {E, N, 3 * H / 4});
+  bad.w2 = random_bytes(rng, {E, H, 24});
   EXPECT_THROW(layout->to_kernel(bad, moe, Stream{}), Error);
 }
 
