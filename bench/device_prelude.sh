@@ -16,3 +16,12 @@ pack_logs() {
   while [ -e "$name" ]; do name=$out/all-$n.tgz; n=$((n + 1)); done
   tar czf "$name" -C "$out" logs && rm -rf "$log"
 }
+# Runs one GPU test binary with a time limit and a filter, its log to $log/NAME.log, and prints
+# "NAME rc=... [  PASSED  ] ..." and its first failures:
+#   run_gtest NAME SECONDS BINARY [FILTER]
+run_gtest() {
+  local name=$1 limit=$2 binary=$3 filter=${4:-*}
+  timeout "$limit" "$binary" --gtest_brief=1 --gtest_filter="$filter" >"$log/$name.log" 2>&1
+  echo "$name rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/$name.log" | tr '\n' ' ')"
+  grep -E "FAILED|Failure" "$log/$name.log" | head -20
+}

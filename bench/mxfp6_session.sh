@@ -15,15 +15,9 @@ for part in "$@"; do
   t0=$(date +%s)
   case $part in
     gemm)
-      timeout 150 build/tests/test_grouped_gemm --gtest_brief=1 \
-        --gtest_filter='GroupedGemmMxfp6*:GroupedGemmW4A16*:GroupedGemmNvfp4*' \
-        >"$log/test_grouped_gemm_w4.log" 2>&1
-      echo "test_grouped_gemm (w4) rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/test_grouped_gemm_w4.log" | tr '\n' ' ')"
-      grep -E "FAILED|Failure" "$log/test_grouped_gemm_w4.log" | head -20
-      timeout 200 build/tests/test_gpu_quantized --gtest_brief=1 \
-        --gtest_filter='*mxfp6*:*Every8BitTile*' >"$log/test_gpu_quantized_mxfp6.log" 2>&1
-      echo "test_gpu_quantized (mxfp6) rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/test_gpu_quantized_mxfp6.log" | tr '\n' ' ')"
-      grep -E "FAILED|Failure" "$log/test_gpu_quantized_mxfp6.log" | head -20
+      run_gtest test_grouped_gemm_w4 150 build/tests/test_grouped_gemm \
+        'GroupedGemmMxfp6*:GroupedGemmW4A16*:GroupedGemmNvfp4*'
+      run_gtest test_gpu_quantized_mxfp6 200 build/tests/test_gpu_quantized '*mxfp6*:*Every8BitTile*'
       grep "\[quantized\] mxfp6" "$log/test_gpu_quantized_mxfp6.log" | head -40
       ;;
     sanitizer)

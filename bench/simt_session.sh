@@ -17,13 +17,8 @@ for part in "$@"; do
   t0=$(date +%s)
   case $part in
     gemm)
-      timeout 150 build/tests/test_grouped_gemm --gtest_brief=1 >"$log/test_grouped_gemm.log" 2>&1
-      echo "test_grouped_gemm rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/test_grouped_gemm.log" | tr '\n' ' ')"
-      grep -E "FAILED|Failure" "$log/test_grouped_gemm.log" | head -20
-      timeout 150 build/tests/test_gpu_quantized --gtest_brief=1 \
-        --gtest_filter='*mxfp4*:*nvfp4*' >"$log/test_gpu_quantized_w4.log" 2>&1
-      echo "test_gpu_quantized (w4) rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/test_gpu_quantized_w4.log" | tr '\n' ' ')"
-      grep -E "FAILED|Failure" "$log/test_gpu_quantized_w4.log" | head -20
+      run_gtest test_grouped_gemm 150 build/tests/test_grouped_gemm
+      run_gtest test_gpu_quantized_w4 150 build/tests/test_gpu_quantized '*mxfp4*:*nvfp4*'
       ;;
     sanitizer)
       for tool in memcheck racecheck; do
