@@ -1,6 +1,9 @@
-// Programmatic dependent launch (PDL) for the latency-bound decode kernels (router, align): the
-// next kernel in the stream is launched while this one finishes, and waits on the device
-// (griddepcontrol.wait) before touching global memory. Works under stream capture.
+// Programmatic dependent launch (PDL) for the kernels of a forward (router, align, the grouped
+// GEMMs, the activation, the unpermute): the next kernel in the stream is launched while this one
+// finishes, and waits on the device (griddepcontrol.wait) before touching global memory, so the
+// launch latency between the small kernels of a decode step overlaps the previous kernel's tail.
+// Works under stream capture. A kernel launched without the attribute (tests, the EP paths) runs
+// its griddepcontrol instructions as no-ops.
 // MOEKIT_DISABLE_PDL=1 (read once, through core/env) launches without it.
 #pragma once
 
@@ -26,15 +29,15 @@ inline bool pdl_enabled() {
   return enabled;
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...) with programmatic stream serialization when PDL is
-// enabled. The kernel must start with pdl_wait_and_release().
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization when PDL
+// is enabled. The kernel must start with pdl_wait_and_release().
 template <typename... Params, typename... Args>
-cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                       Args&&... args) {
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

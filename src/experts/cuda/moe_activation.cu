@@ -13,6 +13,7 @@
 
 #include "core/cuda/cuda_check.cuh"
 #include "core/cuda/elem_io.cuh"
+#include "core/cuda/pdl.cuh"
 #include "experts/cuda/sm90/act_math.cuh"
 
 namespace moekit::cuda {
@@ -56,6 +57,7 @@ __device__ __forceinline__ float apply_act(const ActArgs& a, float g, float u) {
 
 template <typename TIn, typename TOut, int VEC>
 __global__ void __launch_bounds__(kThreads) activation_kernel(const MoeActivationParams p) {
+  pdl_wait_and_release();
   const int64_t row = blockIdx.x;
   if (p.valid_rows != nullptr && row >= *p.valid_rows) return;
   if (p.permuted_rows != nullptr && p.permuted_rows[row] < 0) return;
@@ -93,13 +95,12 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const MoeActivatio
 }
 
 template <typename TIn, typename TOut>
-void launch_typed(const MoeActivationParams& p, bool vec, cudaStream_t stream) {
+cudaError_t launch_typed(const MoeActivationParams& p, bool vec, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.rows));
   if (vec) {
-    activation_kernel<TIn, TOut, 8><<<grid, kThreads, 0, stream>>>(p);
-  } else {
-    activation_kernel<TIn, TOut, 1><<<grid, kThreads, 0, stream>>>(p);
+    return launch_pdl(activation_kernel<TIn, TOut, 8>, grid, dim3(kThreads), 0, stream, p);
   }
+  return launch_pdl(activation_kernel<TIn, TOut, 1>, grid, dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
@@ -127,10 +128,11 @@ cudaError_t launch_moe_activation(const MoeActivationParams& p, cudaStream_t str
   if (p.rows == 0 || p.d == 0) return cudaSuccess;
   const bool vec = p.d % 8 == 0 && p.in_row_stride % 8 == 0 && p.out_row_stride % 8 == 0 &&
                    aligned16(p.in) && aligned16(p.out);
+  cudaError_t err = cudaSuccess;
   dispatch_elem_types(p.in_type, p.out_type, [&](auto in_tag, auto out_tag) {
-    launch_typed<decltype(in_tag), decltype(out_tag)>(p, vec, stream);
+    err = launch_typed<decltype(in_tag), decltype(out_tag)>(p, vec, stream);
   });
-  return cudaGetLastError();
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 ActKind act_kind_of(Activation a) {

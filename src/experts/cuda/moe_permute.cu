@@ -376,7 +376,7 @@ cudaError_t launch_align_tiny(const MoeAlignParams& p, int64_t n, cudaStream_t s
     if (b < 1) b = 1;
     blocks = static_cast<int>(b);
   }
-  return launch_pdl(align_tiny_kernel, dim3(blocks), dim3(T), stream, p);
+  return launch_pdl(align_tiny_kernel, dim3(blocks), dim3(T), 0, stream, p);
 }
 
 int64_t slots_per_block(int64_t n) {

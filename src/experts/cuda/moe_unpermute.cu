@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 
 #include "core/cuda/elem_io.cuh"
+#include "core/cuda/pdl.cuh"
 
 namespace moekit::cuda {
 namespace {
@@ -35,6 +36,7 @@ __device__ __forceinline__ int expert_of_row(const int32_t* offsets, int E, int 
 
 template <typename TY, typename TOut, int VEC>
 __global__ void __launch_bounds__(kThreads) unpermute_kernel(const MoeUnpermuteParams p) {
+  pdl_wait_and_release();
   __shared__ int64_t src_row[kMaxTopK];
   __shared__ float weight[kMaxTopK];
   const int64_t m = blockIdx.x;
@@ -89,15 +91,14 @@ __global__ void __launch_bounds__(kThreads) unpermute_kernel(const MoeUnpermuteP
 }
 
 template <typename TY, typename TOut>
-void launch_typed(const MoeUnpermuteParams& p, bool vec, cudaStream_t stream) {
+cudaError_t launch_typed(const MoeUnpermuteParams& p, bool vec, cudaStream_t stream) {
   const int64_t chunks = vec ? p.hidden / 8 : p.hidden;
   const dim3 grid(static_cast<unsigned>(p.num_tokens),
                   static_cast<unsigned>((chunks + kThreads - 1) / kThreads));
   if (vec) {
-    unpermute_kernel<TY, TOut, 8><<<grid, kThreads, 0, stream>>>(p);
-  } else {
-    unpermute_kernel<TY, TOut, 1><<<grid, kThreads, 0, stream>>>(p);
+    return launch_pdl(unpermute_kernel<TY, TOut, 8>, grid, dim3(kThreads), 0, stream, p);
   }
+  return launch_pdl(unpermute_kernel<TY, TOut, 1>, grid, dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace
@@ -126,10 +127,11 @@ cudaError_t launch_moe_unpermute(const MoeUnpermuteParams& p, cudaStream_t strea
   if (p.num_tokens == 0 || p.hidden == 0) return cudaSuccess;
   const bool vec = p.hidden % 8 == 0 && p.y_row_stride % 8 == 0 && p.out_row_stride % 8 == 0 &&
                    aligned16(p.y) && aligned16(p.out);
+  cudaError_t err = cudaSuccess;
   dispatch_elem_types(p.y_type, p.out_type, [&](auto in_tag, auto out_tag) {
-    launch_typed<decltype(in_tag), decltype(out_tag)>(p, vec, stream);
+    err = launch_typed<decltype(in_tag), decltype(out_tag)>(p, vec, stream);
   });
-  return cudaGetLastError();
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 }  // namespace moekit::cuda

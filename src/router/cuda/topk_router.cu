@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 template <typename T, int VPT>
 cudaError_t launch_vpt(const TopkRouterParams& p, dim3 grid, dim3 block, cudaStream_t stream) {
-  return launch_pdl(topk_router_kernel<T, VPT>, grid, block, stream, p);
+  return launch_pdl(topk_router_kernel<T, VPT>, grid, block, 0, stream, p);
 }
 
 // Experts per lane: the smallest of 1, 2, 4, 8, 16, 32 that covers E (up to 1024).

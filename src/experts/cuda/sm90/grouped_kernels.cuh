@@ -50,6 +50,7 @@
 #include <utility>
 
 #include "core/cuda/cuda_check.cuh"
+#include "core/cuda/pdl.cuh"
 #include "experts/cuda/sm90/epilogue.cuh"
 #include "experts/cuda/sm90/host.h"
 #include "experts/cuda/sm90/int4_layout.h"
@@ -426,6 +427,7 @@ struct Int4Converter {
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     ws_tma_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
+  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   constexpr int kBM = Shape::kBM;
   constexpr int kBN = Shape::kBN;
@@ -626,6 +628,7 @@ struct StageCopies {
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     single_role_kernel(const KernelParams p) {
+  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   constexpr int kBM = Shape::kBM;
   constexpr int kBN = Shape::kBN;
@@ -776,6 +779,7 @@ __device__ __forceinline__ W4Factors w4_factors(uint32_t codes) {
 template <typename T, typename OutT, int kTile, WPacking kPacking>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     w4a16_kernel(const KernelParams p) {
+  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   using Fmt = Packed<kPacking>;
   static_assert(Shape::kPackedW4 && std::is_same_v<T, __nv_bfloat16>);
@@ -1012,6 +1016,7 @@ __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
 template <typename T, typename OutT, int kTile, WPacking kPacking>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     w4a16_swapab_kernel(const KernelParams p) {
+  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   using Fmt = Packed<kPacking>;
   static_assert(Shape::kSwapAB && std::is_same_v<T, __nv_bfloat16>);
@@ -1293,6 +1298,7 @@ struct SwapBlockScales {
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     swapab_kernel(const KernelParams p) {
+  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   static_assert(Shape::kSwapAB && !Shape::kPackedW4 && !std::is_same_v<T, int8_t>);
   constexpr int kBM = Shape::kBM;  // tokens of an item: the wgmma's N
@@ -1412,6 +1418,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     ws_swapab_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
+  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   static_assert(Shape::kSwapAB && Shape::kProducer && !Shape::kPackedW4 &&
                 !std::is_same_v<T, int8_t>);
@@ -1653,6 +1660,7 @@ __device__ __forceinline__ float bias_at(const KernelParams& p, int expert, int 
 template <typename T, typename OutT, int kTile, WPacking kPacking>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     simt_kernel(const KernelParams p) {
+  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   using Fmt = Packed<kPacking>;
   constexpr bool kNvfp4 = Fmt::kNvfp4;
@@ -1676,7 +1684,9 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int chunks = kW4 ? p.k / 32 : p.k / 8;  // 16-byte chunks of a weight row
   const int64_t w_row_bytes = kW4 ? Fmt::row_bytes(p.k) : static_cast<int64_t>(p.k) * 2;
 
-  for (int wi = static_cast<int>(blockIdx.x) * kWarps + warp; wi < total;
+  // Warp-major task order: task wi runs on CTA wi % grid, so a launch with fewer tasks than warp
+  // slots spreads them evenly over the CTAs (and SMs) instead of filling the first CTAs.
+  for (int wi = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x); wi < total;
        wi += static_cast<int>(gridDim.x) * kWarps) {
     const WorkItem w = resolve_item<kBM, Shape::kBN>(p, s_tile_prefix, total_m_tiles, wi / kWarps);
     const int slice = wi % kWarps;
@@ -2014,11 +2024,12 @@ cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, const Kern
         std::memcpy(&w_map, d.bytes.data(), sizeof(w_map));
       }
     }
-    kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p, w_map);
+    return launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(Shape::kThreads),
+                      Shape::kDynamicSmem, stream, p, w_map);
   } else {
-    kernel<<<static_cast<unsigned>(grid), Shape::kThreads, Shape::kDynamicSmem, stream>>>(p);
+    return launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(Shape::kThreads),
+                      Shape::kDynamicSmem, stream, p);
   }
-  return cudaGetLastError();
 }
 
 // Launches row kTile for operand T / output OutT with W's prepared state when `cache` describes
