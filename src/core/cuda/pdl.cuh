@@ -24,13 +24,23 @@ __device__ __forceinline__ void pdl_wait_and_release() {
 #endif
 }
 
+// griddepcontrol.wait alone: the next launch is released only as this grid's blocks exit. The
+// grouped GEMMs start this way: releasing at their start (so that the next GEMM's blocks take the
+// SMs as this one's blocks exit, and wait there) measured slower at one token on mixtral-8x7b
+// (195-197 vs 180-183 us, bench/results/2026-12-03-h200-decode-pdl) and no faster elsewhere.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 inline bool pdl_enabled() {
   static const bool enabled = !env::get_bool("MOEKIT_DISABLE_PDL", false);
   return enabled;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization when PDL
-// is enabled. The kernel must start with pdl_wait_and_release().
+// is enabled. The kernel must start with pdl_wait_and_release() or pdl_wait().
 template <typename... Params, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                        cudaStream_t stream, Args&&... args) {

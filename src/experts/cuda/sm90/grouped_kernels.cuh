@@ -427,7 +427,7 @@ struct Int4Converter {
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     ws_tma_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
-  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
+  pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   constexpr int kBM = Shape::kBM;
   constexpr int kBN = Shape::kBN;
@@ -628,7 +628,7 @@ struct StageCopies {
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     single_role_kernel(const KernelParams p) {
-  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
+  pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   constexpr int kBM = Shape::kBM;
   constexpr int kBN = Shape::kBN;
@@ -779,7 +779,7 @@ __device__ __forceinline__ W4Factors w4_factors(uint32_t codes) {
 template <typename T, typename OutT, int kTile, WPacking kPacking>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     w4a16_kernel(const KernelParams p) {
-  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
+  pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   using Fmt = Packed<kPacking>;
   static_assert(Shape::kPackedW4 && std::is_same_v<T, __nv_bfloat16>);
@@ -1016,7 +1016,7 @@ __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
 template <typename T, typename OutT, int kTile, WPacking kPacking>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     w4a16_swapab_kernel(const KernelParams p) {
-  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
+  pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   using Fmt = Packed<kPacking>;
   static_assert(Shape::kSwapAB && std::is_same_v<T, __nv_bfloat16>);
@@ -1298,7 +1298,7 @@ struct SwapBlockScales {
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     swapab_kernel(const KernelParams p) {
-  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
+  pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   static_assert(Shape::kSwapAB && !Shape::kPackedW4 && !std::is_same_v<T, int8_t>);
   constexpr int kBM = Shape::kBM;  // tokens of an item: the wgmma's N
@@ -1418,7 +1418,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     ws_swapab_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
-  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
+  pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   static_assert(Shape::kSwapAB && Shape::kProducer && !Shape::kPackedW4 &&
                 !std::is_same_v<T, int8_t>);
@@ -1660,7 +1660,7 @@ __device__ __forceinline__ float bias_at(const KernelParams& p, int expert, int 
 template <typename T, typename OutT, int kTile, WPacking kPacking>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     simt_kernel(const KernelParams p) {
-  pdl_wait_and_release();  // before any global memory access (core/cuda/pdl.cuh)
+  pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
   using Shape = ShapeOf<T, kTile>;
   using Fmt = Packed<kPacking>;
   constexpr bool kNvfp4 = Fmt::kNvfp4;
