@@ -25,3 +25,33 @@ run_gtest() {
   echo "$name rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/$name.log" | tr '\n' ' ')"
   grep -E "FAILED|Failure" "$log/$name.log" | head -20
 }
+# Every GPU test binary (bench/h200_session.sh tests), its summary printed.
+all_gpu_tests() {
+  OUT=$log timeout 300 bash bench/h200_session.sh tests >/dev/null 2>&1
+  cat "$log/summary.txt"
+}
+# The bf16 bench and the Triton peer in the same call (bench/h200_session.sh bench peer), the
+# ratio table printed; then gpt-oss-120b at the seven sizes under each quantized scheme given:
+#   bench_with_peer [SCHEME ...]
+bench_with_peer() {
+  OUT=$log timeout 240 bash bench/h200_session.sh bench peer >/dev/null 2>&1
+  tail -n 40 "$log/ratio.md"
+  local q
+  for q in "$@"; do
+    timeout 90 build/moekit bench --quant "$q" --models gpt-oss-120b \
+      --tokens 1 16 64 256 1024 4096 16384 --json "$log/bench_$q.json" >"$log/bench_$q.log" 2>&1
+    echo "bench --quant $q rc=$?"
+    grep -E "^ " "$log/bench_$q.log" | head -12
+  done
+}
+# memcheck and racecheck on the test_grouped_gemm tests matching FILTER (log: sanitizer.log), the
+# summaries printed:
+#   sanitize_grouped_gemm SECONDS FILTER
+sanitize_grouped_gemm() {
+  local limit=$1 filter=$2 tool
+  for tool in memcheck racecheck; do
+    timeout "$limit" compute-sanitizer --tool $tool build/tests/test_grouped_gemm \
+      --gtest_brief=1 --gtest_filter="$filter"
+  done >"$log/sanitizer.log" 2>&1
+  grep -h "SUMMARY" "$log/sanitizer.log"
+}

@@ -21,27 +21,10 @@ for part in "$@"; do
       grep "\[quantized\] mxfp6" "$log/test_gpu_quantized_mxfp6.log" | head -40
       ;;
     sanitizer)
-      for tool in memcheck racecheck; do
-        timeout 150 compute-sanitizer --tool $tool build/tests/test_grouped_gemm --gtest_brief=1 \
-          --gtest_filter='GroupedGemmMxfp6.RandomProblem*:GroupedGemmMxfp6.DeviceRepack*'
-      done >"$log/sanitizer.log" 2>&1
-      grep -h "SUMMARY" "$log/sanitizer.log"
+      sanitize_grouped_gemm 150 'GroupedGemmMxfp6.RandomProblem*:GroupedGemmMxfp6.DeviceRepack*'
       ;;
-    tests)
-      OUT=$log timeout 300 bash bench/h200_session.sh tests >/dev/null 2>&1
-      cat "$log/summary.txt"
-      ;;
-    bench)
-      OUT=$log timeout 240 bash bench/h200_session.sh bench peer >/dev/null 2>&1
-      tail -n 40 "$log/ratio.md"
-      for q in mxfp4_w4a16 mxfp6_e3m2 mxfp6_e2m3; do
-        timeout 90 build/moekit bench --quant $q --models gpt-oss-120b \
-          --tokens 1 16 64 256 1024 4096 16384 --json "$log/bench_$q.json" \
-          >"$log/bench_$q.log" 2>&1
-        echo "bench --quant $q rc=$?"
-        grep -E "^ " "$log/bench_$q.log" | head -12
-      done
-      ;;
+    tests) all_gpu_tests ;;
+    bench) bench_with_peer mxfp4_w4a16 mxfp6_e3m2 mxfp6_e2m3 ;;
     fixtures)
       bash bench/fixtures_gpu.sh
       ;;
