@@ -2,7 +2,8 @@
 // fp64 reference: awkward schedules (experts with 0 rows, 1 row, partial tiles, every row on one
 // expert), gather with padding rows, both schedule forms, both dtypes, both tiles, CUDA-graph
 // capture; the fused gated-activation epilogue (every kind, weights converted with
-// interleave_gate_up_rows from the standard or pairwise layout). C is poisoned (0xFF bytes = NaN)
+// interleave_gate_up_rows from the standard or pairwise layout); the decode pair (GEMM1 and
+// GEMM2 in one launch) against two launches. C is poisoned (0xFF bytes = NaN)
 // before each run; every scheduled element must be written and every other element must keep the
 // poison.
 //
@@ -745,6 +746,284 @@ TEST(GroupedGemmFused, CanImplementGivesReasons) {
   bad = g;
   bad.fused_act = static_cast<FusedActivation>(42);
   EXPECT_EQ(moekit::cuda::can_implement(bad), "fused_act is unknown");
+}
+
+// ---- the decode pair: GEMM1 + activation and GEMM2 in one launch
+// --------------------------------
+
+// GEMM1 (a Problem with a fused activation) and a GEMM2 that reads GEMM1's activation rows in
+// place (the layer's layout): W2 (E, n2, n1 / 2), an fp32 bias, C2 (rows, n2).
+struct PairProblem {
+  Problem g1;
+  int n2 = 0;
+  std::vector<uint16_t> w2;
+  std::vector<float> b2;
+  DeviceBuffer d_w2, d_b2, d_c2, d_done;
+  GroupedGemmArgs a2;
+};
+
+void build_pair(PairProblem& pp, const Case& c1, int n2) {
+  build(pp.g1, c1);
+  const int E = pp.g1.num_experts, k2 = c1.n / 2;
+  std::mt19937 rng(c1.seed + 1000);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  pp.n2 = n2;
+  pp.w2.resize(static_cast<size_t>(E) * n2 * k2);
+  for (auto& x : pp.w2)
+    x = from_f(uni(rng), c1.dtype);
+  pp.b2.resize(static_cast<size_t>(E) * n2);
+  for (auto& x : pp.b2)
+    x = uni(rng);
+  pp.d_w2 = upload(pp.w2);
+  pp.d_b2 = upload(pp.b2);
+  pp.d_c2 = DeviceBuffer(static_cast<size_t>(pp.g1.num_rows) * n2 * 2);
+  pp.d_done = DeviceBuffer(static_cast<size_t>(E) * 4);
+  GroupedGemmArgs& a = pp.a2;
+  a = pp.g1.args;
+  a.fused_act = FusedActivation::kNone;
+  a.a = pp.g1.args.c;
+  a.lda = pp.g1.ldc;
+  a.gather_rows = nullptr;
+  a.w = pp.d_w2.get();
+  a.bias = pp.d_b2.get();
+  a.bias_is_fp32 = true;
+  a.c = pp.d_c2.get();
+  a.ldc = n2;
+  a.n = n2;
+  a.k = k2;
+}
+
+struct PairOut {
+  std::vector<uint16_t> c1, c2;
+};
+
+PairOut fetch_pair(const PairProblem& pp) {
+  PairOut o;
+  o.c1.resize(pp.g1.num_rows * pp.g1.ldc);
+  o.c2.resize(pp.g1.num_rows * pp.n2);
+  EXPECT_EQ(cudaMemcpy(o.c1.data(), pp.g1.d_c.get(), o.c1.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(o.c2.data(), pp.d_c2.get(), o.c2.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return o;
+}
+
+// Poisons both outputs (and zeroes the counters, as the layer's align launch does) on `stream`.
+void reset_pair(const PairProblem& pp, cudaStream_t stream) {
+  EXPECT_EQ(cudaMemsetAsync(pp.g1.d_c.get(), 0xFF, pp.g1.d_c.bytes(), stream), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(pp.d_c2.get(), 0xFF, pp.d_c2.bytes(), stream), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(pp.d_done.get(), 0, pp.d_done.bytes(), stream), cudaSuccess);
+}
+
+PairOut run_two_launches(const PairProblem& pp, int row) {
+  reset_pair(pp, nullptr);
+  GroupedGemmParams params;
+  params.tile = row;
+  EXPECT_EQ(moekit::cuda::run_grouped_gemm(pp.g1.args, nullptr, params), cudaSuccess);
+  EXPECT_EQ(moekit::cuda::run_grouped_gemm(pp.a2, nullptr, params), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return fetch_pair(pp);
+}
+
+PairOut run_pair(const PairProblem& pp, int row, const sm90::WeightLaunchCache* cache = nullptr) {
+  reset_pair(pp, nullptr);
+  EXPECT_EQ(moekit::cuda::can_run_grouped_gemm_pair(pp.g1.args, pp.a2, row), "");
+  EXPECT_EQ(moekit::cuda::run_grouped_gemm_pair(pp.g1.args, pp.a2, row, pp.d_done.as<int32_t>(),
+                                                nullptr, cache),
+            cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return fetch_pair(pp);
+}
+
+// GEMM2 of the pair against float64 of the activation rows it read (c1, as written), the
+// unscheduled rows still poisoned.
+void check_gemm2(const PairProblem& pp, const PairOut& o, const std::string& label) {
+  const Problem& p = pp.g1;
+  const int k2 = p.cs.n / 2;
+  const double elem_rel = p.cs.dtype == ElemType::kBF16 ? 4.5e-3 : 6e-4;
+  int64_t bad = 0, unwritten = 0, clobbered = 0, checked = 0;
+  for (int64_t r = 0; r < p.num_rows; ++r) {
+    const int e = p.row_expert[r];
+    for (int j = 0; j < pp.n2; ++j) {
+      const uint16_t bits = o.c2[r * pp.n2 + j];
+      if (e < 0) {
+        clobbered += bits != 0xFFFF;
+        continue;
+      }
+      double s = pp.b2[static_cast<size_t>(e) * pp.n2 + j], mag = std::fabs(s);
+      for (int kk = 0; kk < k2; ++kk) {
+        const double t = static_cast<double>(to_f(o.c1[r * p.ldc + kk], p.cs.dtype)) *
+                         to_f(pp.w2[(static_cast<size_t>(e) * pp.n2 + j) * k2 + kk], p.cs.dtype);
+        s += t;
+        mag += std::fabs(t);
+      }
+      if (bits == 0xFFFF) {
+        ++unwritten;
+        continue;
+      }
+      ++checked;
+      const double got = to_f(bits, p.cs.dtype);
+      if (!(std::fabs(got - s) <= elem_rel * std::fabs(s) + 1e-5 * mag)) {
+        if (bad < 5) {
+          ADD_FAILURE() << label << ": C2[" << r << "," << j << "] = " << got << ", float64 " << s;
+        }
+        ++bad;
+      }
+    }
+  }
+  EXPECT_EQ(unwritten, 0) << label << ": GEMM2 elements left unwritten";
+  EXPECT_EQ(clobbered, 0) << label << ": GEMM2 wrote rows outside the schedule";
+  EXPECT_EQ(bad, 0) << label << ": GEMM2 mismatches out of " << checked;
+  EXPECT_GT(checked, 0) << label;
+}
+
+void expect_pair_matches_two_launches(const PairProblem& pp, const std::string& label) {
+  const int row = sm90::find_tile("1x64simt");
+  const PairOut two = run_two_launches(pp, row);
+  const PairOut one = run_pair(pp, row);
+  check(pp.g1, one.c1, label + " GEMM1");
+  check_gemm2(pp, one, label);
+  EXPECT_EQ(0, std::memcmp(two.c1.data(), one.c1.data(), two.c1.size() * 2)) << label;
+  EXPECT_EQ(0, std::memcmp(two.c2.data(), one.c2.data(), two.c2.size() * 2)) << label;
+}
+
+// Decode-sized schedules (experts with 0-3 rows), gather with padding rows, biases, padded lda /
+// ldc, both dtypes and two activations: the pair's outputs are bitwise the two launches', GEMM1
+// and GEMM2 match float64, nothing outside the schedule is written.
+TEST(GroupedGemmPair, MatchesTwoLaunchesBitwise) {
+  REQUIRE_GPU();
+  for (ElemType dt : {ElemType::kBF16, ElemType::kF16}) {
+    for (FusedActivation act : {FusedActivation::kSiluMul, FusedActivation::kSwigluOai}) {
+      Case cs;
+      cs.dtype = dt;
+      cs.act = act;
+      cs.counts = {0, 1, 2, 3, 0, 1, 1};
+      cs.n = 320;
+      cs.k = 136;
+      cs.gather = true;
+      cs.bias = BiasKind::kFp32;
+      cs.lda_pad = 8;
+      cs.ldc_pad = 8;
+      cs.seed = 300 + static_cast<uint32_t>(act);
+      PairProblem pp;
+      build_pair(pp, cs, 200);
+      expect_pair_matches_two_launches(
+          pp, std::string("pair ") + act_name(act) + (dt == ElemType::kBF16 ? " bf16" : " f16"));
+    }
+  }
+}
+
+// More tasks than the grid has warps (GEMM1 8192, GEMM2 8192 warp tasks over 264 CTAs x 16):
+// warps reach GEMM2 tasks whose experts' GEMM1 work other warps are still doing; the prepared
+// launch state gives the same bits.
+TEST(GroupedGemmPair, MoreTasksThanWarpsWaitAndMatch) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.act = FusedActivation::kSiluMul;
+  cs.counts.assign(16, 2);
+  cs.n = 1024;
+  cs.k = 64;
+  cs.seed = 310;
+  PairProblem pp;
+  build_pair(pp, cs, 1024);
+  expect_pair_matches_two_launches(pp, "pair, many tasks");
+  sm90::WeightLaunchCache cache;
+  CUDA_OK(moekit::cuda::prepare_grouped_gemm_weights(pp.g1.args, &cache));
+  const int row = sm90::find_tile("1x64simt");
+  EXPECT_GT(cache.pair_blocks[row], 0);
+  const PairOut direct = run_pair(pp, row), prepared = run_pair(pp, row, &cache);
+  EXPECT_EQ(0, std::memcmp(direct.c2.data(), prepared.c2.data(), direct.c2.size() * 2));
+}
+
+// No rows at all (M = 0): the pair writes nothing.
+TEST(GroupedGemmPair, EmptyScheduleWritesNothing) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.act = FusedActivation::kSiluMul;
+  cs.counts = {0, 0, 0};
+  cs.n = 128;
+  cs.k = 64;
+  PairProblem pp;
+  build_pair(pp, cs, 64);
+  pp.g1.args.num_rows_upper_bound = pp.a2.num_rows_upper_bound = 0;
+  const PairOut o = run_pair(pp, sm90::find_tile("1x64simt"));
+  EXPECT_TRUE(std::all_of(o.c1.begin(), o.c1.end(), [](uint16_t v) { return v == 0xFFFF; }));
+  EXPECT_TRUE(std::all_of(o.c2.begin(), o.c2.end(), [](uint16_t v) { return v == 0xFFFF; }));
+}
+
+// Captured with the counters' reset (the align launch's part in the layer) and replayed twice:
+// the same bits as a direct launch each time.
+TEST(GroupedGemmPair, GraphReplaysAreBitwiseTheDirectLaunch) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.act = FusedActivation::kGeluMul;
+  cs.counts = {1, 0, 2, 1, 1, 0, 3, 1};
+  cs.n = 256;
+  cs.k = 512;
+  cs.gather = true;
+  cs.seed = 320;
+  PairProblem pp;
+  build_pair(pp, cs, 512);
+  const int row = sm90::find_tile("1x64simt");
+  const PairOut direct = run_pair(pp, row);
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  reset_pair(pp, stream);
+  const cudaError_t launched = moekit::cuda::run_grouped_gemm_pair(
+      pp.g1.args, pp.a2, row, pp.d_done.as<int32_t>(), stream, nullptr);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  CUDA_OK(launched);
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const PairOut g = fetch_pair(pp);
+    EXPECT_EQ(0, std::memcmp(direct.c1.data(), g.c1.data(), g.c1.size() * 2)) << replay;
+    EXPECT_EQ(0, std::memcmp(direct.c2.data(), g.c2.data(), g.c2.size() * 2)) << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// What the pair refuses, by name.
+TEST(GroupedGemmPair, CanRunGivesReasons) {
+  REQUIRE_GPU();
+  Case cs;
+  cs.act = FusedActivation::kSiluMul;
+  cs.counts = {1, 2};
+  cs.n = 128;
+  cs.k = 64;
+  PairProblem pp;
+  build_pair(pp, cs, 64);
+  const int simt = sm90::find_tile("1x64simt");
+  using moekit::cuda::can_run_grouped_gemm_pair;
+  EXPECT_EQ(can_run_grouped_gemm_pair(pp.g1.args, pp.a2, simt), "");
+  EXPECT_EQ(can_run_grouped_gemm_pair(pp.g1.args, pp.a2, sm90::find_tile("16x64")),
+            "row 0 is not a CUDA-core row of the problems' family");
+  GroupedGemmArgs g1 = pp.g1.args, g2 = pp.a2;
+  g1.w_packing = moekit::cuda::WPacking::kMxfp4;  // W4A16: slower as a pair, refused
+  EXPECT_EQ(can_run_grouped_gemm_pair(g1, g2, simt), "the decode pair runs 16-bit problems only");
+  g1 = pp.g1.args;
+  g1.fused_act = FusedActivation::kNone;
+  g1.ldc = 128;
+  EXPECT_EQ(can_run_grouped_gemm_pair(g1, g2, simt), "GEMM1 has no fused activation");
+  g1 = pp.g1.args;
+  g2.a = pp.g1.args.a;
+  EXPECT_NE(can_run_grouped_gemm_pair(g1, g2, simt).find("in place"), std::string::npos);
+  g2 = pp.a2;
+  g2.k = 32;
+  g2.lda = pp.g1.ldc;
+  EXPECT_NE(can_run_grouped_gemm_pair(g1, g2, simt).find("n / 2"), std::string::npos);
+  g2 = pp.a2;
+  g2.expert_offsets = pp.g1.d_counts.as<int32_t>();
+  EXPECT_EQ(can_run_grouped_gemm_pair(g1, g2, simt),
+            "GEMM1 and GEMM2 do not share one offsets schedule");
+  EXPECT_EQ(moekit::cuda::run_grouped_gemm_pair(pp.g1.args, pp.a2, simt, nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 // ---- fp8: both accumulation families against float64

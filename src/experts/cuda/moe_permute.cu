@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(kThreads) align_single_block_kernel(const MoeA
   for (int e = threadIdx.x; e <= E; e += kThreads) {
     if (e < E) {
       p.expert_counts[e] = sm.count[e];
+      if (p.expert_done != nullptr) p.expert_done[e] = 0;
       sm.base[e] = sm.offset[e];
     }
     p.expert_offsets[e] = sm.offset[e];
@@ -216,7 +217,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   scan_offsets(sm, E, p.row_align);
-  if (e < E) p.expert_counts[e] = sm.count[e];
+  if (e < E) {
+    p.expert_counts[e] = sm.count[e];
+    if (p.expert_done != nullptr) p.expert_done[e] = 0;
+  }
   if (e <= E) p.expert_offsets[e] = sm.offset[e];
   if (e == 0 && p.total_rows != nullptr) *p.total_rows = sm.offset[E];
 }
@@ -313,6 +317,7 @@ __global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignPara
     if (tid < E) {
       p.expert_counts[tid] = c;
       p.expert_offsets[tid] = excl;
+      if (p.expert_done != nullptr) p.expert_done[tid] = 0;
     }
     if (tid == E - 1) {
       p.expert_offsets[E] = total;

@@ -44,6 +44,9 @@ struct MoeAlignParams {
   // (capacity,) out, optional: the token of each row, permuted_rows[r] / top_k (-1 where that is
   // -1): the gather index of the experts' first GEMM, written with the permutation.
   int32_t* token_rows = nullptr;
+  // (E_local,) out, optional: zeroed (the counters of the experts' decode pair, which its GEMM1
+  // work raises: run_grouped_gemm_pair).
+  int32_t* expert_done = nullptr;
 
   void* workspace = nullptr;  // moe_align_workspace_bytes(...) bytes, 4-byte aligned
   size_t workspace_bytes = 0;

@@ -52,5 +52,21 @@ cudaError_t run_16bit(const GroupedGemmArgs& args, int row, const GroupedGemmPar
   });
 }
 
+cudaError_t run_16bit_pair(const GroupedGemmArgs& g1, const GroupedGemmArgs& g2, int row,
+                           int32_t* expert_done, const sm90::WeightLaunchCache* cache,
+                           cudaStream_t stream) {
+  return with_type(g1.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return with_tile<TileFamily::k16Bit>(row, [&](auto tile) {
+      constexpr int kRow = decltype(tile)::value;
+      if constexpr (ShapeOf<T, kRow>::kSimt) {
+        return launch_pair<T, T, kRow, WPacking::kMxfp4>(g1, g2, expert_done, cache, stream);
+      } else {
+        return cudaErrorInvalidValue;
+      }
+    });
+  });
+}
+
 }  // namespace detail
 }  // namespace moekit::cuda

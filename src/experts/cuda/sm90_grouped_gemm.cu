@@ -234,6 +234,51 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
   }
 }
 
+std::string can_run_grouped_gemm_pair(const GroupedGemmArgs& g1, const GroupedGemmArgs& g2,
+                                      int row) {
+  using std::to_string;
+  // W4A16's CUDA-core row ran slower as a pair than as two launches (gpt-oss-120b MXFP4 M = 1
+  // 49.4 vs 45.2 us, bench/results/2026-12-03-h200-decode-pair): 16-bit only.
+  const sm90::TileFamily family = tile_family_of(g1);
+  if (family != sm90::TileFamily::k16Bit || tile_family_of(g2) != family) {
+    return "the decode pair runs 16-bit problems only";
+  }
+  if (row < 0 || row >= sm90::kNumTiles || sm90::kTileTable[row].family != family ||
+      sm90::kTileTable[row].kind != sm90::MainloopKind::kSimt) {
+    return "row " + to_string(row) + " is not a CUDA-core row of the problems' family";
+  }
+  GroupedGemmParams params;
+  params.tile = row;
+  for (const GroupedGemmArgs* g : {&g1, &g2}) {
+    if (std::string why = can_implement(*g, params); !why.empty()) {
+      return std::string(g == &g1 ? "GEMM1: " : "GEMM2: ") + why;
+    }
+  }
+  if (g1.fused_act == FusedActivation::kNone) return "GEMM1 has no fused activation";
+  if (g2.fused_act != FusedActivation::kNone) return "GEMM2 has a fused activation";
+  if (g2.a != g1.c || g2.lda != g1.ldc || g2.gather_rows != nullptr) {
+    return "GEMM2 does not read GEMM1's output rows in place (a == GEMM1's c, lda == its ldc, no "
+           "gather)";
+  }
+  if (g1.expert_counts != nullptr || g2.expert_counts != nullptr ||
+      g1.expert_offsets != g2.expert_offsets || g1.num_experts != g2.num_experts) {
+    return "GEMM1 and GEMM2 do not share one offsets schedule";
+  }
+  if (g2.k * 2 != g1.n) {
+    return "GEMM2's k=" + to_string(g2.k) + " is not GEMM1's n / 2 = " + to_string(g1.n / 2);
+  }
+  return "";
+}
+
+cudaError_t run_grouped_gemm_pair(const GroupedGemmArgs& g1, const GroupedGemmArgs& g2, int row,
+                                  int32_t* expert_done, cudaStream_t stream,
+                                  const sm90::WeightLaunchCache* cache) {
+  if (expert_done == nullptr || !can_run_grouped_gemm_pair(g1, g2, row).empty()) {
+    return cudaErrorInvalidValue;
+  }
+  return detail::run_16bit_pair(g1, g2, row, expert_done, cache, stream);
+}
+
 size_t get_workspace_size(const GroupedGemmArgs&, const GroupedGemmParams&) {
   return 0;
 }

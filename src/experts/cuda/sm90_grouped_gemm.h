@@ -165,6 +165,26 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
 cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
                              const GroupedGemmParams& params = {}, void* workspace = nullptr);
 
+// The decode pair: GEMM1 (g1, with its fused gated activation) and GEMM2 (g2, reading g1's
+// output) of one MoE layer in a single persistent launch of CUDA-core table row `row`
+// (sm90/grouped_kernels.cuh, simt_pair_kernel): GEMM2's work waits per expert on a counter of
+// GEMM1's finished work instead of on a second launch. The outputs are bitwise those of the two
+// launches. Measured (bench/results/2026-12-03-h200-decode-pair) faster than the two launches of
+// the CUDA-core row at 1-2 tokens per expert (gpt-oss-120b M = 1 73.7 vs 83.0 us, mixtral-8x7b
+// 208 vs 248) but only level with the swap-AB row the tables pick, so the layer runs it only
+// where both GEMMs are on the CUDA-core row (a forced or tuned tile); W4A16 ran slower as a pair.
+// Requires (else can_run_grouped_gemm_pair says why): both problems runnable on `row`, a kSimt
+// row of the 16-bit family; g1.fused_act set and g2's not; g2.a == g1.c with
+// g2.lda == g1.ldc and no gather; the offsets schedule, the same for both; g2.k == g1.n / 2.
+// expert_done: (num_experts,) int32 device counters, zero when the launch starts (the experts'
+// align launch zeroes them: MoeAlignParams::expert_done) and left nonzero by it.
+std::string can_run_grouped_gemm_pair(const GroupedGemmArgs& g1, const GroupedGemmArgs& g2,
+                                      int row);
+// Launches the pair on stream (cudaErrorInvalidValue when can_run_grouped_gemm_pair fails or
+// expert_done is null). cache: W1's prepared launch state, or null.
+cudaError_t run_grouped_gemm_pair(const GroupedGemmArgs& g1, const GroupedGemmArgs& g2, int row,
+                                  int32_t* expert_done, cudaStream_t stream,
+                                  const sm90::WeightLaunchCache* cache = nullptr);
 // Host-side weight conversion for the fused layout (runs once at load time; plain loops).
 // src: (experts, n, k) in the library's w13 layout: rows [0, n/2) gate, [n/2, n) up; or, when
 // source_is_pairwise_interleaved (swigluoai checkpoints), gate = row 2i, up = row 2i + 1.
@@ -213,6 +233,10 @@ std::string can_implement_w4a16(const GroupedGemmArgs& args);
 cudaError_t prepare_w4a16(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_w4a16(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
                       cudaStream_t stream);
+// The decode pair of the 16-bit family (run_grouped_gemm_pair, checked).
+cudaError_t run_16bit_pair(const GroupedGemmArgs& g1, const GroupedGemmArgs& g2, int row,
+                           int32_t* expert_done, const sm90::WeightLaunchCache* cache,
+                           cudaStream_t stream);
 std::string can_implement_w4a8(const GroupedGemmArgs& args);
 cudaError_t prepare_w4a8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_w4a8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,

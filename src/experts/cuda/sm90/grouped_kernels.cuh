@@ -28,7 +28,8 @@
 //      kSimt (simt_kernel; one or two tokens per expert, 16-bit and W4A16): no tensor cores and
 //      no ring; each warp takes 8 weight rows of an item, its lanes stream K in 16-byte chunks and
 //      multiply them with the tokens on the CUDA cores, a butterfly sums the lanes, and the warp
-//      stores its outputs itself.
+//      stores its outputs itself. simt_pair_kernel runs a layer's GEMM1 and GEMM2 on the 16-bit
+//      row in one launch (the decode pair; GEMM2's work waits on per-expert counters).
 //   The K step of a family (KStep below): 16-bit operands keep one wgmma group in flight and
 //   accumulate straight into acc. fp8 operands with block scales (kFp8 rows) write each 128-byte
 //   K block (= 128 elements, one scale block) into a temporary, wait for it, and add it to acc
@@ -45,6 +46,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -1612,6 +1614,20 @@ __device__ __forceinline__ uint2 ld_stream_8(const void* src) {
   return v;
 }
 
+// 16 bytes of tokens, cached in L1 (every warp of an item reads them, and a lane's next chunk
+// waits on them): through the non-coherent path (read-only during the launch), or (kWritten:
+// written by other CTAs of this launch, read after an acquire) by a plain weak load, which the
+// acquire orders (the non-coherent path is outside the memory model's guarantees; a load through
+// L2 alone measured the decode pair's GEMM2 slower).
+template <bool kWritten>
+__device__ __forceinline__ uint4 load_tokens_16(const uint4* src) {
+  if constexpr (kWritten) {
+    return *src;
+  } else {
+    return __ldg(src);
+  }
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -1657,10 +1673,15 @@ __device__ __forceinline__ float bias_at(const KernelParams& p, int expert, int 
 // stores it, or, fused, pairs the gate row's total with the up row's 16 lanes away and stores the
 // activation (gate and up rounded to OutT first, as every epilogue of the kit does). MXFP6 rows add
 // the group's 8 high-plane bytes to each chunk.
-template <typename T, typename OutT, int kTile, WPacking kPacking>
-__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
-    simt_kernel(const KernelParams p) {
-  pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
+//
+// simt_task is one warp's slice of one item. `before_tokens()` runs once the first chunk of
+// weights is in flight and before any token is read: the decode pair (simt_pair_kernel) waits
+// there for the tokens its own GEMM1 writes; kTokensWritten reads the tokens with coherent loads
+// (they were written during this launch).
+template <typename T, typename OutT, int kTile, WPacking kPacking, bool kTokensWritten = false,
+          typename BeforeTokens>
+__device__ __forceinline__ void simt_task(const KernelParams& p, const WorkItem& w, int slice,
+                                          int lane, BeforeTokens&& before_tokens) {
   using Shape = ShapeOf<T, kTile>;
   using Fmt = Packed<kPacking>;
   constexpr bool kNvfp4 = Fmt::kNvfp4;
@@ -1673,7 +1694,201 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   constexpr int kDup = 32 / kV;                 // lanes holding each total after the butterfly
   constexpr bool kW4 = Shape::kPackedW4;
   static_assert(!kW4 || std::is_same_v<T, __nv_bfloat16>);
+  const int chunks = kW4 ? p.k / 32 : p.k / 8;  // 16-byte chunks of a weight row
+  const int64_t w_row_bytes = kW4 ? Fmt::row_bytes(p.k) : static_cast<int64_t>(p.k) * 2;
+  const uint8_t* a_row[kBM];
+#pragma unroll
+  for (int t = 0; t < kBM; ++t) {
+    a_row[t] = nullptr;
+    if (const int row = w.m0 + t; row < w.row_end) {
+      const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+      if (s >= 0) a_row[t] = p.a + static_cast<int64_t>(s) * p.lda_bytes;
+    }
+  }
+  // Row slot j is W row first + simt_row(slice, j) of the expert; `valid` bit j when < n.
+  const int64_t first = static_cast<int64_t>(w.expert) * p.n + w.n0;
+  const uint8_t* w_base = p.w + first * w_row_bytes;
+  uint32_t valid = 0;
+#pragma unroll
+  for (int j = 0; j < kRows; ++j)
+    valid |= (w.n0 + simt_row<kRows>(slice, j) < p.n ? 1u : 0u) << j;
 
+  // Chunk c of every row slot (zeros past K or n) and, W4A16, its scale codes (MXFP6: and its
+  // high-plane words).
+  struct Chunk {
+    uint4 w[kRows];
+    uint32_t code[kRows];
+    uint2 high[kMxfp6 ? kRows : 1];
+  };
+  // Slot j's rows relative to slot 0's, in 32-bit offsets (a few registers: this kernel is
+  // limited by them, and 64-bit row pointers per slot would take 32).
+  const int slice_row = simt_row<kRows>(slice, 0);
+  const uint8_t* w_slice = w_base + static_cast<int64_t>(slice_row) * w_row_bytes;
+  const uint8_t* codes_slice = kW4 ? p.w_group_scale + (first + slice_row) * p.k_groups : nullptr;
+  const uint32_t row_bytes32 = static_cast<uint32_t>(w_row_bytes);
+  const uint32_t codes_per_row = static_cast<uint32_t>(p.k_groups);
+  auto load = [&](int c, Chunk& d) {
+    const uint8_t* w_c = w_slice + static_cast<int64_t>(c) * 16;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const bool ok = c < chunks && ((valid >> j) & 1u) != 0;
+      const uint32_t slot = static_cast<uint32_t>(simt_row<kRows>(0, j));
+      d.w[j] = ok ? ld_stream_16(w_c + slot * row_bytes32) : make_uint4(0, 0, 0, 0);
+      if constexpr (kMxfp6) {
+        const uint8_t* h = w_slice + p.k / 2 + static_cast<int64_t>(c) * 8 + slot * row_bytes32;
+        d.high[j] = ok ? ld_stream_8(h) : make_uint2(0u, 0u);
+      }
+      if constexpr (kW4) {
+        const uint8_t* codes = codes_slice + slot * codes_per_row;
+        if constexpr (kNvfp4) {  // the two 16-element groups' kernel codes, one aligned pair
+          d.code[j] = ok ? __ldg(reinterpret_cast<const uint16_t*>(codes) + c) : 0u;
+        } else {
+          d.code[j] = ok ? __ldg(codes + c) : 0u;
+        }
+      }
+    }
+  };
+
+  float acc[kV];
+  zero_accumulators(acc);
+  // One chunk: acc[j * kBM + t] += W row j's chunk . token t's elements.
+  auto accumulate_16bit = [&](int c, const Chunk& cur) {
+    float2 a[kBM][4];
+#pragma unroll
+    for (int t = 0; t < kBM; ++t) {
+      const uint4 raw =
+          a_row[t] != nullptr && c < chunks
+              ? load_tokens_16<kTokensWritten>(reinterpret_cast<const uint4*>(a_row[t]) + c)
+              : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        a[t][q] = unpack_pair<T>(word_of(raw, q));
+    }
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 wv = unpack_pair<T>(word_of(cur.w[j], q));
+#pragma unroll
+        for (int t = 0; t < kBM; ++t)
+          acc[j * kBM + t] = fmaf(wv.y, a[t][q].y, fmaf(wv.x, a[t][q].x, acc[j * kBM + t]));
+      }
+    }
+  };
+  // W4A16: word q of a group holds pairs p = 0..3, elements 16 (p / 2) + 8 (p % 2) + 2q (+1)
+  // (sm90/mxfp4_layout.h): the tokens' bf16 pair 4p + q, i.e. word q of their 16-byte piece p.
+  auto accumulate_w4 = [&](int c, const Chunk& cur, auto two_steps_tag) {
+    constexpr bool kTwoSteps = decltype(two_steps_tag)::value;
+    uint4 a[kBM][4];
+#pragma unroll
+    for (int t = 0; t < kBM; ++t) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        a[t][u] = a_row[t] != nullptr && c < chunks
+                      ? load_tokens_16<kTokensWritten>(reinterpret_cast<const uint4*>(a_row[t]) +
+                                                       4 * c + u)
+                      : make_uint4(0, 0, 0, 0);
+    }
+    // The factors of elements 0..15 and 16..31 (one for MXFP4, whose f2 is derived only on the
+    // rare two-step path: registers are what limits this kernel).
+    uint32_t f_lo[kRows], f_hi[kNvfp4 ? kRows : 1];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if constexpr (kNvfp4) {
+        f_lo[j] = nvfp4_factor(cur.code[j] & 0xFFu);
+        f_hi[j] = nvfp4_factor(cur.code[j] >> 8);
+      } else {
+        f_lo[j] = Fmt::first_factor(cur.code[j]);
+      }
+    }
+    [&]<int... kP>(std::integer_sequence<int, kP...>) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        (
+            [&] {
+              float2 av[kBM];
+#pragma unroll
+              for (int t = 0; t < kBM; ++t)
+                av[t] = unpack_pair<T>(word_of(a[t][kP], q));
+#pragma unroll
+              for (int j = 0; j < kRows; ++j) {
+                uint32_t high = 0;
+                if constexpr (kMxfp6) {
+                  high = Fmt::high_of(cur.high[j].x, cur.high[j].y, q);
+                }
+                uint32_t bits = mul_bf16x2(Fmt::template pair_bits<kP>(word_of(cur.w[j], q), high),
+                                           kP < 2 || !kNvfp4 ? f_lo[j] : f_hi[j % kRows]);
+                if constexpr (kTwoSteps) bits = mul_bf16x2(bits, Fmt::second_factor(cur.code[j]));
+                const float2 wv = unpack_pair<T>(bits);
+#pragma unroll
+                for (int t = 0; t < kBM; ++t)
+                  acc[j * kBM + t] = fmaf(wv.y, av[t].y, fmaf(wv.x, av[t].x, acc[j * kBM + t]));
+              }
+            }(),
+            ...);
+      }
+    }
+    (std::make_integer_sequence<int, 4>{});
+  };
+
+  // Warp-uniform trip count (the W4A16 step votes): lanes past the last chunk multiply zeros.
+  Chunk cur, next;
+  load(lane, cur);
+  before_tokens();
+  for (int c0 = 0; c0 < chunks; c0 += 32) {
+    const int c = c0 + lane;
+    load(c + 32, next);  // in flight while this chunk is multiplied
+    if constexpr (kW4) {
+      // MX codes above kOneStepMax (MXFP4: scales above 2, and NaN) need the second multiply:
+      // one warp-uniform branch, rarely taken.
+      bool above = false;
+#pragma unroll
+      for (int j = 0; j < kRows; ++j)
+        above = above || (!kNvfp4 && cur.code[j] > Fmt::kOneStepMax);
+      if (__any_sync(0xFFFFFFFFu, above)) {
+        accumulate_w4(c, cur, std::true_type{});
+      } else {
+        accumulate_w4(c, cur, std::false_type{});
+      }
+    } else {
+      accumulate_16bit(c, cur);
+    }
+    cur = next;
+  }
+
+  float total = warp_reduce_scatter<kV>(acc, lane);
+  const int j = (lane / kDup) / kBM, t = (lane / kDup) % kBM;
+  if constexpr (!kIsScaled<T>) {
+    if (p.w_scale_kind == WScale::kExpert) total *= __ldg(&p.w_scale[w.expert]);
+  }
+  const int row = w.m0 + t;
+  const int col = w.n0 + simt_row<kRows>(slice, j);
+  const bool mine = lane % kDup == 0 && row < w.row_end;
+  uint8_t* c_row = p.c + static_cast<int64_t>(row) * p.ldc_bytes;
+  if (p.act == FusedActivation::kNone) {
+    if (mine && col < p.n) {
+      reinterpret_cast<OutT*>(c_row)[col] = from_f32<OutT>(total + bias_at<OutT>(p, w.expert, col));
+    }
+  } else {
+    // The up row of slot j < kRows / 2 is slot j + kRows / 2: value index + kRows kBM / 2, 16
+    // lanes further on.
+    const float up = __shfl_down_sync(0xFFFFFFFFu, total, 16);
+    if (mine && lane < 16) {
+      const float g = rounded<OutT>(total + bias_at<OutT>(p, w.expert, col));
+      const float u = rounded<OutT>(up + bias_at<OutT>(p, w.expert, col + kFusedGateUpBlock));
+      reinterpret_cast<OutT*>(c_row)[w.n0 / 2 + slice_row + j] =
+          from_f32<OutT>(simt_gated(p, g, u));
+    }
+  }
+}
+
+template <typename T, typename OutT, int kTile, WPacking kPacking>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    simt_kernel(const KernelParams p) {
+  pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
+  using Shape = ShapeOf<T, kTile>;
+  constexpr int kBM = Shape::kBM;
+  constexpr int kWarps = Shape::kThreads / 32;
   __shared__ int s_tile_prefix[kMaxExperts + 1];
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
@@ -1681,199 +1896,93 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   __syncthreads();
   const int total_m_tiles = s_tile_prefix[p.num_experts];
   const int total = total_m_tiles * p.n_tiles * kWarps;
-  const int chunks = kW4 ? p.k / 32 : p.k / 8;  // 16-byte chunks of a weight row
-  const int64_t w_row_bytes = kW4 ? Fmt::row_bytes(p.k) : static_cast<int64_t>(p.k) * 2;
-
   // Warp-major task order: task wi runs on CTA wi % grid, so a launch with fewer tasks than warp
   // slots spreads them evenly over the CTAs (and SMs) instead of filling the first CTAs.
   for (int wi = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x); wi < total;
        wi += static_cast<int>(gridDim.x) * kWarps) {
     const WorkItem w = resolve_item<kBM, Shape::kBN>(p, s_tile_prefix, total_m_tiles, wi / kWarps);
-    const int slice = wi % kWarps;
-    const uint8_t* a_row[kBM];
-#pragma unroll
-    for (int t = 0; t < kBM; ++t) {
-      a_row[t] = nullptr;
-      if (const int row = w.m0 + t; row < w.row_end) {
-        const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
-        if (s >= 0) a_row[t] = p.a + static_cast<int64_t>(s) * p.lda_bytes;
-      }
-    }
-    // Row slot j is W row first + simt_row(slice, j) of the expert; `valid` bit j when < n.
-    const int64_t first = static_cast<int64_t>(w.expert) * p.n + w.n0;
-    const uint8_t* w_base = p.w + first * w_row_bytes;
-    uint32_t valid = 0;
-#pragma unroll
-    for (int j = 0; j < kRows; ++j)
-      valid |= (w.n0 + simt_row<kRows>(slice, j) < p.n ? 1u : 0u) << j;
-
-    // Chunk c of every row slot (zeros past K or n) and, W4A16, its scale codes (MXFP6: and its
-    // high-plane words).
-    struct Chunk {
-      uint4 w[kRows];
-      uint32_t code[kRows];
-      uint2 high[kMxfp6 ? kRows : 1];
-    };
-    // Slot j's rows relative to slot 0's, in 32-bit offsets (a few registers: this kernel is
-    // limited by them, and 64-bit row pointers per slot would take 32).
-    const int slice_row = simt_row<kRows>(slice, 0);
-    const uint8_t* w_slice = w_base + static_cast<int64_t>(slice_row) * w_row_bytes;
-    const uint8_t* codes_slice = kW4 ? p.w_group_scale + (first + slice_row) * p.k_groups : nullptr;
-    const uint32_t row_bytes32 = static_cast<uint32_t>(w_row_bytes);
-    const uint32_t codes_per_row = static_cast<uint32_t>(p.k_groups);
-    auto load = [&](int c, Chunk& d) {
-      const uint8_t* w_c = w_slice + static_cast<int64_t>(c) * 16;
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        const bool ok = c < chunks && ((valid >> j) & 1u) != 0;
-        const uint32_t slot = static_cast<uint32_t>(simt_row<kRows>(0, j));
-        d.w[j] = ok ? ld_stream_16(w_c + slot * row_bytes32) : make_uint4(0, 0, 0, 0);
-        if constexpr (kMxfp6) {
-          const uint8_t* h = w_slice + p.k / 2 + static_cast<int64_t>(c) * 8 + slot * row_bytes32;
-          d.high[j] = ok ? ld_stream_8(h) : make_uint2(0u, 0u);
-        }
-        if constexpr (kW4) {
-          const uint8_t* codes = codes_slice + slot * codes_per_row;
-          if constexpr (kNvfp4) {  // the two 16-element groups' kernel codes, one aligned pair
-            d.code[j] = ok ? __ldg(reinterpret_cast<const uint16_t*>(codes) + c) : 0u;
-          } else {
-            d.code[j] = ok ? __ldg(codes + c) : 0u;
-          }
-        }
-      }
-    };
-
-    float acc[kV];
-    zero_accumulators(acc);
-    // One chunk: acc[j * kBM + t] += W row j's chunk . token t's elements.
-    auto accumulate_16bit = [&](int c, const Chunk& cur) {
-      float2 a[kBM][4];
-#pragma unroll
-      for (int t = 0; t < kBM; ++t) {
-        const uint4 raw = a_row[t] != nullptr && c < chunks
-                              ? __ldg(reinterpret_cast<const uint4*>(a_row[t]) + c)
-                              : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          a[t][q] = unpack_pair<T>(word_of(raw, q));
-      }
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float2 wv = unpack_pair<T>(word_of(cur.w[j], q));
-#pragma unroll
-          for (int t = 0; t < kBM; ++t)
-            acc[j * kBM + t] = fmaf(wv.y, a[t][q].y, fmaf(wv.x, a[t][q].x, acc[j * kBM + t]));
-        }
-      }
-    };
-    // W4A16: word q of a group holds pairs p = 0..3, elements 16 (p / 2) + 8 (p % 2) + 2q (+1)
-    // (sm90/mxfp4_layout.h): the tokens' bf16 pair 4p + q, i.e. word q of their 16-byte piece p.
-    auto accumulate_w4 = [&](int c, const Chunk& cur, auto two_steps_tag) {
-      constexpr bool kTwoSteps = decltype(two_steps_tag)::value;
-      uint4 a[kBM][4];
-#pragma unroll
-      for (int t = 0; t < kBM; ++t) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          a[t][u] = a_row[t] != nullptr && c < chunks
-                        ? __ldg(reinterpret_cast<const uint4*>(a_row[t]) + 4 * c + u)
-                        : make_uint4(0, 0, 0, 0);
-      }
-      // The factors of elements 0..15 and 16..31 (one for MXFP4, whose f2 is derived only on the
-      // rare two-step path: registers are what limits this kernel).
-      uint32_t f_lo[kRows], f_hi[kNvfp4 ? kRows : 1];
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        if constexpr (kNvfp4) {
-          f_lo[j] = nvfp4_factor(cur.code[j] & 0xFFu);
-          f_hi[j] = nvfp4_factor(cur.code[j] >> 8);
-        } else {
-          f_lo[j] = Fmt::first_factor(cur.code[j]);
-        }
-      }
-      [&]<int... kP>(std::integer_sequence<int, kP...>) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          (
-              [&] {
-                float2 av[kBM];
-#pragma unroll
-                for (int t = 0; t < kBM; ++t)
-                  av[t] = unpack_pair<T>(word_of(a[t][kP], q));
-#pragma unroll
-                for (int j = 0; j < kRows; ++j) {
-                  uint32_t high = 0;
-                  if constexpr (kMxfp6) {
-                    high = Fmt::high_of(cur.high[j].x, cur.high[j].y, q);
-                  }
-                  uint32_t bits =
-                      mul_bf16x2(Fmt::template pair_bits<kP>(word_of(cur.w[j], q), high),
-                                 kP < 2 || !kNvfp4 ? f_lo[j] : f_hi[j % kRows]);
-                  if constexpr (kTwoSteps) bits = mul_bf16x2(bits, Fmt::second_factor(cur.code[j]));
-                  const float2 wv = unpack_pair<T>(bits);
-#pragma unroll
-                  for (int t = 0; t < kBM; ++t)
-                    acc[j * kBM + t] = fmaf(wv.y, av[t].y, fmaf(wv.x, av[t].x, acc[j * kBM + t]));
-                }
-              }(),
-              ...);
-        }
-      }
-      (std::make_integer_sequence<int, 4>{});
-    };
-
-    // Warp-uniform trip count (the W4A16 step votes): lanes past the last chunk multiply zeros.
-    Chunk cur, next;
-    load(lane, cur);
-    for (int c0 = 0; c0 < chunks; c0 += 32) {
-      const int c = c0 + lane;
-      load(c + 32, next);  // in flight while this chunk is multiplied
-      if constexpr (kW4) {
-        // MX codes above kOneStepMax (MXFP4: scales above 2, and NaN) need the second multiply:
-        // one warp-uniform branch, rarely taken.
-        bool above = false;
-#pragma unroll
-        for (int j = 0; j < kRows; ++j)
-          above = above || (!kNvfp4 && cur.code[j] > Fmt::kOneStepMax);
-        if (__any_sync(0xFFFFFFFFu, above)) {
-          accumulate_w4(c, cur, std::true_type{});
-        } else {
-          accumulate_w4(c, cur, std::false_type{});
-        }
-      } else {
-        accumulate_16bit(c, cur);
-      }
-      cur = next;
-    }
-
-    float total = warp_reduce_scatter<kV>(acc, lane);
-    const int j = (lane / kDup) / kBM, t = (lane / kDup) % kBM;
-    if constexpr (!kIsScaled<T>) {
-      if (p.w_scale_kind == WScale::kExpert) total *= __ldg(&p.w_scale[w.expert]);
-    }
-    const int row = w.m0 + t;
-    const int col = w.n0 + simt_row<kRows>(slice, j);
-    const bool mine = lane % kDup == 0 && row < w.row_end;
-    uint8_t* c_row = p.c + static_cast<int64_t>(row) * p.ldc_bytes;
-    if (p.act == FusedActivation::kNone) {
-      if (mine && col < p.n) {
-        reinterpret_cast<OutT*>(c_row)[col] =
-            from_f32<OutT>(total + bias_at<OutT>(p, w.expert, col));
-      }
-    } else {
-      // The up row of slot j < kRows / 2 is slot j + kRows / 2: value index + kRows kBM / 2, 16
-      // lanes further on.
-      const float up = __shfl_down_sync(0xFFFFFFFFu, total, 16);
-      if (mine && lane < 16) {
-        const float g = rounded<OutT>(total + bias_at<OutT>(p, w.expert, col));
-        const float u = rounded<OutT>(up + bias_at<OutT>(p, w.expert, col + kFusedGateUpBlock));
-        reinterpret_cast<OutT*>(c_row)[w.n0 / 2 + slice_row + j] =
-            from_f32<OutT>(simt_gated(p, g, u));
-      }
-    }
+    simt_task<T, OutT, kTile, kPacking>(p, w, wi % kWarps, lane, [] {});
   }
+}
+
+// ---- the decode pair: GEMM1 (+ activation) and GEMM2 of a layer in one CUDA-core launch --------
+//
+// At one or two tokens per expert each grouped GEMM is one wave of short work items whose ramp
+// (launch, prefix, first loads) and tail (the last items) are a large share of its time, paid
+// twice per layer. simt_pair_kernel runs both on one persistent grid: the task space is GEMM1's
+// tasks (p1, fused gated activation, writing the activation rows) followed by GEMM2's (p2, reading
+// them), walked warp-major like simt_kernel, each GEMM's items m-tile-major (an expert's work
+// together, so that early experts finish GEMM1 while later ones run). Each GEMM1 task adds 1 to
+// its expert's counter (expert_done, zeroed by the align launch before) once its stores are
+// visible (release); a GEMM2 task of expert e first puts its weight loads in flight, then waits
+// until the counter reaches e's GEMM1 task count (acquire).
+// Deadlock-free: every warp runs and counts all its GEMM1 tasks (which never wait) before it
+// waits on any, and the host launches at most as many CTAs as are resident at once
+// (pair_residency), so every GEMM1 task is owned by a running warp.
+
+// The counter at `counter` (raised by other CTAs during this launch), relaxed: no ordering and,
+// unlike an acquire load, no invalidation of this SM's L1 (which the other warps' tokens live in).
+__device__ __forceinline__ int load_relaxed_gpu(const int32_t* counter) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+  return v;
+}
+
+template <typename T, typename OutT, int kTile, WPacking kPacking>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    simt_pair_kernel(const KernelParams p1, const KernelParams p2, int32_t* expert_done) {
+  pdl_wait();  // the align launch zeroed expert_done
+  using Shape = ShapeOf<T, kTile>;
+  constexpr int kBM = Shape::kBM;
+  constexpr int kWarps = Shape::kThreads / 32;
+  __shared__ int s_tile_prefix[kMaxExperts + 1];  // the same rows for both GEMMs
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  if (tid < 32) tile_prefix_by_warp<kBM>(p1, s_tile_prefix, lane);
+  __syncthreads();
+  const int total_m_tiles = s_tile_prefix[p1.num_experts];
+  const int tasks1 = total_m_tiles * p1.n_tiles * kWarps;
+  const int total = tasks1 + total_m_tiles * p2.n_tiles * kWarps;
+  // A GEMM1 task is counted (release: a fence, which waits for the warp's memory operations to
+  // land, then the add) once the warp's next task has put its first loads in flight, where the
+  // warp waits for memory anyway; the warp's last GEMM1 task as it turns to GEMM2 or ends.
+  int uncounted = -1;  // expert of the warp's finished, uncounted GEMM1 task (warp-uniform)
+  auto count_task = [&] {
+    if (uncounted < 0) return;
+    __syncwarp();  // every lane's stores before lane 0's release
+    if (lane == 0) {
+      __threadfence();
+      atomicAdd(&expert_done[uncounted], 1);
+    }
+    uncounted = -1;
+  };
+  for (int wi = warp * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x); wi < total;
+       wi += static_cast<int>(gridDim.x) * kWarps) {
+    if (wi < tasks1) {
+      const WorkItem w =
+          resolve_item<kBM, Shape::kBN, 1>(p1, s_tile_prefix, total_m_tiles, wi / kWarps);
+      simt_task<T, OutT, kTile, kPacking>(p1, w, wi % kWarps, lane, [&] { count_task(); });
+      uncounted = w.expert;
+      continue;
+    }
+    count_task();
+    const int wj = wi - tasks1;
+    const WorkItem w =
+        resolve_item<kBM, Shape::kBN, 1>(p2, s_tile_prefix, total_m_tiles, wj / kWarps);
+    const int need = (s_tile_prefix[w.expert + 1] - s_tile_prefix[w.expert]) * p1.n_tiles * kWarps;
+    simt_task<T, OutT, kTile, kPacking, true>(p2, w, wj % kWarps, lane, [&] {
+      if (lane == 0) {
+        const int32_t* counter = &expert_done[w.expert];
+        while (load_relaxed_gpu(counter) < need)
+          __nanosleep(128);
+      }
+      // Acquire (fence after the observing load): GEMM1's stores of this expert's rows are
+      // visible to the token loads that follow.
+      if (lane == 0) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      __syncwarp();
+    });
+  }
+  count_task();
 }
 
 // ---- host side ----------------------------------------------------------------------------------
@@ -2053,6 +2162,68 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
   return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile>(), args, p, cache, params, stream);
 }
 
+// ---- the decode pair's launch ---------------------------------------------------------------
+
+// CTAs of the decode pair's `kernel` resident at once per multiprocessor (at most kMinBlocks):
+// its GEMM2 tasks wait on GEMM1 tasks of other CTAs, so its grid must never exceed what is
+// resident. The shared-memory carveout is set to hold that many CTAs' static shared memory (the
+// rest stays L1, which the tokens are read through) and the count read back from the occupancy
+// calculator rather than assumed.
+template <typename T, int kTile, typename Kernel>
+cudaError_t pair_residency(Kernel kernel, int* blocks) {
+  using Shape = ShapeOf<T, kTile>;
+  cudaFuncAttributes attr{};
+  MOEKIT_CUDA_TRY(cudaFuncGetAttributes(&attr, kernel));
+  int max_smem = 0, device = 0;
+  MOEKIT_CUDA_TRY(cudaGetDevice(&device));
+  MOEKIT_CUDA_TRY(
+      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  constexpr size_t kReservedPerBlock = 1024;  // the system's shared memory per CTA on sm_90
+  const size_t need = Shape::kMinBlocks * (attr.sharedSizeBytes + kReservedPerBlock);
+  const int percent =
+      static_cast<int>(std::min<size_t>(100, (100 * need + max_smem - 1) / max_smem));
+  MOEKIT_CUDA_TRY(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+  int occupancy = 0;
+  MOEKIT_CUDA_TRY(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, Shape::kThreads, 0));
+  if (occupancy < 1) return cudaErrorInvalidConfiguration;
+  *blocks = std::min(occupancy, Shape::kMinBlocks);
+  return cudaSuccess;
+}
+
+// Launches the decode pair (simt_pair_kernel) of CUDA-core row kTile: a1 = GEMM1 with its fused
+// activation, a2 = GEMM2 reading a1's output (checked by can_run_grouped_gemm_pair), expert_done
+// (a1.num_experts,) zeroed before on the stream. The grid: the resident CTAs (cached with W1's
+// launch state, else queried now), capped by the tasks the schedule can hold.
+template <typename T, typename OutT, int kTile, WPacking kPacking>
+cudaError_t launch_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs& a2, int32_t* expert_done,
+                        const WeightLaunchCache* cache, cudaStream_t stream) {
+  using Shape = ShapeOf<T, kTile>;
+  static_assert(Shape::kSimt && !Shape::kPackedW4, "16-bit rows: W4A16 ran slower as a pair");
+  const auto kernel = &simt_pair_kernel<T, OutT, kTile, kPacking>;
+  const KernelParams p1 = kernel_params<T, kTile>(a1);
+  const KernelParams p2 = kernel_params<T, kTile>(a2);
+  int sms = 0, blocks = 0;
+  if (cache != nullptr &&
+      cache->matches(a1.w, a1.n, a1.k, a1.num_experts, a1.dtype, output_type(a1)) &&
+      cache->pair_blocks[kTile] > 0) {
+    sms = cache->sms;
+    blocks = cache->pair_blocks[kTile];
+  } else {
+    MOEKIT_CUDA_TRY(current_device_sms(&sms));
+    MOEKIT_CUDA_TRY((pair_residency<T, kTile>(kernel, &blocks)));
+  }
+  const int64_t rows_ub = a1.num_rows_upper_bound;
+  const int64_t items_ub = (rows_ub / Shape::kBM + std::min<int64_t>(a1.num_experts, rows_ub)) *
+                           (p1.n_tiles + p2.n_tiles);
+  const int64_t tasks_ub = items_ub * (Shape::kThreads / 32);  // warp-major: a CTA each at most
+  const int grid = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(static_cast<int64_t>(sms) * blocks, tasks_ub)));
+  return launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(Shape::kThreads), 0, stream, p1,
+                    p2, expert_done);
+}
+
 // The launch state of W for every row of kFamily, with the kernels of output OutT (T operands).
 template <typename T, typename OutT, TileFamily kFamily>
 cudaError_t prepare_rows(const GroupedGemmArgs& args, WeightLaunchCache* c) {
@@ -2068,6 +2239,10 @@ cudaError_t prepare_rows(const GroupedGemmArgs& args, WeightLaunchCache* c) {
         }));
       } else {
         MOEKIT_CUDA_TRY(set_kernel_attributes(kernel_of<T, OutT, kRow>(), Shape::kDynamicSmem));
+      }
+      if constexpr (Shape::kSimt && !Shape::kPackedW4) {  // and the row's decode pair
+        MOEKIT_CUDA_TRY((pair_residency<T, kRow>(&simt_pair_kernel<T, OutT, kRow, WPacking::kMxfp4>,
+                                                 &c->pair_blocks[kRow])));
       }
       if constexpr (Shape::kTma) {
         return encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype, Shape::kBK,

@@ -25,6 +25,8 @@ struct WeightLaunchCache {
   ElemType out_dtype = ElemType::kBF16;  // C of the kernels prepared (fp8 operands: bf16 or f16)
   int sms = 0;                           // multiprocessors of W's device
   std::array<TmaDescriptor, kNumTiles> tma{};  // per table row; unused for rows without TMA
+  // Per CUDA-core row: the decode pair kernel's resident CTAs per multiprocessor (0: not prepared).
+  std::array<int, kNumTiles> pair_blocks{};
 
   // Whether this cache describes exactly this W.
   bool matches(const void* w_, int64_t n_, int64_t k_, int64_t experts, ElemType dt,

@@ -61,13 +61,15 @@ struct WorkItem {
 };
 
 // Work item `item` of total_m_tiles * n_tiles; a binary search over the prefix gives the expert.
-template <int kBM, int kBN>
+// kGroup m-tiles per raster group (1: m-tile-major, every n-tile of an m-tile before the next
+// m-tile, so that consecutive items finish one expert's rows first).
+template <int kBM, int kBN, int kGroup = kRasterGroup>
 __device__ __forceinline__ WorkItem resolve_item(const KernelParams& p, const int* tile_prefix,
                                                  int total_m_tiles, int item) {
-  const int group = item / (kRasterGroup * p.n_tiles);
-  const int first_mt = group * kRasterGroup;
-  const int group_size = min(kRasterGroup, total_m_tiles - first_mt);
-  const int in_group = item - group * kRasterGroup * p.n_tiles;
+  const int group = item / (kGroup * p.n_tiles);
+  const int first_mt = group * kGroup;
+  const int group_size = min(kGroup, total_m_tiles - first_mt);
+  const int in_group = item - group * kGroup * p.n_tiles;
   const int mt = first_mt + in_group % group_size;
   const int nt = in_group / group_size;
   int lo = 0, hi = p.num_experts - 1;  // last e with prefix[e] <= mt (that expert has rows)
