@@ -250,6 +250,7 @@ int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench
     const auto keys = sm90::gemm_shape_keys(layer.moe_config(), *family);
     std::vector<std::pair<std::string, double>> times[2];
     std::string skipped;
+    experts->allow_decode_pair(false);  // each GEMM timed on its own, also on CUDA-core tiles
     for (const std::string& tile : experts->tile_names()) {
       experts->force_tile(tile);
       try {
@@ -261,6 +262,7 @@ int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench
       }
     }
     experts->force_tile("auto");
+    experts->allow_decode_pair(true);
     std::string line = fmt::format("  tune M={}:", M);
     for (int g = 0; g < 2; ++g) {
       if (times[g].empty()) continue;
@@ -366,8 +368,9 @@ int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench
       c.stage_us = stage_times(*layers[0], outs[0], xs[0], logits[0]);
       if (!bench.tune_out.empty()) tune_case(*layers[0], model.name, M, outs[0], xs[0], logits[0]);
       std::string stages;
-      for (const char* s : {"router", "shared_slots", "dispatch", "align", "gemm1", "activation",
-                            "gemm2", "reduce", "finalize", "shared_experts", "shared_add"}) {
+      for (const char* s :
+           {"router", "shared_slots", "dispatch", "align", "gemm1", "activation", "gemm2",
+            "gemm1+gemm2", "reduce", "finalize", "shared_experts", "shared_add"}) {
         if (c.stage_us.count(s)) stages += fmt::format("{} {:.1f}  ", s, c.stage_us[s]);
       }
       std::cout << fmt::format("  {:>6} {:>10.1f} {:>8.2f} {:>9.1f} {:>6.0f}% {:>6.0f}%  {}\n", M,

@@ -191,6 +191,10 @@ void Sm90StandardExpertsBase::force_tile(const std::string& name) {
   sm90::choose_tiles(*state_, moe, this->name().c_str(), state_->family);
 }
 
+void Sm90StandardExpertsBase::allow_decode_pair(bool allow) {
+  state_->decode_pair = allow;
+}
+
 void Sm90StandardExpertsBase::bind_weights(const Tensor& w1, const Tensor& w2) {
   if constexpr (kCudaBuild) {
     sm90::bind_weights(*state_, w1, w2, moe_config().in_dtype);

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "graph_replay.h"
 #include "moekit/core/tolerance.h"
@@ -428,6 +431,62 @@ TEST(GpuLayer, RouterNanAndInfMatchCpu) {
 }
 
 #ifdef MOEKIT_WITH_CUDA
+// The stages a forward reports, in order.
+struct StageNames final : StageObserver {
+  mutable std::vector<std::string> names;
+  void stage_done(std::string_view stage, Stream) const override { names.emplace_back(stage); }
+};
+
+// The decode pair (GEMM1 + activation and GEMM2 in one launch, on the CUDA-core tile) against the
+// same layer launching the two GEMMs apart: bitwise at decode sizes, for presets with biases,
+// swigluoai, folded shared experts with their gate; and within tolerance of the CPU reference.
+TEST(GpuLayer, DecodePairMatchesTwoLaunchesBitwise) {
+  REQUIRE_SM90_GPU();
+  for (const char* preset : {"small", "small-deepseek", "small-gpt-oss", "small-qwen2-moe"}) {
+    SCOPED_TRACE(preset);
+    const ModelPreset& m = find_preset(preset);
+    MoELayerOptions cpu_opt;
+    cpu_opt.max_num_tokens = 8;
+    MoELayerOptions gpu_opt = cpu_opt;
+    gpu_opt.device = default_device_info();
+    gpu_opt.tile_config = "1x64simt";
+    const MoELayerWeights w = MoELayer::random_weights(m, cpu_opt, 5);
+    MoELayer cpu(m, w, cpu_opt);
+    MoELayer gpu(m, to_device(w, gpu_opt.device.device()), gpu_opt);
+    auto* experts = dynamic_cast<Sm90StandardExpertsBase*>(&gpu.kernel().fused_experts());
+    ASSERT_NE(experts, nullptr);
+    const Device gd = gpu_opt.device.device();
+    for (int64_t M : {1, 3, 8}) {
+      SCOPED_TRACE(M);
+      const Tensor x = testing::random_tensor({M, m.hidden_size}, DType::kBF16, 40 + M);
+      const Tensor logits = testing::random_tensor({M, m.num_experts}, DType::kF32, 50 + M, -3, 3);
+      const RoutingResult r = cpu.router().select_experts(x, logits);
+      const Tensor ref = cpu.forward_routed(x, r.topk_ids, r.topk_weights);
+      const Tensor xg = x.to(gd), ids = r.topk_ids.to(gd), tw = r.topk_weights.to(gd);
+      Tensor outs[2];
+      for (int pair = 1; pair >= 0; --pair) {
+        experts->allow_decode_pair(pair == 1);
+        StageNames stages;
+        RunContext ctx{gpu.default_stream(), nullptr, &stages};
+        Tensor out = Tensor::empty({M, m.hidden_size}, DType::kBF16, gd);
+        out.fill_bytes(0xFF);
+        gpu.forward_routed_into(out, xg, ids, tw, ctx);
+        synchronize(ctx.stream);
+        outs[pair] = out.to(Device::cpu());
+        const bool paired = std::find(stages.names.begin(), stages.names.end(), "gemm1+gemm2") !=
+                            stages.names.end();
+        EXPECT_EQ(paired, pair == 1) << "stages reported: " << stages.names.size();
+      }
+      experts->allow_decode_pair(true);
+      ASSERT_FALSE(testing::has_nan(outs[1]));
+      EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[1].nbytes()));
+      const std::vector<float> rv = ref.to_float_vector();
+      EXPECT_LE(testing::relative_l2_error(outs[1], std::vector<double>(rv.begin(), rv.end())),
+                tolerance("bf16").rel_l2);
+    }
+  }
+}
+
 TEST(GpuLayer, CudaGraphReplayIsBitwiseIdentical) {
   REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph

@@ -2,6 +2,8 @@
 //   MOEKIT_LOG_LEVEL   trace|debug|info|warn|error|off (default warn)
 //   MOEKIT_MOE_BACKEND force an experts backend by its user-facing name (e.g. "cpu_reference")
 //   MOEKIT_DISABLE_PDL  diagnostics: the router/align kernels without programmatic dependent launch
+//   MOEKIT_DISABLE_DECODE_PAIR  diagnostics: the Hopper experts' two GEMMs as two launches even
+//                       where they would run as one decode pair (run_grouped_gemm_pair)
 //   MOEKIT_BATCH_INVARIANT  1: every layer batch-invariant (MoELayerOptions::batch_invariant)
 // (CPU threads follow OpenMP's OMP_NUM_THREADS.)
 //

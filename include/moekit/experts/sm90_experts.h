@@ -63,6 +63,10 @@ class Sm90StandardExpertsBase : public ExpertsModular {
   // would), or "auto" for the tuned tables / heuristic again. For `moekit tune`; never call it
   // while a forward is queued or captured. Throws moekit::Error for a name not of this family.
   void force_tile(const std::string& name);
+  // Whether GEMM1 and GEMM2 may run as one launch (the decode pair) when both land on a CUDA-core
+  // tile (default true); false launches them apart, for `moekit tune`'s per-GEMM times. Same
+  // rules as force_tile.
+  void allow_decode_pair(bool allow);
 
  protected:
   Sm90StandardExpertsBase(const ExpertsClass& klass, const MoEConfig& moe,

@@ -16,6 +16,7 @@
 #include "experts/cuda/moe_unpermute.h"
 #include "experts/cuda/sm90_grouped_gemm.h"
 #include "moekit/core/checks.h"
+#include "moekit/core/env.h"
 #include "quant/cuda/moe_input_quant.h"
 #include "quant/cuda/mx_qdq.h"
 #include "quant/cuda/quantize_rows.h"
@@ -35,7 +36,7 @@ size_t align_up(size_t v) {
 struct Ws2Layout {
   size_t act = 0, gemm2 = 0, counts = 0, offsets = 0, permuted = 0, slot_to_row = 0, total = 0,
          token_rows = 0, align_ws = 0, align_ws_bytes = 0, a2q = 0, a2_scale = 0, amax = 0,
-         a1_mx = 0, bytes = 0;
+         a1_mx = 0, expert_done = 0, bytes = 0;
 };
 
 // The OCP MX element format of an activation descriptor with (1, 32) groups (MXFP4, MXFP6), if
@@ -112,6 +113,7 @@ Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, A
   l.align_ws_bytes =
       cuda::moe_align_workspace_bytes(M, static_cast<int>(topk), static_cast<int>(E));
   l.align_ws = take(l.align_ws_bytes);
+  l.expert_done = take(static_cast<size_t>(E) * 4);  // the decode pair's counters (align zeroes)
   if (mx_activation(a1) || bf16_codes) {
     l.a1_mx = take(static_cast<size_t>(M * K) * es);  // x, MX-rounded or its fp8 codes
   }
@@ -236,6 +238,19 @@ int launch_tile(const sm90::LaunchState& state, int gemm, int64_t M,
   const int row = sm90::tile_for(state, gemm, M);
   if (state.tile < 0 && row >= 0 && !cuda::detail::tile_fits(args, row).empty()) return -1;
   return row;
+}
+
+// The CUDA-core row both GEMMs land on (the heuristic's when the tuned / forced row is -1), when
+// the layer may run them as the decode pair (cuda::run_grouped_gemm_pair; not in tune's per-GEMM
+// timing, nor with MOEKIT_DISABLE_DECODE_PAIR set); else -1.
+int decode_pair_row(const sm90::LaunchState& state, const cuda::GroupedGemmArgs& g1,
+                    const cuda::GroupedGemmArgs& g2, int row1, int row2) {
+  static const bool disabled = env::get_bool("MOEKIT_DISABLE_DECODE_PAIR", false);
+  if (!state.decode_pair || disabled) return -1;
+  const int r1 = row1 >= 0 ? row1 : cuda::select_grouped_gemm_tile(g1);
+  const int r2 = row2 >= 0 ? row2 : cuda::select_grouped_gemm_tile(g2);
+  if (r1 != r2 || cuda::sm90::kTileTable[r1].kind != cuda::sm90::MainloopKind::kSimt) return -1;
+  return cuda::can_run_grouped_gemm_pair(g1, g2, r1).empty() ? r1 : -1;
 }
 
 bool is_8bit_codes(DType d) {
@@ -387,6 +402,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   align.token_rows = token_rows;  // GEMM1's gather index, with the permutation (no extra launch)
   align.workspace = at<void>(ws2, l.align_ws);
   align.workspace_bytes = l.align_ws_bytes;
+  align.expert_done = at<int32_t>(ws2, l.expert_done);
   if (const char* why = cuda::moe_align_unsupported_reason(align)) {
     MOEKIT_CHECK(false, "moe align: {}", why);
   }
@@ -447,59 +463,19 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     }
   }
   void* act = at<void>(ws2, l.act);
-  if (sm90_fuses_activation(experts.moe_config())) {
-    // 2+3. GEMM1 with the gated activation in its epilogue: (rows, N/2) straight into ws2.
+  const bool fused = sm90_fuses_activation(experts.moe_config());
+  if (fused) {  // GEMM1 with the gated activation in its epilogue: (rows, N/2) straight into ws2
     set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
     g1.c = act;
     g1.ldc = d;
-    run_gemm(g1, launch_tile(state, 0, tile_M, g1), state.w1, ctx.stream, "GEMM1 + activation");
-    ctx.stage_done("gemm1");
-  } else {
-    run_gemm(g1, launch_tile(state, 0, tile_M, g1), state.w1, ctx.stream, "GEMM1");
-    ctx.stage_done("gemm1");
-    // 3. activation on the valid rows.
-    cuda::run_activation(args.activation, experts.moe_config().activation_params(),
-                         args.workspace13.data(), act, dtype, capacity, N, total, permuted,
-                         ctx.stream);
-    ctx.stage_done("activation");
   }
-
-  // 4. GEMM2: (rows, K) into workspace2's second region; 8-bit codes first requantize the
-  // activation of the rows that exist (total) per the a2 scheme.
+  // GEMM2: (rows, K) into workspace2's second region, reading the activation (8-bit codes: its
+  // requantized codes, set below once GEMM1 has run).
   cuda::GroupedGemmArgs g2 = g1;
   g2.fused_act = cuda::FusedActivation::kNone;
   g2.a = act;
   g2.lda = d;
-  if (scaled) {
-    const DeviceQuantShapes qs = device_quant_shapes(capacity, d, quant.a2);
-    Tensor a2q = Tensor::from_blob(at<void>(ws2, l.a2q), qs.data, qs.data_dtype, x.device());
-    Tensor a2_scale =
-        Tensor::from_blob(at<void>(ws2, l.a2_scale), qs.scale, DType::kF32, x.device());
-    const Tensor act_rows = Tensor::from_blob(act, {capacity, d}, dtype, x.device());
-    quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.amax), total, ctx.stream);
-    ctx.stage_done("quantize a2");
-    set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);
-    g2.a = a2q.data();
-  }
   if (packed_fp4) g2.w_group_scale = state.w2_scale.data_as<const uint8_t>();
-  const std::optional<cuda::MxElement> mx_a2 = packed_fp4 ? mx_activation(quant.a2) : std::nullopt;
-  if (mx_a2) {  // the activation rounded to its MX values in place, the rows that exist (total)
-    cuda::MxQdqArgs q;
-    q.x = act;
-    q.y = act;
-    q.rows = capacity;
-    q.cols = q.x_ld = q.y_ld = d;
-    q.num_rows = total;
-    q.element = *mx_a2;
-    const char* why = cuda::mx_qdq_unsupported_reason(q);
-    MOEKIT_CHECK(why == nullptr, "MX activations: {}", why == nullptr ? "" : why);
-    MOEKIT_CUDA_CHECK(cuda::launch_mx_qdq(q, stream));
-    ctx.stage_done("quantize a2");
-  }
-  if (bf16_codes) {  // the activation's codes in place, the rows that exist (total)
-    launch_fp8_codes_as_bf16(act, act, capacity, d, quant.a2, total, stream);
-    ctx.stage_done("quantize a2");
-  }
   if (nvfp4 || bf16_codes) g2.w_scale = state.w2_global.data_as<const float>();
   g2.gather_rows = nullptr;
   g2.w = args.w2.data();
@@ -509,8 +485,62 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   g2.ldc = K;
   g2.n = static_cast<int>(K);
   g2.k = static_cast<int>(d);
-  run_gemm(g2, launch_tile(state, 1, tile_M, g2), state.w2, ctx.stream, "GEMM2");
-  ctx.stage_done("gemm2");
+  const std::optional<cuda::MxElement> mx_a2 = packed_fp4 ? mx_activation(quant.a2) : std::nullopt;
+
+  const int row1 = launch_tile(state, 0, tile_M, g1);
+  if (const int row = decode_pair_row(state, g1, g2, row1, launch_tile(state, 1, tile_M, g2));
+      row >= 0 && fused && !scaled && !mx_a2 && !bf16_codes) {
+    // 2-4. GEMM1 + activation and GEMM2 as the decode pair: one launch.
+    MOEKIT_CUDA_CHECK(
+        cuda::run_grouped_gemm_pair(g1, g2, row, align.expert_done, stream, &state.w1));
+    ctx.stage_done("gemm1+gemm2");
+  } else {
+    if (fused) {  // 2+3.
+      run_gemm(g1, row1, state.w1, ctx.stream, "GEMM1 + activation");
+      ctx.stage_done("gemm1");
+    } else {
+      run_gemm(g1, row1, state.w1, ctx.stream, "GEMM1");
+      ctx.stage_done("gemm1");
+      // 3. activation on the valid rows.
+      cuda::run_activation(args.activation, experts.moe_config().activation_params(),
+                           args.workspace13.data(), act, dtype, capacity, N, total, permuted,
+                           ctx.stream);
+      ctx.stage_done("activation");
+    }
+    // 4. GEMM2; 8-bit codes first requantize the activation of the rows that exist (total) per
+    // the a2 scheme.
+    if (scaled) {
+      const DeviceQuantShapes qs = device_quant_shapes(capacity, d, quant.a2);
+      Tensor a2q = Tensor::from_blob(at<void>(ws2, l.a2q), qs.data, qs.data_dtype, x.device());
+      Tensor a2_scale =
+          Tensor::from_blob(at<void>(ws2, l.a2_scale), qs.scale, DType::kF32, x.device());
+      const Tensor act_rows = Tensor::from_blob(act, {capacity, d}, dtype, x.device());
+      quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.amax), total,
+                         ctx.stream);
+      ctx.stage_done("quantize a2");
+      set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);
+      g2.a = a2q.data();
+    }
+    if (mx_a2) {  // the activation rounded to its MX values in place, the rows that exist (total)
+      cuda::MxQdqArgs q;
+      q.x = act;
+      q.y = act;
+      q.rows = capacity;
+      q.cols = q.x_ld = q.y_ld = d;
+      q.num_rows = total;
+      q.element = *mx_a2;
+      const char* why = cuda::mx_qdq_unsupported_reason(q);
+      MOEKIT_CHECK(why == nullptr, "MX activations: {}", why == nullptr ? "" : why);
+      MOEKIT_CUDA_CHECK(cuda::launch_mx_qdq(q, stream));
+      ctx.stage_done("quantize a2");
+    }
+    if (bf16_codes) {  // the activation's codes in place, the rows that exist (total)
+      launch_fp8_codes_as_bf16(act, act, capacity, d, quant.a2, total, stream);
+      ctx.stage_done("quantize a2");
+    }
+    run_gemm(g2, launch_tile(state, 1, tile_M, g2), state.w2, ctx.stream, "GEMM2");
+    ctx.stage_done("gemm2");
+  }
 
   // 5. weighted unpermute + reduce into the (M, K) output (workspace13 is dead by now).
   cuda::MoeUnpermuteParams u;
@@ -696,10 +726,15 @@ std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<Qua
       t2 = cuda::select_grouped_gemm_tile(g2, &heuristic);
       why2 += heuristic;
     }
+    // 16-bit, both on one CUDA-core row, the activation fused: one launch.
+    const bool pair = family == cuda::sm90::TileFamily::k16Bit && t1 == t2 &&
+                      cuda::sm90::kTileTable[t1].kind == cuda::sm90::MainloopKind::kSimt &&
+                      sm90_fuses_activation(moe);
     out += "  " + padded("M=" + std::to_string(M), 8) + " gemm1 " +
            padded(cuda::sm90::kTileTable[t1].name, 8) + " gemm2 " +
            padded(cuda::sm90::kTileTable[t2].name, 8) + " " + why1 +
-           (why2 == why1 ? std::string() : "; gemm2: " + why2) + "\n";
+           (why2 == why1 ? std::string() : "; gemm2: " + why2) +
+           (pair ? "; both GEMMs as one launch (the decode pair)" : "") + "\n";
   }
   return out;
 }

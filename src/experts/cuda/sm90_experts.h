@@ -32,6 +32,9 @@ struct LaunchState {
   };
   TunedRows tuned[2];
   cuda::sm90::TileFamily family = cuda::sm90::TileFamily::k16Bit;  // of every row above
+  // Whether GEMM1 and GEMM2 may run as the decode pair when both land on one CUDA-core row
+  // (cuda::run_grouped_gemm_pair); `moekit tune` turns it off to time the GEMMs apart.
+  bool decode_pair = true;
   // Launch state of the bound GEMM1 / GEMM2 weights (bind_weights); empty until then, and unused
   // by a launch given other weights (that launch prepares itself).
   cuda::sm90::WeightLaunchCache w1, w2;
