@@ -752,12 +752,13 @@ TEST_F(AlignTest, ManyExpertsAndTopKEqualsE) {
   check_align(ids2, 1000, 16, {}, 16, 16, 8);
 }
 
-// The one-launch paths around their size limits (M*k = 1024 and 4096), large experts counts, row
-// alignments that need the multi-block padding fill.
+// The one-launch path around its chunk boundaries (M*k = 1024, 2048, ...) and its size limit
+// (M*k = 8192; 8193 slots go to the three-launch path), large experts counts, row alignments
+// that need the multi-block padding fill.
 TEST_F(AlignTest, SmallPathBoundaries) {
   std::mt19937_64 rng(15);
   for (int E : {8, 128, 256, 512}) {
-    for (int64_t M : {0, 1, 2, 64, 127, 128, 129, 512, 513}) {
+    for (int64_t M : {0, 1, 2, 64, 127, 128, 129, 256, 257, 512, 513, 1000, 1024, 1025}) {
       const int k = 8 < E ? 8 : E;
       const auto ids = random_ids(rng, M, k, E, E > 8 ? 5 : -1, 0.03);
       for (int align : {1, 3, 128})
@@ -767,6 +768,13 @@ TEST_F(AlignTest, SmallPathBoundaries) {
   // k = 1 with 1024 slots on a single expert (the whole chunk in one warp group per warp).
   std::vector<int32_t> one(1024, 2);
   check_align(one, 1024, 1, {}, 4, 4, 256);
+  // 8192 and 8193 slots on two experts (every chunk full of both; the limit and one past it).
+  for (int64_t n : {8192, 8193}) {
+    std::vector<int32_t> two(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s)
+      two[static_cast<size_t>(s)] = static_cast<int32_t>((s / 3) % 2);
+    check_align(two, n, 1, {}, 2, 2, 64);
+  }
 }
 
 TEST_F(AlignTest, AllGarbage) {

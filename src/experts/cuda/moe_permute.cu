@@ -1,17 +1,15 @@
 // Align / permute (token slots grouped by local expert) and the BatchedExperts copies.
 //
-// Align, M*k <= 1024 (decode; align_tiny_kernel, one launch with programmatic dependent launch):
-// one thread per slot, every block counts and scans all slots, block 0 places them (see below).
-// Align, 1024 < M*k <= 4096 (one block of 1024 threads, one launch):
-//   1. count slots per local expert with shared-memory atomics (sums: order-free, deterministic);
-//   2. scan the counts rounded up to row_align into expert_offsets;
-//   3. place the slots chunk by chunk (1024 slots, in slot order): rank inside a warp from
-//      __match_any_sync, rank across warps from a [warp][expert] table of group sizes, plus the
-//      expert's running base; so the order inside an expert is the slot order;
-//   4. write -1 into every padding row and the tail [total, capacity).
+// Align, M*k <= 8192 (decode and small prefill; align_chunked_kernel, one launch with
+// programmatic dependent launch): the slots in chunks of up to 1024, every block counts and scans
+// all of them, block b places chunk b (see below).
 // Align, large M*k (three launches): each block owns a contiguous slot range; (K1) per-block
 // histograms to the workspace, (K2) one block turns them into per-block bases and scans the
-// offsets, (K3) each block places its range as in step 3 from its bases, then pads.
+// offsets, (K3) each block places its range from its bases, then pads. Placement (both): rank
+// inside a warp from __match_any_sync, rank across warps from a [warp][expert] table of group
+// sizes, plus the expert's base, so the order inside an expert is the slot order; counts are
+// shared-memory atomics (sums: order-free, deterministic); -1 goes into every padding row and the
+// tail [total, capacity).
 #include "experts/cuda/moe_permute.h"
 
 #include "core/cuda/pdl.cuh"
@@ -22,7 +20,6 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxE = kMoeAlignMaxLocalExperts;
-constexpr int64_t kSmallSlots = 4096;     // single-block path up to this many slots
 constexpr int64_t kSlotsPerBlock = 2048;  // multi-block path: slots per block (at least)
 constexpr int64_t kMaxBlocks = 1024;
 constexpr unsigned kFull = 0xffffffffu;
@@ -132,37 +129,6 @@ __device__ void pad_experts(const MoeAlignParams& p, const int* offset, const in
   }
 }
 
-__global__ void __launch_bounds__(kThreads) align_single_block_kernel(const MoeAlignParams p) {
-  __shared__ AlignSmem sm;
-  const int E = p.num_local_experts;
-  const int64_t n = p.num_tokens * p.top_k;
-  for (int e = threadIdx.x; e < E; e += kThreads)
-    sm.count[e] = 0;
-  zero_table(sm);
-  __syncthreads();
-  for (int64_t s = threadIdx.x; s < n; s += kThreads) {
-    const int x = local_expert(p, s);
-    if (x >= 0) atomicAdd(&sm.count[x], 1);
-  }
-  __syncthreads();
-  scan_offsets(sm, E, p.row_align);
-  for (int e = threadIdx.x; e <= E; e += kThreads) {
-    if (e < E) {
-      p.expert_counts[e] = sm.count[e];
-      if (p.expert_done != nullptr) p.expert_done[e] = 0;
-      sm.base[e] = sm.offset[e];
-    }
-    p.expert_offsets[e] = sm.offset[e];
-  }
-  if (threadIdx.x == 0 && p.total_rows != nullptr) *p.total_rows = sm.offset[E];
-  __syncthreads();
-  place_range(p, sm, 0, n);
-  pad_experts(p, sm.offset, sm.count, 0, 1);
-  const int64_t cap = capacity_of(p);
-  for (int64_t r = sm.offset[E] + threadIdx.x; r < cap; r += kThreads)
-    put_row(p, r, -1);
-}
-
 __device__ __forceinline__ int64_t range_begin(int64_t n, int64_t per_block, int b) {
   const int64_t v = per_block * b;
   return v < n ? v : n;
@@ -251,22 +217,30 @@ __global__ void __launch_bounds__(kThreads)
     put_row(p, r, -1);
 }
 
-// ---- small align, M*k <= kTinySlots: one thread per slot, B redundant blocks -------------------
-// Every block counts and scans all slots (at most 1024 ids, a few KB from L2), so no block waits
-// on another; block 0 writes counts, offsets and the slot placements, and all blocks share the -1
-// fill of padding rows and the tail. Placement rank = rank inside the warp (match_any) + the
-// expert's count in earlier warps (a [warp][expert] table turned into an exclusive prefix).
-constexpr int kTinySlots = 1024;
+// ---- align, M*k <= kChunkedSlots: one launch, no block waits on another ----------------------
+// The slots are cut into chunks of T (= blockDim.x) slots, at most kChunks of them. Every block
+// loads all of them (kChunks ids per thread, issued together: one round trip to L2 for the lot)
+// and counts them; block b builds the [warp][expert] table of chunk b (rank inside the warp from
+// match_any, group sizes per warp turned into an exclusive prefix over warps) and places chunk
+// b: that rank + the prefix + the expert's slots in earlier chunks + the expert's offset, so the
+// order inside an expert is the slot order. kChunks == 1 (decode, n <= T): the counts are the
+// table's column sums, every block builds it, block 0 places; kChunks > 1: the other chunks are
+// counted with one shared atomic per slot (sums: order-free, deterministic). Block 0 writes
+// counts and offsets; every block shares the -1 fill of padding rows and the tail.
+constexpr int kMaxChunks = 8;
+constexpr int64_t kChunkedSlots = int64_t{kMaxChunks} * kThreads;
 
-struct TinySmem {
-  uint16_t tbl[kWarps * kMaxE];  // [warp][Es]: group sizes, then exclusive prefix over warps
-  int count[kMaxE];
+struct ChunkedSmem {
+  uint16_t tbl[kWarps * kMaxE];  // [warp][Es]: group sizes in the block's chunk, then the prefix
+  int count[kMaxE];              // slots of each expert, every chunk
+  int before[kMaxE];             // slots of each expert in the chunks before the block's
   int offset[kMaxE + 1];
   int warp_sum[kWarps];
 };
 
-__global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignParams p) {
-  __shared__ TinySmem sm;
+template <int kChunks>
+__global__ void __launch_bounds__(kThreads) align_chunked_kernel(const MoeAlignParams p) {
+  __shared__ ChunkedSmem sm;
   pdl_wait_and_release();
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
@@ -274,27 +248,58 @@ __global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignPara
   const int E = p.num_local_experts;
   const int Es = (E + 1) & ~1;
   const int n = static_cast<int>(p.num_tokens * p.top_k);
-  const int x = tid < n ? local_expert(p, tid) : -1;
+  const int chunks = (n + T - 1) / T;
+  const int b = blockIdx.x;
+  const int own_chunk = kChunks == 1 ? 0 : b;  // the chunk whose table this block builds
+  int x[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int slot = c * T + tid;
+    x[c] = c < chunks && slot < n ? local_expert(p, slot) : -1;
+  }
   {
     uint32_t* t = reinterpret_cast<uint32_t*>(sm.tbl);
     for (int i = tid; i < (W * Es) >> 1; i += T)
       t[i] = 0u;
+    if constexpr (kChunks > 1) {
+      for (int e = tid; e < E; e += T) {
+        sm.count[e] = 0;
+        sm.before[e] = 0;
+      }
+    }
   }
   __syncthreads();
-  const unsigned peers = __match_any_sync(kFull, x);
-  const int rank = __popc(peers & ((1u << lane) - 1u));
-  if (x >= 0 && rank == 0) sm.tbl[warp * Es + x] = static_cast<uint16_t>(__popc(peers));
+  int own = -1, own_rank = 0;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    if (c >= chunks) continue;  // uniform over the block
+    if (c == own_chunk) {
+      const unsigned peers = __match_any_sync(kFull, x[c]);
+      const int rank = __popc(peers & ((1u << lane) - 1u));
+      if (x[c] >= 0 && rank == 0) {
+        sm.tbl[warp * Es + x[c]] = static_cast<uint16_t>(__popc(peers));
+        if constexpr (kChunks > 1) atomicAdd(&sm.count[x[c]], __popc(peers));
+      }
+      own = x[c];
+      own_rank = rank;
+    } else if (x[c] >= 0) {
+      atomicAdd(&sm.count[x[c]], 1);
+      if (c < b) atomicAdd(&sm.before[x[c]], 1);
+    }
+  }
   __syncthreads();
-  int c = 0;
+  int count = 0;
   if (tid < E) {
     for (int w = 0; w < W; ++w) {
       const int t = sm.tbl[w * Es + tid];
-      sm.tbl[w * Es + tid] = static_cast<uint16_t>(c);
-      c += t;
+      sm.tbl[w * Es + tid] = static_cast<uint16_t>(count);
+      count += t;
     }
+    if constexpr (kChunks > 1) count = sm.count[tid];
   }
+  // Exclusive scan of the counts rounded up to row_align (thread e holds expert e: T >= E).
   const int align = p.row_align;
-  const int v = (c + align - 1) / align * align;
+  const int v = (count + align - 1) / align * align;
   int inc = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -308,14 +313,14 @@ __global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignPara
     excl += sm.warp_sum[w];
   if (tid < E) {
     sm.offset[tid] = excl;
-    sm.count[tid] = c;
+    sm.count[tid] = count;
   }
   if (tid == E - 1) sm.offset[E] = excl + v;
   __syncthreads();
   const int total = sm.offset[E];
-  if (blockIdx.x == 0) {
+  if (b == 0) {
     if (tid < E) {
-      p.expert_counts[tid] = c;
+      p.expert_counts[tid] = count;
       p.expert_offsets[tid] = excl;
       if (p.expert_done != nullptr) p.expert_done[tid] = 0;
     }
@@ -323,18 +328,20 @@ __global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignPara
       p.expert_offsets[E] = total;
       if (p.total_rows != nullptr) *p.total_rows = total;
     }
-    if (tid < n) {
-      if (x >= 0) {
-        const int pos = sm.offset[x] + sm.tbl[warp * Es + x] + rank;
-        put_row(p, pos, tid);
-        p.slot_to_row[tid] = pos;
-      } else {
-        p.slot_to_row[tid] = -1;
-      }
+  }
+  const int slot = b * T + tid;
+  if (b == own_chunk && b < chunks && slot < n) {
+    if (own >= 0) {
+      const int earlier = kChunks > 1 ? sm.before[own] : 0;
+      const int pos = sm.offset[own] + earlier + sm.tbl[warp * Es + own] + own_rank;
+      put_row(p, pos, slot);
+      p.slot_to_row[slot] = pos;
+    } else {
+      p.slot_to_row[slot] = -1;
     }
   }
   if (align > 1) {
-    const int gw = blockIdx.x * W + warp;
+    const int gw = b * W + warp;
     const int nw = gridDim.x * W;
     for (int e = gw; e < E; e += nw) {
       const int end = sm.offset[e + 1];
@@ -343,7 +350,7 @@ __global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignPara
     }
   }
   const int64_t cap = capacity_of(p);
-  const int64_t gt = static_cast<int64_t>(blockIdx.x) * T + tid;
+  const int64_t gt = static_cast<int64_t>(b) * T + tid;
   const int64_t gstride = static_cast<int64_t>(gridDim.x) * T;
   int64_t body = total;
   if (((reinterpret_cast<uintptr_t>(p.permuted_rows) | reinterpret_cast<uintptr_t>(p.token_rows)) &
@@ -364,24 +371,28 @@ __global__ void __launch_bounds__(kThreads) align_tiny_kernel(const MoeAlignPara
     put_row(p, r, -1);
 }
 
-cudaError_t launch_align_tiny(const MoeAlignParams& p, int64_t n, cudaStream_t stream) {
+// T = the slots rounded up to a warp, at least E and 64, at most kThreads; one block per chunk,
+// more (up to 64) where the padding rows and the tail need them.
+cudaError_t launch_align_chunked(const MoeAlignParams& p, int64_t n, cudaStream_t stream) {
   const int E = p.num_local_experts;
-  int need = static_cast<int>(n) > E ? static_cast<int>(n) : E;
+  int need = static_cast<int>(n < kThreads ? n : kThreads);
+  if (need < E) need = E;
   if (need < 64) need = 64;
   const int T = (need + 31) / 32 * 32;
   const int W = T / 32;
-  int blocks = 1;
+  const int chunks = static_cast<int>((n + T - 1) / T);
+  int blocks = chunks > 1 ? chunks : 1;
   if (p.row_align > 1) {
     const int64_t cap = moe_align_capacity(p.num_tokens, p.top_k, p.num_local_experts, p.row_align);
     const int64_t by_experts = (E + W - 1) / W;
     const int64_t by_tail =
         (cap - n + static_cast<int64_t>(T) * 8 - 1) / (static_cast<int64_t>(T) * 8);
-    int64_t b = by_experts > by_tail ? by_experts : by_tail;
-    if (b > 64) b = 64;
-    if (b < 1) b = 1;
-    blocks = static_cast<int>(b);
+    int64_t fill = by_experts > by_tail ? by_experts : by_tail;
+    if (fill > 64) fill = 64;
+    if (fill > blocks) blocks = static_cast<int>(fill);
   }
-  return launch_pdl(align_tiny_kernel, dim3(blocks), dim3(T), 0, stream, p);
+  if (chunks <= 1) return launch_pdl(align_chunked_kernel<1>, dim3(blocks), dim3(T), 0, stream, p);
+  return launch_pdl(align_chunked_kernel<kMaxChunks>, dim3(blocks), dim3(T), 0, stream, p);
 }
 
 int64_t slots_per_block(int64_t n) {
@@ -492,7 +503,7 @@ __global__ void __launch_bounds__(kCopyWarps * 32)
 
 size_t moe_align_workspace_bytes(int64_t num_tokens, int top_k, int num_local_experts) {
   const int64_t n = num_tokens * top_k;
-  if (n <= kSmallSlots) return 0;
+  if (n <= kChunkedSlots) return 0;
   const int64_t per = slots_per_block(n);
   const int64_t blocks = (n + per - 1) / per;
   return static_cast<size_t>(blocks) * num_local_experts * sizeof(int32_t);
@@ -525,13 +536,9 @@ const char* moe_align_unsupported_reason(const MoeAlignParams& p) {
 cudaError_t launch_moe_align(const MoeAlignParams& p, cudaStream_t stream) {
   if (moe_align_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
   const int64_t n = p.num_tokens * p.top_k;
-  if (n <= kTinySlots) {
-    const cudaError_t err = launch_align_tiny(p, n, stream);
+  if (n <= kChunkedSlots) {
+    const cudaError_t err = launch_align_chunked(p, n, stream);
     if (err != cudaSuccess) return err;
-    return cudaGetLastError();
-  }
-  if (n <= kSmallSlots) {
-    align_single_block_kernel<<<1, kThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }
   const int64_t per = slots_per_block(n);

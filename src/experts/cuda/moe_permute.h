@@ -52,13 +52,13 @@ struct MoeAlignParams {
   size_t workspace_bytes = 0;
 };
 
-// Workspace bytes launch_moe_align needs (0 on the single-block path for small M*k).
+// Workspace bytes launch_moe_align needs (0 on the one-launch path, M*k <= 8192).
 size_t moe_align_workspace_bytes(int64_t num_tokens, int top_k, int num_local_experts);
 
 // nullptr when supported, else a one-line reason.
 const char* moe_align_unsupported_reason(const MoeAlignParams& p);
 
-// One launch when M*k <= 4096, else three (count, scan, scatter).
+// One launch when M*k <= 8192, else three (count, scan, scatter).
 cudaError_t launch_moe_align(const MoeAlignParams& p, cudaStream_t stream);
 
 // ---- BatchedExperts layout -------------------------------------------------------------------
