@@ -20,11 +20,12 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_EQ(sm90::find_tile("16x64"), 0);
   EXPECT_EQ(sm90::find_tile("16x64tma"), 1);
   EXPECT_EQ(sm90::find_tile("1x64simt"), 2);
-  EXPECT_EQ(sm90::find_tile("64x64"), 3);
-  EXPECT_EQ(sm90::find_tile("128x256"), 4);
+  EXPECT_EQ(sm90::find_tile("32x64"), 3);
+  EXPECT_EQ(sm90::find_tile("64x64"), 4);
+  EXPECT_EQ(sm90::find_tile("128x256"), 5);
   EXPECT_EQ(sm90::find_tile("256x128"), -1);
   EXPECT_EQ(sm90::find_tile("auto"), -1);
-  EXPECT_EQ(sm90::tile_names(), "16x64, 16x64tma, 1x64simt, 64x64, 128x256");
+  EXPECT_EQ(sm90::tile_names(), "16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256");
   // The CUDA-core rows serve 16-bit and W4A16 only, 8 warps of 8 weight rows.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A16), "1x64simt, 16x64, 64x64, 128x128");
   sm90::TileConfig simt_fp8 = sm90::kTileTable[sm90::find_tile("1x64simt")];
@@ -47,7 +48,19 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8),
             "16x64tma, 16x64, 64x64, 64x128, 128x128, 128x256");
   // fp8 without block scales keeps no temporary accumulator: its prefill row is 128x256.
-  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct), "16x64tma, 16x64, 64x64, 128x256");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct),
+            "16x64tma, 16x64, 32x64, 64x64, 128x256");
+  // 32 tokens per swap-AB item: 16-bit and direct fp8 only (block-scale promotion holds four
+  // tokens per thread), single-role loading only.
+  sm90::TileConfig wide_swap = sm90::kTileTable[sm90::find_tile("32x64")];
+  EXPECT_TRUE(sm90::valid_tile(wide_swap));
+  wide_swap.family = sm90::TileFamily::kFp8;
+  EXPECT_FALSE(sm90::valid_tile(wide_swap));
+  wide_swap.family = sm90::TileFamily::kW4A16;
+  EXPECT_FALSE(sm90::valid_tile(wide_swap));
+  wide_swap = sm90::kTileTable[sm90::find_tile("32x64")];
+  wide_swap.kind = sm90::MainloopKind::kSwapABTma;
+  EXPECT_FALSE(sm90::valid_tile(wide_swap));
   EXPECT_NE(sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
   // W4A8 converts in the producer warpgroup: only the producer kinds.
@@ -64,7 +77,8 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
 }
 
 // Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): swap-AB up to 8 rows
-// per expert, then the 64x64 decode tile below 64 rows per expert, from 64 on the prefill tile;
+// per expert, 32-token swap-AB up to 16 (16-bit and direct fp8), then the 64x64 decode tile below
+// 64 rows per expert, from 64 on the prefill tile;
 // W4A16 first runs the CUDA-core row at one row per expert (bf16's is tuned by name only).
 TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
   std::string why;
@@ -76,7 +90,10 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
   EXPECT_EQ(sm90::kTileTable[sm90::select_tile(0, &why)].name, std::string("16x64"));
   EXPECT_EQ(sm90::kTileTable[sm90::select_tile(8, &why)].name, std::string("16x64"));
   EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 8", "16x64", "swap-AB"}));
-  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(9, &why)].name, std::string("64x64"));
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(9, &why)].name, std::string("32x64"));
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(16, &why)].name, std::string("32x64"));
+  EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 16", "32x64", "read once"}));
+  EXPECT_EQ(sm90::kTileTable[sm90::select_tile(17, &why)].name, std::string("64x64"));
   EXPECT_EQ(sm90::kTileTable[sm90::select_tile(63, &why)].name, std::string("64x64"));
   EXPECT_TRUE(testing::contains_all(why, {"rows per expert <= 63", "64x64", "weight streaming"}));
   EXPECT_EQ(sm90::kTileTable[sm90::select_tile(64, &why)].name, std::string("128x256"));
@@ -96,6 +113,8 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
             sm90::find_tile("16x64tma", sm90::TileFamily::kFp8Direct));
   EXPECT_TRUE(testing::contains_all(why, {"16x64tma", "swap-AB", "TMA producer"}));
   EXPECT_EQ(sm90::select_tile(9, &why, sm90::TileFamily::kFp8Direct),
+            sm90::find_tile("32x64", sm90::TileFamily::kFp8Direct));
+  EXPECT_EQ(sm90::select_tile(17, &why, sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct));
   EXPECT_EQ(sm90::select_tile(64, &why, sm90::TileFamily::kFp8Direct),
             sm90::find_tile("128x256", sm90::TileFamily::kFp8Direct));
@@ -143,7 +162,7 @@ TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
   const std::string msg =
       testing::error_of([&] { Sm90GroupedExperts e(moe, QuantConfig::unquantized()); });
   EXPECT_TRUE(testing::contains_all(
-      msg, {"tile_config '96x96'", "auto, 16x64, 16x64tma, 1x64simt, 64x64, 128x256"}));
+      msg, {"tile_config '96x96'", "auto, 16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256"}));
   moe.tile_config = "128x256";
   EXPECT_NO_THROW(Sm90GroupedExperts(moe, QuantConfig::unquantized()));
   moe.tile_config = "auto";

@@ -627,6 +627,42 @@ struct StageCopies {
   }
 };
 
+// The load cursor of the rows whose every thread loads (single-role, swap-AB): it walks the CTA's
+// work items (blockIdx.x, then every gridDim.x-th) and their K steps and copies one stage per
+// next() into the next ring slot, so the copies run ahead of the compute across work items: a
+// work item of a few K steps (GEMM2 of a small expert) does not restart the pipeline, and the
+// epilogue of one item overlaps the loads of the next. One cp.async group per call (empty past
+// the CTA's last item: the wait counts stay uniform). The caller refills a slot only once every
+// wgmma reading it has completed.
+template <typename T, typename Shape>
+struct RingLoadCursor {
+  int item;
+  int kt = 0;
+  int slot = 0;
+  StageCopies<T, Shape> copies;
+
+  __device__ __forceinline__ explicit RingLoadCursor(int first_item) : item(first_item) {}
+
+  __device__ __forceinline__ void next(const KernelParams& p, const int* tile_prefix,
+                                       int total_m_tiles, int total_items, uint32_t ring,
+                                       uint32_t swizzled, int row_in_pass, int chunk) {
+    if (item < total_items && p.k_tiles > 0) {
+      if (kt == 0) {
+        copies = StageCopies<T, Shape>(
+            p, resolve_item<Shape::kBM, Shape::kBN>(p, tile_prefix, total_m_tiles, item),
+            row_in_pass, chunk);
+      }
+      copies.copy(p, kt, ring + static_cast<uint32_t>(slot * Shape::kStageBytes) + swizzled, chunk);
+      if (++kt == p.k_tiles) {
+        kt = 0;
+        item += static_cast<int>(gridDim.x);
+      }
+    }
+    cp_async_commit();
+    slot = slot + 1 == Shape::kStages ? 0 : slot + 1;
+  }
+};
+
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     single_role_kernel(const KernelParams p) {
@@ -660,6 +696,17 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   static_assert(Step::release_lag <= 1, "the refill of stage kt - 2 after the barrier of step kt");
   Step step;
 
+  // The copies run kStages - 2 steps ahead of the compute, across work items (RingLoadCursor).
+  RingLoadCursor<T, Shape> loads(static_cast<int>(blockIdx.x));
+  auto load_next = [&] {
+    loads.next(p, s_tile_prefix, total_m_tiles, total_items, smem_base, swizzled, row_in_pass,
+               chunk);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 2; ++s)
+    load_next();
+
+  int slot = 0;  // the ring slot of the compute's K step
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
     // 2. Work item -> (expert, m-tile, n-tile).
@@ -667,47 +714,34 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     FragmentRows rows{{-1, -1}};
     if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
 
-    const StageCopies<T, Shape> copies(p, w, row_in_pass, chunk);
-    auto load_stage = [&](int kt) {
-      if (kt < p.k_tiles) {
-        copies.copy(
-            p, kt,
-            smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes) + swizzled,
-            chunk);
-      }
-      cp_async_commit();  // NOTE: empty groups keep the wait counts uniform
-    };
-
     typename Step::Acc acc[kAcc];
     zero_accumulators(acc);
     step.begin(p, w, rows);
 
-    __syncthreads();  // every warpgroup is done reading the ring of the previous item
-#pragma unroll
-    for (int s = 0; s < kStages - 2; ++s)
-      load_stage(s);
-
-    // 3. Main loop.
+    // 3. Main loop: the CTA's K step g reads slot g % kStages.
     for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
-      cp_async_wait<kStages - 3>();  // this thread's copies of tile kt have landed
+      cp_async_wait<kStages - 3>();  // this thread's copies of step g have landed
       fence_proxy_async();           // make them visible to the tensor cores (async proxy)
       __syncthreads();
-      // Refill the stage of tile kt - 2 before computing: every warpgroup's wgmma on it completed
-      // before this barrier (release_lag is 1 here: wgmma_wait<1> in step kt - 1), and issuing
-      // the copies first keeps kStages - 2 tiles in flight during the wgmma.
-      load_stage(kt + kStages - 2);
-      const uint32_t stage = smem_base + static_cast<uint32_t>((kt % kStages) * Shape::kStageBytes);
+      // Refill the slot of step g - 2 before computing: every warpgroup's wgmma on it completed
+      // before this barrier (release_lag is 1 here: wgmma_wait<1> in step g - 1, or the previous
+      // item's end()), and issuing the copies first keeps kStages - 2 steps in flight during the
+      // wgmma.
+      load_next();
+      const uint32_t stage = smem_base + static_cast<uint32_t>(slot * Shape::kStageBytes);
+      slot = slot + 1 == kStages ? 0 : slot + 1;
       step.template run<decltype(parity)::value>(
           acc, stage + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
           stage + Shape::kStageABytes, p, w, rows, kt);
     });
     step.end(acc, p);
 
-    // 4. Epilogue.
+    // 4. Epilogue (registers to global memory: the ring keeps filling with the next item).
     float out[kAcc];
     step.finish(acc, out, p, w, rows, tid & 31);
     store_warpgroup_tile<OutT, kBN>(p, out, w, warpgroup, tid);
   }
+  cp_async_wait<0>();
 }
 
 // ---- kW4A16: packed MXFP4 W converted in shared memory ------------------------------------------
@@ -952,10 +986,11 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // The epilogue of the swap-AB rows (one warpgroup): acc[4j + 2h + v] is (weight row r0 + 8h, token
 // 8j + 2 (lane % 4) + v) of the item, r0 = 16 * warp + lane / 4. It is transposed through s_out
 // (kSwappedTileFloats; the ring where the caller's copies into it have landed and its wgmma
-// completed) into the 16-bit kernels' fragment of warp 0 (token lane / 4 + 8h, weight row 8j + 2
-// (lane % 4) + v), scaled as every kernel's accumulator is (KStep::finish: the K-invariant scales
-// of 8-bit operands) and stored by store_tile (bias, fused activation). The warpgroup meets at
-// sync() (the whole CTA, or a named barrier of its 128 threads where a producer runs beside it).
+// completed) into the 16-bit kernels' fragment, one warp per 16 tokens (warp t: token 16 t +
+// lane / 4 + 8h, weight row 8j + 2 (lane % 4) + v), scaled as every kernel's accumulator is
+// (KStep::finish: the K-invariant scales of 8-bit operands) and stored by store_tile (bias, fused
+// activation). The warpgroup meets at sync() (the whole CTA, or a named barrier of its 128
+// threads where a producer runs beside it).
 template <int kBM, int kBN>
 inline constexpr int kSwappedTileFloats = kBM*(kBN + 4);  // the transposed tile, padded rows
 
@@ -963,7 +998,8 @@ template <typename T, typename OutT, int kBM, int kBN, typename Sync>
 __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
                                                    const float (&acc)[kBM / 2], const WorkItem& w,
                                                    float* s_out, int tid, Sync&& sync) {
-  static_assert(kBM == 16 && kBN == 64, "one warpgroup: 64 weight rows x 16 tokens");
+  static_assert((kBM == 16 || kBM == 32) && kBN == 64,
+                "one warpgroup: 64 weight rows x 16 or 32 tokens");
   constexpr int kOutLd = kBN + 4;  // floats per token of the transposed tile
   const int lane = tid & 31;
   const int r0 = (tid >> 5) * 16 + (lane >> 2);
@@ -979,7 +1015,8 @@ __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
     }
   }
   sync();
-  if (tid < 32) {
+  if (tid < 32 * (kBM / 16)) {
+    const int t0 = (tid >> 5) * 16;  // this warp's first token of the item
     float tile[kBN / 2];
 #pragma unroll
     for (int j = 0; j < kBN / 8; ++j) {
@@ -987,18 +1024,17 @@ __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int v = 0; v < 2; ++v)
-          tile[4 * j + 2 * h + v] = s_out[((lane >> 2) + 8 * h) * kOutLd + 8 * j + q2 + v];
+          tile[4 * j + 2 * h + v] = s_out[(t0 + (lane >> 2) + 8 * h) * kOutLd + 8 * j + q2 + v];
       }
     }
     FragmentRows rows{{-1, -1}};
     if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, 0, tid);
     float out[kBN / 2];
     KStep<T, kBN, Promotion::kNone>{}.finish(tile, out, p, w, rows, lane);
-    store_tile<OutT, kBN>(p, out, w.expert, w.m0 + (lane >> 2), min(w.row_end, w.m0 + kBM), w.n0,
-                          lane);
+    store_tile<OutT, kBN>(p, out, w.expert, w.m0 + t0 + (lane >> 2), min(w.row_end, w.m0 + kBM),
+                          w.n0, lane);
   }
 }
-
 // ---- kSwapAB: W4A16 with the weights as the wgmma's A operand ---------------------------------
 
 // Swap-AB mainloop of the kW4A16 decode row: one warpgroup computes D^T = W_tile . A_tile^T for a
@@ -1285,13 +1321,14 @@ struct SwapBlockScales {
 };
 
 // Swap-AB mainloop of the 16-bit and fp8 decode rows: one warpgroup computes D^T = W_tile .
-// A_tile^T for a work item of kBM (16) tokens x kBN (64) weight rows, both operands read from the
-// ring by descriptor (4 wgmma per 128-byte K step: m64n16k16 for bf16 / f16, m64n16k32 for e4m3),
-// so that a few tokens per expert still fill the wgmma's M with weights and every CTA streams
-// weights. Every thread copies its chunks of a stage as the single-role rows do (StageCopies: one
-// token row, four W rows). The copies run kStages - 2 steps ahead of the compute across work items
-// (a load cursor of its own walks the CTA's items), so that a work item of a few K steps (GEMM2 of
-// a small expert: 6 steps) does not restart the pipeline; one 128-thread barrier per K step. kFp8
+// A_tile^T for a work item of kBM (16, or 32 for 16-bit rows) tokens x kBN (64) weight rows, both
+// operands read from the ring by descriptor (4 wgmma per 128-byte K step: m64n16k16 / m64n32k16
+// for bf16 / f16, m64n16k32 for e4m3), so that a few tokens per expert still fill the wgmma's M
+// with weights and every CTA streams weights. Every thread copies its chunks of a stage as the
+// single-role rows do (StageCopies: kBM / 16 token rows, four W rows). The copies run kStages - 2
+// steps ahead of the compute across work items (RingLoadCursor), so that a work item of a few K
+// steps (GEMM2 of a small expert: 6 steps) does not restart the pipeline; one 128-thread barrier
+// per K step. kFp8
 // (block scales): each K step goes into one of two 8-register temporaries by the step's parity, and
 // step kt - 1's is promoted with its scales while step kt's wgmma run (as KStep's kOverlapped:
 // wgmma_wait<0> before each issue); 16-bit and kFp8Direct: the tensor cores accumulate over all of
@@ -1305,10 +1342,12 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   static_assert(Shape::kSwapAB && !Shape::kPackedW4 && !std::is_same_v<T, int8_t>);
   constexpr int kBM = Shape::kBM;  // tokens of an item: the wgmma's N
   constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
-  static_assert(kBM == 16 && kBN == 64 && Shape::kThreads == 128 && Shape::kAPasses == 1);
+  static_assert((kBM == 16 || kBM == 32) && kBN == 64 && Shape::kThreads == 128 &&
+                Shape::kAPasses == kBM / 16);
   constexpr int kStages = Shape::kStages;
   static_assert(kStages >= 4, "kStages - 2 steps in flight while two are read");
   constexpr bool kPromote = Shape::kConfig.family == TileFamily::kFp8;
+  static_assert(!kPromote || kBM == 16, "SwapBlockScales: four tokens per thread");
 
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
@@ -1324,29 +1363,9 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int row_in_pass = tid >> 3;  // token row; W rows row_in_pass + 16 i
   const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
 
-  // The load cursor: the CTA's item and K step the next load_next copies, into ring slot
-  // load_slot. One cp.async group per call (empty past the CTA's last item: the wait counts stay
-  // uniform).
-  int load_item = static_cast<int>(blockIdx.x);
-  int load_kt = 0;
-  int load_slot = 0;
-  StageCopies<T, Shape> copies;
+  RingLoadCursor<T, Shape> loads(static_cast<int>(blockIdx.x));
   auto load_next = [&] {
-    if (load_item < total_items && p.k_tiles > 0) {
-      if (load_kt == 0) {
-        copies = StageCopies<T, Shape>(
-            p, resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, load_item), row_in_pass,
-            chunk);
-      }
-      copies.copy(p, load_kt,
-                  ring + static_cast<uint32_t>(load_slot * Shape::kStageBytes) + swizzled, chunk);
-      if (++load_kt == p.k_tiles) {
-        load_kt = 0;
-        load_item += static_cast<int>(gridDim.x);
-      }
-    }
-    cp_async_commit();
-    load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
+    loads.next(p, s_tile_prefix, total_m_tiles, total_items, ring, swizzled, row_in_pass, chunk);
   };
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s)

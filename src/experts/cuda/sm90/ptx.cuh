@@ -229,8 +229,8 @@ inline constexpr int kMmaKBytes = 32;  // bytes of K one wgmma consumes, every o
 
 // Wgmma<T, N>::run(d, desc_a, desc_b[, accumulate]): d (64 x N fragment) += A (64 x 32 bytes) *
 // B^T (N x 32 bytes), both K-major in shared memory; with accumulate = 0, d = A * B^T (the old d is
-// not read: the first wgmma of a block-scaled K block needs no zeroing). N is 8, 16, 64, 128 or
-// 256 (16: the swap-AB rows' token tile).
+// not read: the first wgmma of a block-scaled K block needs no zeroing). N is 8, 16, 32, 64, 128
+// or 256 (16 and 32: the swap-AB rows' token tiles).
 template <typename T, int N>
 struct Wgmma;
 
@@ -241,10 +241,12 @@ struct Wgmma;
   "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), \
       "+r"(d[i + 6]), "+r"(d[i + 7])
 #define MOEKIT_WGMMA_OUT8(R) R(0)
+#define MOEKIT_WGMMA_OUT16(R) R(0), R(8)
 #define MOEKIT_WGMMA_OUT32(R) R(0), R(8), R(16), R(24)
 #define MOEKIT_WGMMA_OUT64(R) MOEKIT_WGMMA_OUT32(R), R(32), R(40), R(48), R(56)
 #define MOEKIT_WGMMA_OUT128(R) \
   MOEKIT_WGMMA_OUT64(R), R(64), R(72), R(80), R(88), R(96), R(104), R(112), R(120)
+#define MOEKIT_WGMMA_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define MOEKIT_WGMMA_R32                                                                  \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -259,6 +261,7 @@ struct Wgmma;
 // Registers and the two descriptor operands of each N.
 #define MOEKIT_WGMMA_ARGS8 "{%0, %1, %2, %3}, %4, %5"
 #define MOEKIT_WGMMA_ARGS16 "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9"
+#define MOEKIT_WGMMA_ARGS32 "{" MOEKIT_WGMMA_R16 "}, %16, %17"
 #define MOEKIT_WGMMA_ARGS64 "{" MOEKIT_WGMMA_R32 "}, %32, %33"
 #define MOEKIT_WGMMA_ARGS128 "{" MOEKIT_WGMMA_R32 ", " MOEKIT_WGMMA_R64_HI "}, %64, %65"
 #define MOEKIT_WGMMA_ARGS256 \
@@ -288,6 +291,8 @@ struct Wgmma;
                     MOEKIT_WGMMA_OUTS8(R))                                                \
   MOEKIT_WGMMA_SPEC(T, 16, "m64n16" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS16, "%10",     \
                     MOEKIT_WGMMA_OUT8(MOEKIT_WGMMA_##R##8))                               \
+  MOEKIT_WGMMA_SPEC(T, 32, "m64n32" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS32, "%18",     \
+                    MOEKIT_WGMMA_OUT16(MOEKIT_WGMMA_##R##8))                              \
   MOEKIT_WGMMA_SPEC(T, 64, "m64n64" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS64, "%34",     \
                     MOEKIT_WGMMA_OUT32(MOEKIT_WGMMA_##R##8))                              \
   MOEKIT_WGMMA_SPEC(T, 128, "m64n128" K "." TYPES, TRAILER, MOEKIT_WGMMA_ARGS128, "%66",  \

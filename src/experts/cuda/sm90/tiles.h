@@ -110,6 +110,14 @@ struct TileConfig {
 // (gpt-oss-120b GEMM1 43.5 vs 44.0 us, qwen3-30b-a3b 22.3 vs 20.1) and slower at 16: after the
 // swap-AB rows, tuned by name. The 8-warp form (8 weight rows per warp, 2 tokens) measured 30-45%
 // slower than 16 warps of 4 rows: fewer warps in flight per SM.
+// 32-token swap-AB (32x64, 16-bit and fp8 without block scales; bench/results/
+// 2026-12-04-h200-cursor-align, each tile forced): at 16 rows per expert, where 16x64 reads an
+// expert's weights once per 16 tokens and 64x64's A half of each stage is mostly padding, faster
+// than both (bf16 qwen3-30b-a3b M=256 328.5 vs 351.0 / 356.8 us, gpt-oss-120b M=512 1552 vs 1781
+// / 1648, mixtral-8x7b M=64 680 vs 734 / 698; fp8 per-tensor qwen3-30b-a3b M=256 242.0 vs 254.1
+// (16x64tma) / 255.2, mixtral-8x7b M=64 373.3 vs 398.3 / 384.3); level with 16x64 up to 8 rows;
+// slower than 64x64 at 32 (qwen3-30b-a3b 376.3 vs 363.9, gpt-oss-120b 1831 vs 1697): chosen up
+// to 16 rows per expert.
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
@@ -117,6 +125,8 @@ inline constexpr TileConfig kTileTable[] = {
      "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
     {"1x64simt", TileFamily::k16Bit, 1, 64, 1, 4, 2, MainloopKind::kSimt, 1,
      "CUDA-core dot products: 16 warps of 4 weight rows per item, one token"},
+    {"32x64", TileFamily::k16Bit, 32, 64, 8, 1, 2, MainloopKind::kSwapAB, 16,
+     "swap-AB: 64 weight rows x 32 tokens per item, each expert's weights read once"},
     {"64x64", TileFamily::k16Bit, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
     {"128x256", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
@@ -139,6 +149,8 @@ inline constexpr TileConfig kTileTable[] = {
      "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
     {"16x64", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
+    {"32x64", TileFamily::kFp8Direct, 32, 64, 8, 1, 2, MainloopKind::kSwapAB, 16,
+     "swap-AB: 64 weight rows x 32 tokens per item, each expert's weights read once"},
     {"64x64", TileFamily::kFp8Direct, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
     {"128x256", TileFamily::kFp8Direct, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
@@ -176,8 +188,9 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 // promote per 128 columns of K (one K stage) with one weight scale per 32 rows, and their bn is 64,
 // 128 or 256; W4A8 rows have a producer warpgroup (swap-AB TMA or warp-specialized kinds); W4A16
 // rows are single-role with one thread per 32-value weight group of a stage (2 bn threads); swap-AB
-// rows (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage) x 64
-// weight rows, at least 6 stages (W4A16: an even number, two K steps per barrier).
+// rows (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage; 32
+// for 16-bit and kFp8Direct single-role swap-AB, two) x 64 weight rows, at least 6 stages (W4A16:
+// an even number, two K steps per barrier).
 constexpr bool valid_tile(const TileConfig& t) {
   if (t.kind == MainloopKind::kSimt) {
     return (t.family == TileFamily::k16Bit || t.family == TileFamily::kW4A16) &&
@@ -195,7 +208,9 @@ constexpr bool valid_tile(const TileConfig& t) {
   if (t.kind == MainloopKind::kSwapAB) {
     return (t.family == TileFamily::kW4A16 || t.family == TileFamily::kFp8 ||
             t.family == TileFamily::kFp8Direct || t.family == TileFamily::k16Bit) &&
-           t.bm == 16 && t.bn == 64 && t.consumers == 1 && t.stages >= 6 &&
+           (t.bm == 16 || (t.bm == 32 && (t.family == TileFamily::k16Bit ||
+                                          t.family == TileFamily::kFp8Direct))) &&
+           t.bn == 64 && t.consumers == 1 && t.stages >= 6 &&
            (t.family != TileFamily::kW4A16 || t.stages % 2 == 0);
   }
   return t.bm == 64 * t.consumers && t.stages >= 2 && t.bn % 64 == 0 && t.bn <= 256 &&
@@ -216,8 +231,9 @@ constexpr bool valid_table() {
 }
 static_assert(valid_table(),
               "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (64, 128 or 256 for "
-              "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows (swap-AB: 16x64, "
-              "one warpgroup, >= 6 stages, even for W4A16); the last row of a family takes any "
+              "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows (swap-AB: 16x64 or "
+              "16-bit / direct fp8 32x64, one warpgroup, >= 6 stages, even for W4A16); the last "
+              "row of a family takes any "
               "size");
 
 // The row of `family` named `name`, or -1.
