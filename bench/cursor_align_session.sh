@@ -19,6 +19,9 @@
 #           moekit bench bf16 (the four presets, reading that table) and the Triton peer, the
 #           ratio table; fp8 per-tensor on qwen3-30b-a3b / mixtral-8x7b at M = 1 .. 256 and the
 #           peer's fp8tensor, the ratio table
+#   fp8wide the block-128 32x64 row: test_grouped_gemm's fp8 tests and the 8-bit tile sweep, the
+#           16x64tma / 32x64 / 64x64 rows forced on qwen3-30b-a3b at 8, 16 and 32 rows per
+#           expert, then the auto tiles and the peer's fp8block at M = 1 .. 256, the ratio table
 #   all     every GPU test binary (bench/h200_session.sh tests)
 #   bench   moekit bench (bf16) and the Triton peer, the ratio table
 # Everything is packed into $OUT/all*.tgz (pack_logs).
@@ -94,6 +97,24 @@ for part in "$@"; do
       python3 bench/compare_peer.py "$log/bench_fp8_per_tensor.json" "$log/peer_fp8tensor.json" \
         --dtype fp8tensor >"$log/ratio_fp8tensor.md" 2>&1
       cat "$log/ratio_fp8tensor.md"
+      ;;
+    fp8wide)
+      run_gtest test_grouped_gemm_fp8 100 build/tests/test_grouped_gemm 'GroupedGemmFp8.*'
+      run_gtest test_gpu_quantized_tiles 150 build/tests/test_gpu_quantized \
+        'QuantizedGpu.Every8BitTileMatchesEmulation'
+      for tile in 16x64tma 32x64 64x64; do
+        ab_bench "fp8block_$tile" build/moekit --quant fp8_block128 --tile $tile \
+          --models qwen3-30b-a3b --tokens 128 256 512
+      done
+      timeout 90 build/moekit bench --quant fp8_block128 --models qwen3-30b-a3b \
+        --tokens 1 16 64 128 256 --json "$log/bench_fp8_block128.json" \
+        >"$log/bench_fp8_block128.log" 2>&1
+      PYTHONUNBUFFERED=1 timeout 90 python3 .carry/triton_peer.py --dtype fp8block \
+        --shapes qwen3-30b-a3b --tokens 1,16,64,128,256 \
+        --json "$log/peer_fp8block.json" >"$log/peer_fp8block.log" 2>&1
+      python3 bench/compare_peer.py "$log/bench_fp8_block128.json" "$log/peer_fp8block.json" \
+        --dtype fp8block >"$log/ratio_fp8block.md" 2>&1
+      cat "$log/ratio_fp8block.md"
       ;;
     all) all_gpu_tests ;;
     bench) bench_with_peer ;;

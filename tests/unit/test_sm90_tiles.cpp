@@ -46,15 +46,17 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
             sm90::TileFamily::kFp8);
   EXPECT_NE(sm90::find_tile("128x256", sm90::TileFamily::kFp8), sm90::find_tile("128x256"));
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8),
-            "16x64tma, 16x64, 64x64, 64x128, 128x128, 128x256");
+            "16x64tma, 16x64, 64x64, 32x64, 64x128, 128x128, 128x256");
   // fp8 without block scales keeps no temporary accumulator: its prefill row is 128x256.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct),
             "16x64tma, 16x64, 32x64, 64x64, 128x256");
-  // 32 tokens per swap-AB item: 16-bit and direct fp8 only (block-scale promotion holds four
-  // tokens per thread), single-role loading only.
+  // 32 tokens per swap-AB item: 16-bit and fp8 (not W4A16, whose swap-AB converts W into
+  // registers for 16 tokens), single-role loading only.
   sm90::TileConfig wide_swap = sm90::kTileTable[sm90::find_tile("32x64")];
   EXPECT_TRUE(sm90::valid_tile(wide_swap));
   wide_swap.family = sm90::TileFamily::kFp8;
+  EXPECT_TRUE(sm90::valid_tile(wide_swap));
+  wide_swap.family = sm90::TileFamily::kInt8;
   EXPECT_FALSE(sm90::valid_tile(wide_swap));
   wide_swap.family = sm90::TileFamily::kW4A16;
   EXPECT_FALSE(sm90::valid_tile(wide_swap));
@@ -77,7 +79,8 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
 }
 
 // Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): swap-AB up to 8 rows
-// per expert, 32-token swap-AB up to 16 (16-bit and direct fp8), then the 64x64 decode tile below
+// per expert, 32-token swap-AB up to 16 (16-bit and fp8 without block scales), then the 64x64
+// decode tile below
 // 64 rows per expert, from 64 on the prefill tile;
 // W4A16 first runs the CUDA-core row at one row per expert (bf16's is tuned by name only).
 TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
@@ -105,6 +108,7 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
   EXPECT_EQ(fp8_small, sm90::find_tile("16x64tma", sm90::TileFamily::kFp8));
   EXPECT_EQ(fp8_large, sm90::find_tile("128x256", sm90::TileFamily::kFp8));
   EXPECT_TRUE(testing::contains_all(why, {"128x256", "promoted 128 columns at a time"}));
+  // fp8 with block scales keeps 64x64 from 9 rows: its 32x64 measured level there (forceable).
   EXPECT_EQ(sm90::select_tile(9, &why, sm90::TileFamily::kFp8),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
   // fp8 decode runs swap-AB up to 8 rows per expert (weights as the wgmma's M), the loads from a

@@ -1269,22 +1269,24 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // ---- kSwapAB: 16-bit and fp8 with the weights as the wgmma's A operand ------------------------
 
 // The block scales of a swap-AB thread (kFp8 rows): its two weight rows r0, r0 + 8 lie in one
-// 32-row W scale block, its four tokens 8j + 2 (lane % 4) + v (i = 2j + v) have one 1x128 A scale
-// each per K step. Set per work item (begin); load(kt) fetches step kt's, which promote uses one
-// step later (the loads' latency hides behind a step of wgmma).
+// 32-row W scale block, its kBM / 4 tokens 8j + 2 (lane % 4) + v (i = 2j + v) have one 1x128 A
+// scale each per K step. Set per work item (begin); load(kt) fetches step kt's, which promote uses
+// one step later (the loads' latency hides behind a step of wgmma).
+template <int kBM>
 struct SwapBlockScales {
-  const float* a_row[4];  // null: a_fill (1 without 1x128 A scales, 0 for padding tokens)
-  float a_fill[4];
+  static constexpr int kTokens = kBM / 4;
+  const float* a_row[kTokens];  // null: a_fill (1 without 1x128 A scales, 0 for padding tokens)
+  float a_fill[kTokens];
   const float* w_block;  // null: w_fill (1 without block W scales, 0 past N)
   float w_fill;
-  float fa[4];
+  float fa[kTokens];
   float fw;
 
   __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w, int tid) {
     const int lane = tid & 31;
     const bool a_blocks = p.a_scale_kind == AScale::kRowBlock128;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kTokens; ++i) {
       const int row = w.m0 + 8 * (i / 2) + 2 * (lane & 3) + i % 2;
       int src = -1;
       if (row < w.row_end) src = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
@@ -1303,15 +1305,15 @@ struct SwapBlockScales {
 
   __device__ __forceinline__ void load(int kt) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < kTokens; ++i)
       fa[i] = a_row[i] != nullptr ? __ldg(a_row[i] + kt) : a_fill[i];
     fw = w_block != nullptr ? __ldg(w_block + kt) : w_fill;
   }
 
   // acc += t * (the scales of the step last loaded).
-  __device__ __forceinline__ void promote(float (&acc)[8], const float (&t)[8]) const {
+  __device__ __forceinline__ void promote(float (&acc)[kBM / 2], const float (&t)[kBM / 2]) const {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kTokens; ++i) {
       const float f = fw * fa[i];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -1321,7 +1323,7 @@ struct SwapBlockScales {
 };
 
 // Swap-AB mainloop of the 16-bit and fp8 decode rows: one warpgroup computes D^T = W_tile .
-// A_tile^T for a work item of kBM (16, or 32 for 16-bit rows) tokens x kBN (64) weight rows, both
+// A_tile^T for a work item of kBM (16 or 32) tokens x kBN (64) weight rows, both
 // operands read from the ring by descriptor (4 wgmma per 128-byte K step: m64n16k16 / m64n32k16
 // for bf16 / f16, m64n16k32 for e4m3), so that a few tokens per expert still fill the wgmma's M
 // with weights and every CTA streams weights. Every thread copies its chunks of a stage as the
@@ -1347,7 +1349,6 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   constexpr int kStages = Shape::kStages;
   static_assert(kStages >= 4, "kStages - 2 steps in flight while two are read");
   constexpr bool kPromote = Shape::kConfig.family == TileFamily::kFp8;
-  static_assert(!kPromote || kBM == 16, "SwapBlockScales: four tokens per thread");
 
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
@@ -1371,7 +1372,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   for (int s = 0; s < kStages - 2; ++s)
     load_next();
 
-  SwapBlockScales scales;
+  SwapBlockScales<kBM> scales;
   int slot = 0;  // the ring slot of the compute's K step
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
@@ -1513,7 +1514,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
   // ---- consumer warpgroup ---------------------------------------------------------------------
   const int lane = tid & 31;
-  SwapBlockScales scales;
+  SwapBlockScales<kBM> scales;
   int it = 0;                     // K steps consumed so far by this CTA (all items)
   auto release = [&](int step) {  // the CTA's step `step`: its wgmma completed
     release_step<Shape>(s_empty, s_w_empty, step, lane);

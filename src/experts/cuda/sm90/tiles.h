@@ -110,14 +110,17 @@ struct TileConfig {
 // (gpt-oss-120b GEMM1 43.5 vs 44.0 us, qwen3-30b-a3b 22.3 vs 20.1) and slower at 16: after the
 // swap-AB rows, tuned by name. The 8-warp form (8 weight rows per warp, 2 tokens) measured 30-45%
 // slower than 16 warps of 4 rows: fewer warps in flight per SM.
-// 32-token swap-AB (32x64, 16-bit and fp8 without block scales; bench/results/
+// 32-token swap-AB (32x64, 16-bit and fp8; bench/results/
 // 2026-12-04-h200-cursor-align, each tile forced): at 16 rows per expert, where 16x64 reads an
 // expert's weights once per 16 tokens and 64x64's A half of each stage is mostly padding, faster
 // than both (bf16 qwen3-30b-a3b M=256 328.5 vs 351.0 / 356.8 us, gpt-oss-120b M=512 1552 vs 1781
 // / 1648, mixtral-8x7b M=64 680 vs 734 / 698; fp8 per-tensor qwen3-30b-a3b M=256 242.0 vs 254.1
 // (16x64tma) / 255.2, mixtral-8x7b M=64 373.3 vs 398.3 / 384.3); level with 16x64 up to 8 rows;
 // slower than 64x64 at 32 (qwen3-30b-a3b 376.3 vs 363.9, gpt-oss-120b 1831 vs 1697): chosen up
-// to 16 rows per expert.
+// to 16 rows per expert. With block scales (the promotion holds 8 tokens' scales per thread)
+// level with 64x64 at 16 rows (qwen3-30b-a3b M=256 284.6 vs 284.3 us) and far slower than
+// 16x64tma at 8 (269.6 vs 220.8): forceable and tuned by name, never auto-selected (64x64 comes
+// first with a larger bound).
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
@@ -137,6 +140,8 @@ inline constexpr TileConfig kTileTable[] = {
      "swap-AB: 64 weight rows x 16 tokens per item, 8 weight rows promoted per thread and step"},
     {"64x64", TileFamily::kFp8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
+    {"32x64", TileFamily::kFp8, 32, 64, 8, 1, 2, MainloopKind::kSwapAB, 16,
+     "swap-AB: 64 weight rows x 32 tokens per item, each expert's weights read once"},
     {"64x128", TileFamily::kFp8, 64, 128, 8, 1, 1, MainloopKind::kWarpSpecializedTma, 63,
      "weights by TMA, 8 stages, the producer running ahead across work items"},
     {"128x128", TileFamily::kFp8, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma, 63,
@@ -189,7 +194,7 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 // 128 or 256; W4A8 rows have a producer warpgroup (swap-AB TMA or warp-specialized kinds); W4A16
 // rows are single-role with one thread per 32-value weight group of a stage (2 bn threads); swap-AB
 // rows (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage; 32
-// for 16-bit and kFp8Direct single-role swap-AB, two) x 64 weight rows, at least 6 stages (W4A16:
+// for the 16-bit and fp8 single-role swap-AB rows, two) x 64 weight rows, at least 6 stages (W4A16:
 // an even number, two K steps per barrier).
 constexpr bool valid_tile(const TileConfig& t) {
   if (t.kind == MainloopKind::kSimt) {
@@ -208,9 +213,8 @@ constexpr bool valid_tile(const TileConfig& t) {
   if (t.kind == MainloopKind::kSwapAB) {
     return (t.family == TileFamily::kW4A16 || t.family == TileFamily::kFp8 ||
             t.family == TileFamily::kFp8Direct || t.family == TileFamily::k16Bit) &&
-           (t.bm == 16 || (t.bm == 32 && (t.family == TileFamily::k16Bit ||
-                                          t.family == TileFamily::kFp8Direct))) &&
-           t.bn == 64 && t.consumers == 1 && t.stages >= 6 &&
+           (t.bm == 16 || (t.bm == 32 && t.family != TileFamily::kW4A16)) && t.bn == 64 &&
+           t.consumers == 1 && t.stages >= 6 &&
            (t.family != TileFamily::kW4A16 || t.stages % 2 == 0);
   }
   return t.bm == 64 * t.consumers && t.stages >= 2 && t.bn % 64 == 0 && t.bn <= 256 &&
@@ -232,7 +236,7 @@ constexpr bool valid_table() {
 static_assert(valid_table(),
               "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (64, 128 or 256 for "
               "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows (swap-AB: 16x64 or "
-              "16-bit / direct fp8 32x64, one warpgroup, >= 6 stages, even for W4A16); the last "
+              "16-bit / fp8 32x64, one warpgroup, >= 6 stages, even for W4A16); the last "
               "row of a family takes any "
               "size");
 
