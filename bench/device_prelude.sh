@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the device-call scripts (bench/*_session.sh, bench/bf16_peer_check.sh) on the H200:
 # $out ($OUT, what comes back) and $log (the logs, which the script packs with pack_logs: the
 # device tool returns few files), the binaries unpacked from .carry/ (scripts/pack-for-device.sh)
@@ -15,6 +16,18 @@ pack_logs() {
   local name=$out/all.tgz n=2
   while [ -e "$name" ]; do name=$out/all-$n.tgz; n=$((n + 1)); done
   tar czf "$name" -C "$out" logs && rm -rf "$log"
+}
+# Runs the parts named in its arguments, in order — each the calling script's function
+# part_NAME — printing each part's time, then packs the logs:
+#   run_parts PART ...
+run_parts() {
+  local part t0
+  for part in "$@"; do
+    t0=$(date +%s)
+    if declare -F "part_$part" >/dev/null; then "part_$part"; else echo "unknown part $part"; fi
+    echo "($part: $(($(date +%s) - t0)) s)"
+  done
+  pack_logs
 }
 # Runs one GPU test binary with a time limit and a filter, its log to $log/NAME.log, and prints
 # "NAME rc=... [  PASSED  ] ..." and its first failures:
