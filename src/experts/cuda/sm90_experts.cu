@@ -488,8 +488,12 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   const std::optional<cuda::MxElement> mx_a2 = packed_fp4 ? mx_activation(quant.a2) : std::nullopt;
 
   const int row1 = launch_tile(state, 0, tile_M, g1);
-  if (const int row = decode_pair_row(state, g1, g2, row1, launch_tile(state, 1, tile_M, g2));
-      row >= 0 && fused && !scaled && !mx_a2 && !bf16_codes) {
+  // The pair only for 16-bit operands and the fused activation (checked first: no tile selection
+  // for the other layers' forwards).
+  const bool may_pair = fused && !scaled && !mx_a2 && !bf16_codes;
+  if (const int row =
+          may_pair ? decode_pair_row(state, g1, g2, row1, launch_tile(state, 1, tile_M, g2)) : -1;
+      row >= 0) {
     // 2-4. GEMM1 + activation and GEMM2 as the decode pair: one launch.
     MOEKIT_CUDA_CHECK(
         cuda::run_grouped_gemm_pair(g1, g2, row, align.expert_done, stream, &state.w1));
