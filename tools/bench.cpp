@@ -368,9 +368,9 @@ int bench_command(const DeploymentOptions& deployment, const BenchOptions& bench
       c.stage_us = stage_times(*layers[0], outs[0], xs[0], logits[0]);
       if (!bench.tune_out.empty()) tune_case(*layers[0], model.name, M, outs[0], xs[0], logits[0]);
       std::string stages;
-      for (const char* s :
-           {"router", "shared_slots", "dispatch", "align", "gemm1", "activation", "gemm2",
-            "gemm1+gemm2", "reduce", "finalize", "shared_experts", "shared_add"}) {
+      for (const char* s : {"router", "shared_slots", "dispatch", "align", "quantize a1", "gemm1",
+                            "activation", "quantize a2", "gemm2", "gemm1+gemm2", "reduce",
+                            "finalize", "shared_experts", "shared_add"}) {
         if (c.stage_us.count(s)) stages += fmt::format("{} {:.1f}  ", s, c.stage_us[s]);
       }
       std::cout << fmt::format("  {:>6} {:>10.1f} {:>8.2f} {:>9.1f} {:>6.0f}% {:>6.0f}%  {}\n", M,

@@ -11,6 +11,7 @@
 // the scheme's tolerance), H and I that are not multiples of 128,
 // M = 0 .. 65537, an expert map, shared experts, every tile forced, graph replay bitwise, the
 // device quantizer bit-exact against the host one.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -267,7 +268,10 @@ TEST(QuantizedGpu, ExpertMapRanksMatchEmulation) {
 }
 
 #ifdef MOEKIT_WITH_CUDA
-// The device quantizer gives the host reference's codes and scales bit for bit.
+// The device quantizer gives the host reference's codes and scales bit for bit: every scale
+// shape, static and dynamic, bf16 / f16 / f32 rows, and widths that take each chunk width of the
+// kernels (16 and 8 elements, or one: 36 columns); with a device row count, the rows past it keep
+// their poison and stay out of a dynamic per-tensor amax.
 TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
   REQUIRE_SM90_GPU();
   const Device gd = default_device_info().device();
@@ -284,29 +288,62 @@ TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
   descs.push_back({"fp8 per token", d});
   d.shape = GroupShape::per_tensor();
   descs.push_back({"fp8 dynamic per tensor", d});
+  d.scale = Tensor::from_floats(std::vector<float>{0.0137f}, {1}, DType::kF32);
+  descs.push_back({"fp8 static per tensor", d});
   d.dtype = QuantDType::kInt8;
+  d.scale = Tensor::from_floats(std::vector<float>{0.031f}, {1}, DType::kF32);
+  descs.push_back({"int8 static per tensor", d});
+  d.scale = Tensor();
   descs.push_back({"int8 dynamic per tensor", d});
   d.shape = GroupShape::per_token();
   descs.push_back({"int8 per token", d});
+  const int64_t rows = 37;
   for (const Desc& c : descs) {
-    for (int64_t cols : {64, 200, 7168}) {
-      const int64_t rows = 37;
-      const Tensor x = testing::random_tensor({rows, cols}, DType::kBF16, 3, -4.0f, 4.0f);
-      const QuantizedInput ref = quantize_moe_input(x, c.desc, RunContext{});
-      const DeviceQuantShapes s = device_quant_shapes(rows, cols, c.desc);
-      Tensor data = Tensor::empty(s.data, s.data_dtype, gd);
-      Tensor scale = Tensor::empty(s.scale, DType::kF32, gd);
-      Tensor amax = Tensor::empty({1}, DType::kInt32, gd);
-      CudaStream stream(gd.index);
-      quantize_on_device(x.to(gd), c.desc, data, scale, amax.data(), nullptr, stream.get());
-      synchronize(stream.get());
-      const Tensor got_data = data.to(Device::cpu()), got_scale = scale.to(Device::cpu());
-      ASSERT_EQ(got_data.nbytes(), ref.data.nbytes()) << c.name;
-      EXPECT_EQ(std::memcmp(got_data.data(), ref.data.data(), ref.data.nbytes()), 0)
-          << c.name << " cols " << cols;
-      ASSERT_EQ(got_scale.numel(), ref.scale.numel()) << c.name;
-      EXPECT_EQ(std::memcmp(got_scale.data(), ref.scale.data(), ref.scale.nbytes()), 0)
-          << c.name << " cols " << cols;
+    for (const DType xt : {DType::kBF16, DType::kF16, DType::kF32}) {
+      for (int64_t cols : {36, 64, 200, 7168}) {
+        for (const bool counted : {false, true}) {
+          const int64_t valid = counted ? rows - 5 : rows;
+          const Tensor x = testing::random_tensor({rows, cols}, xt, 3, -4.0f, 4.0f);
+          const Tensor x_valid = Tensor::from_floats(
+              std::span<const float>(x.to_float_vector()).first(static_cast<size_t>(valid * cols)),
+              {valid, cols}, xt);
+          const QuantizedInput ref = quantize_moe_input(x_valid, c.desc, RunContext{});
+          QuantDesc on_gpu = c.desc;
+          if (on_gpu.scale.defined()) on_gpu.scale = on_gpu.scale.to(gd);
+          const DeviceQuantShapes s = device_quant_shapes(rows, cols, c.desc);
+          Tensor poison_data = Tensor::empty(s.data, s.data_dtype);
+          std::mt19937 rng(static_cast<uint32_t>(cols + valid));
+          for (size_t i = 0; i < poison_data.nbytes(); ++i)
+            static_cast<uint8_t*>(poison_data.data())[i] = static_cast<uint8_t>(rng());
+          Tensor data = poison_data.to(gd);
+          Tensor scale = Tensor::empty(s.scale, DType::kF32, gd);
+          Tensor amax = Tensor::empty({1}, DType::kInt32, gd);
+          const int64_t count_value[] = {valid};
+          const Tensor count = Tensor::from_ints(count_value, {1}, DType::kInt32).to(gd);
+          CudaStream stream(gd.index);
+          quantize_on_device(x.to(gd), on_gpu, data, scale, amax.data(),
+                             counted ? count.data_as<const int32_t>() : nullptr, stream.get());
+          synchronize(stream.get());
+          const std::string what =
+              fmt::format("{} x {} cols {} rows {}", c.name, dtype_name(xt), cols, valid);
+          const Tensor got_data = data.to(Device::cpu()), got_scale = scale.to(Device::cpu());
+          const size_t valid_bytes = ref.data.nbytes();
+          ASSERT_EQ(valid_bytes, static_cast<size_t>(valid * cols)) << what;
+          EXPECT_EQ(std::memcmp(got_data.data(), ref.data.data(), valid_bytes), 0) << what;
+          EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(got_data.data()) + valid_bytes,
+                                static_cast<const uint8_t*>(poison_data.data()) + valid_bytes,
+                                got_data.nbytes() - valid_bytes),
+                    0)
+              << what << ": rows past the count were written";
+          if (on_gpu.scale.defined()) continue;  // the static scale is the GEMM's scale
+          const int64_t scales = c.desc.shape.is_per_tensor() ? 1 : ref.scale.numel();
+          ASSERT_LE(scales, got_scale.numel()) << what;
+          EXPECT_EQ(std::memcmp(got_scale.data(), ref.scale.data(),
+                                static_cast<size_t>(scales) * sizeof(float)),
+                    0)
+              << what;
+        }
+      }
     }
   }
 }

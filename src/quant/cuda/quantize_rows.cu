@@ -6,140 +6,243 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "core/cuda/elem_io.cuh"
+#include "quant/cuda/codes.cuh"
 
 namespace moekit::cuda {
 namespace {
-
-constexpr float kAmaxFloor = 1e-10f;  // quant::kAmaxFloor
-
-__device__ __forceinline__ float load_x(const void* x, ElemType t, int64_t i) {
-  switch (t) {
-    case ElemType::kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(x)[i]);
-    case ElemType::kF16:
-      return __half2float(static_cast<const __half*>(x)[i]);
-    default:
-      return static_cast<const float*>(x)[i];
-  }
-}
-
-// The code of x / divisor: e4m3 round-to-nearest-even saturating to +-448, or int8
-// round-to-nearest-even of the value clamped to [-128, 127] (NaN -> 0).
-__device__ __forceinline__ uint8_t encode(float x, float divisor, ElemType q) {
-  const float y = x / divisor;
-  if (q == ElemType::kE4M3) {
-    return static_cast<uint8_t>(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
-  }
-  if (isnan(y)) return 0;
-  return static_cast<uint8_t>(
-      static_cast<int8_t>(__float2int_rn(fminf(fmaxf(y, -128.0f), 127.0f))));
-}
-
-__device__ __forceinline__ float qmax_of(ElemType q) {
-  return q == ElemType::kE4M3 ? 448.0f : 127.0f;
-}
 
 __device__ __forceinline__ bool row_valid(const QuantizeRowsArgs& a, int64_t r) {
   return r < a.rows && (a.num_rows == nullptr || r < static_cast<int64_t>(*a.num_rows));
 }
 
-__device__ __forceinline__ float warp_max(float v) {
+// Max over the kLanes lanes of each aligned segment of the warp (every lane takes part).
+template <int kLanes = 32>
+__device__ __forceinline__ float segment_max(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
+  for (int o = kLanes / 2; o > 0; o >>= 1)
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-// kGroup: one warp per (row, group).
+// A chunk: kV consecutive elements of one row (cols, x_ld, q_ld and the group are multiples of
+// kV, so chunks never straddle a row or a group). kV = 16 / 8: vector loads and stores
+// (launch_quantize_rows checks the alignment); 1: element by element.
+template <typename X, int kV>
+struct Chunk {
+  float v[kV];
+
+  __device__ __forceinline__ void load(const QuantizeRowsArgs& a, int64_t r, int64_t c) {
+    load_vec<X, kV>(static_cast<const X*>(a.x) + r * a.x_ld + c, v);
+  }
+  __device__ __forceinline__ float amax() const {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kV; ++i)
+      m = fmaxf(m, fabsf(v[i]));
+    return m;
+  }
+  // The codes of v / divisor at (r, c) of q (as bf16 values with codes_as_bf16).
+  __device__ __forceinline__ void store(const QuantizeRowsArgs& a, int64_t r, int64_t c,
+                                        float divisor) const {
+    uint8_t code[kV];
+#pragma unroll
+    for (int i = 0; i < kV; ++i)
+      code[i] = encode_code(v[i], divisor, a.q_type);
+    if (a.codes_as_bf16) {
+      float f[kV];
+#pragma unroll
+      for (int i = 0; i < kV; ++i)
+        f[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(code[i], __NV_E4M3)));
+      store_vec<__nv_bfloat16, kV>(static_cast<__nv_bfloat16*>(a.q) + r * a.q_ld + c, f);
+      return;
+    }
+    uint8_t* dst = static_cast<uint8_t*>(a.q) + r * a.q_ld + c;
+    if constexpr (kV % 8 == 0) {
+      uint32_t w[kV / 4];
+#pragma unroll
+      for (int i = 0; i < kV / 4; ++i) {
+        w[i] = code[4 * i] | (code[4 * i + 1] << 8) | (code[4 * i + 2] << 16) |
+               (static_cast<uint32_t>(code[4 * i + 3]) << 24);
+      }
+      if constexpr (kV == 16) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kV; ++i)
+        dst[i] = code[i];
+    }
+  }
+};
+
+// kGroup: kLanes lanes per (row, group), 32 / kLanes of them per warp step; each lane takes the
+// group's chunks lane, lane + kLanes, ... (loaded twice: the second time from L1).
+template <typename X, int kV, int kLanes>
 __global__ void quantize_groups_kernel(const QuantizeRowsArgs a) {
+  constexpr int kPerWarp = 32 / kLanes;
   const int64_t groups = (a.cols + a.group - 1) / a.group;
+  const int64_t units = a.rows * groups;
   const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int sub = lane % kLanes;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t wi = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-       wi < a.rows * groups; wi += warps) {
-    const int64_t r = wi / groups, g = wi % groups;
-    if (!row_valid(a, r)) continue;
+       wi * kPerWarp < units; wi += warps) {
+    const int64_t u = wi * kPerWarp + lane / kLanes;
+    const int64_t r = u / groups, g = u % groups;
+    const bool active = u < units && row_valid(a, r);  // warp-uniform loop, per-lane work
     const int64_t c0 = g * a.group, c1 = min(a.cols, c0 + a.group);
     float amax = 0.0f;
-    for (int64_t c = c0 + lane; c < c1; c += 32)
-      amax = fmaxf(amax, fabsf(load_x(a.x, a.x_type, r * a.x_ld + c)));
-    amax = warp_max(amax);
-    const float divisor = fmaxf(amax, kAmaxFloor) / qmax_of(a.q_type);
-    uint8_t* q = static_cast<uint8_t*>(a.q) + r * a.q_ld;
-    for (int64_t c = c0 + lane; c < c1; c += 32)
-      q[c] = encode(load_x(a.x, a.x_type, r * a.x_ld + c), divisor, a.q_type);
-    if (lane == 0) a.scale[r * a.scale_ld + g] = divisor;
+    if (active) {
+      for (int64_t c = c0 + sub * kV; c < c1; c += kLanes * kV) {
+        Chunk<X, kV> ch;
+        ch.load(a, r, c);
+        amax = fmaxf(amax, ch.amax());
+      }
+    }
+    amax = segment_max<kLanes>(amax);
+    if (!active) continue;
+    const float divisor = fmaxf(amax, kAmaxFloor) / code_max(a.q_type);
+    for (int64_t c = c0 + sub * kV; c < c1; c += kLanes * kV) {
+      Chunk<X, kV> ch;
+      ch.load(a, r, c);
+      ch.store(a, r, c, divisor);
+    }
+    if (sub == 0) a.scale[r * a.scale_ld + g] = divisor;
   }
 }
 
-// kRow: one block per row.
+// kRow: kWarps warps per row (1, or the whole block for long rows, so that one row's loads are
+// spread over the block rather than serialised in one warp), blockDim.x / (32 kWarps) rows per
+// block step.
+template <typename X, int kV, int kWarps>
 __global__ void quantize_rows_kernel(const QuantizeRowsArgs a) {
-  __shared__ float s_warp[32];
-  __shared__ float s_divisor;
-  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
-    if (!row_valid(a, r)) continue;
+  constexpr int kThreads = 32 * kWarps;  // per row
+  __shared__ float s_amax[kWarps];
+  const int t = static_cast<int>(threadIdx.x) % kThreads;
+  const int per_block = static_cast<int>(blockDim.x) / kThreads;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.x) * per_block; r0 < a.rows;
+       r0 += static_cast<int64_t>(gridDim.x) * per_block) {  // block-uniform
+    const int64_t r = r0 + static_cast<int>(threadIdx.x) / kThreads;
+    const bool active = r < a.rows && row_valid(a, r);  // uniform over the row's threads
     float amax = 0.0f;
-    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x)
-      amax = fmaxf(amax, fabsf(load_x(a.x, a.x_type, r * a.x_ld + c)));
-    amax = warp_max(amax);
-    if ((threadIdx.x & 31) == 0) s_warp[threadIdx.x / 32] = amax;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      float v = threadIdx.x < blockDim.x / 32 ? s_warp[threadIdx.x] : 0.0f;
-      v = warp_max(v);
-      if (threadIdx.x == 0) {
-        s_divisor = fmaxf(v, kAmaxFloor) / qmax_of(a.q_type);
-        a.scale[r] = s_divisor;
+    if (active) {
+      for (int64_t c = t * kV; c < a.cols; c += kThreads * kV) {
+        Chunk<X, kV> ch;
+        ch.load(a, r, c);
+        amax = fmaxf(amax, ch.amax());
       }
     }
-    __syncthreads();
-    const float divisor = s_divisor;
-    uint8_t* q = static_cast<uint8_t*>(a.q) + r * a.q_ld;
-    for (int64_t c = threadIdx.x; c < a.cols; c += blockDim.x)
-      q[c] = encode(load_x(a.x, a.x_type, r * a.x_ld + c), divisor, a.q_type);
-    __syncthreads();  // s_divisor / s_warp are reused by the next row
+    amax = segment_max(amax);
+    if constexpr (kWarps > 1) {
+      if ((t & 31) == 0) s_amax[t / 32] = amax;
+      __syncthreads();
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w)
+        amax = fmaxf(amax, s_amax[w]);
+      __syncthreads();  // s_amax is rewritten by the next row
+    }
+    if (!active) continue;
+    const float divisor = fmaxf(amax, kAmaxFloor) / code_max(a.q_type);
+    for (int64_t c = t * kV; c < a.cols; c += kThreads * kV) {
+      Chunk<X, kV> ch;
+      ch.load(a, r, c);
+      ch.store(a, r, c, divisor);
+    }
+    if (t == 0) a.scale[r] = divisor;
   }
 }
+
+// The chunks of the whole matrix, row-major: chunk i is (i / per_row, (i % per_row) * kV).
+template <int kV>
+struct FlatChunks {
+  int64_t per_row, count;
+  __device__ __forceinline__ explicit FlatChunks(const QuantizeRowsArgs& a)
+      : per_row(a.cols / kV), count(a.rows * (a.cols / kV)) {}
+};
 
 // kTensorDynamic, pass 1: the amax of every valid element into *amax_workspace (as the bits of a
 // non-negative float, which order like unsigned integers).
+template <typename X, int kV>
 __global__ void tensor_amax_kernel(const QuantizeRowsArgs a) {
+  const FlatChunks<kV> f(a);
   float amax = 0.0f;
-  const int64_t n = a.rows * a.cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < f.count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / a.cols, c = i % a.cols;
-    if (row_valid(a, r)) amax = fmaxf(amax, fabsf(load_x(a.x, a.x_type, r * a.x_ld + c)));
+    const int64_t r = i / f.per_row;
+    if (!row_valid(a, r)) continue;
+    Chunk<X, kV> ch;
+    ch.load(a, r, (i - r * f.per_row) * kV);
+    amax = fmaxf(amax, ch.amax());
   }
-  amax = warp_max(amax);
+  amax = segment_max(amax);
   if ((threadIdx.x & 31) == 0) atomicMax(a.amax_workspace, __float_as_uint(amax));
 }
 
 // kTensorStatic / kTensorDynamic pass 2: every valid element with the one scale.
+template <typename X, int kV>
 __global__ void quantize_tensor_kernel(const QuantizeRowsArgs a, bool dynamic) {
   const float divisor =
-      dynamic ? fmaxf(__uint_as_float(*a.amax_workspace), kAmaxFloor) / qmax_of(a.q_type)
+      dynamic ? fmaxf(__uint_as_float(*a.amax_workspace), kAmaxFloor) / code_max(a.q_type)
               : *a.static_scale;
   if (dynamic && blockIdx.x == 0 && threadIdx.x == 0) a.scale[0] = divisor;
-  const int64_t n = a.rows * a.cols;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+  const FlatChunks<kV> f(a);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < f.count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / a.cols, c = i % a.cols;
+    const int64_t r = i / f.per_row;
     if (!row_valid(a, r)) continue;
-    const uint8_t code = encode(load_x(a.x, a.x_type, r * a.x_ld + c), divisor, a.q_type);
-    if (a.codes_as_bf16) {
-      const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
-      static_cast<__nv_bfloat16*>(a.q)[r * a.q_ld + c] = __float2bfloat16_rn(v);
-    } else {
-      static_cast<uint8_t*>(a.q)[r * a.q_ld + c] = code;
-    }
+    const int64_t c = (i - r * f.per_row) * kV;
+    Chunk<X, kV> ch;
+    ch.load(a, r, c);
+    ch.store(a, r, c, divisor);
   }
 }
 
 int grid_for(int64_t work, int per_block) {
   return static_cast<int>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, 4096));
+}
+
+int x_bytes(ElemType t) {
+  return t == ElemType::kF32 ? 4 : 2;
+}
+
+bool aligned(const void* p, int bytes) {
+  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
+}
+
+// Elements per chunk: 16 or 8 where every chunk's loads and stores are whole aligned vectors,
+// else 1.
+int chunk_width(const QuantizeRowsArgs& a) {
+  const int q_bytes = a.codes_as_bf16 ? 2 : 1;
+  for (const int v : {16, 8}) {
+    const int xb = v * x_bytes(a.x_type), qb = v * q_bytes;  // bytes of a chunk: 16 .. 64
+    const int x_align = std::min(xb, 16), q_align = std::min(qb, 16);
+    if (a.cols % v != 0 || a.x_ld % v != 0 || a.q_ld % v != 0) continue;
+    if (a.kind == RowQuant::kGroup && a.group % v != 0) continue;
+    if (!aligned(a.x, x_align) || !aligned(a.q, q_align)) continue;
+    if ((a.x_ld * x_bytes(a.x_type)) % x_align != 0 || (a.q_ld * q_bytes) % q_align != 0) continue;
+    return v;
+  }
+  return 1;
+}
+
+// Calls f(X{}, std::integral_constant<int, kV>{}) for the launch's element type and chunk width.
+template <typename F>
+void dispatch_chunks(const QuantizeRowsArgs& a, F&& f) {
+  const int v = chunk_width(a);
+  dispatch_float_type(a.x_type, [&](auto x_tag) {
+    if (v == 16) {
+      f(x_tag, std::integral_constant<int, 16>{});
+    } else if (v == 8) {
+      f(x_tag, std::integral_constant<int, 8>{});
+    } else {
+      f(x_tag, std::integral_constant<int, 1>{});
+    }
+  });
 }
 
 }  // namespace
@@ -184,30 +287,47 @@ cudaError_t launch_quantize_rows(const QuantizeRowsArgs& a, cudaStream_t stream)
     if (a.kind != RowQuant::kTensorDynamic) return cudaSuccess;
   }
   constexpr int kThreads = 256;
-  switch (a.kind) {
-    case RowQuant::kGroup: {
-      const int64_t warps = a.rows * ((a.cols + a.group - 1) / a.group);
-      quantize_groups_kernel<<<grid_for(warps, kThreads / 32), kThreads, 0, stream>>>(a);
-      break;
-    }
-    case RowQuant::kRow:
-      quantize_rows_kernel<<<grid_for(a.rows, 1), kThreads, 0, stream>>>(a);
-      break;
-    case RowQuant::kTensorStatic:
-      quantize_tensor_kernel<<<grid_for(a.rows * a.cols, kThreads), kThreads, 0, stream>>>(a,
-                                                                                           false);
-      break;
-    case RowQuant::kTensorDynamic: {
-      if (cudaError_t e = cudaMemsetAsync(a.amax_workspace, 0, sizeof(unsigned int), stream);
-          e != cudaSuccess) {
-        return e;
+  cudaError_t status = cudaSuccess;
+  dispatch_chunks(a, [&](auto x_tag, auto v_tag) {
+    using X = decltype(x_tag);
+    constexpr int kV = decltype(v_tag)::value;
+    const int64_t chunks = a.rows * (a.cols / kV);
+    switch (a.kind) {
+      case RowQuant::kGroup: {
+        const int64_t lanes = (a.group / kV) >= 32 ? 32 : 8;  // per (row, group)
+        const int64_t warps = (a.rows * ((a.cols + a.group - 1) / a.group) * lanes + 31) / 32;
+        const int grid = grid_for(warps, kThreads / 32);
+        if (lanes == 32) {
+          quantize_groups_kernel<X, kV, 32><<<grid, kThreads, 0, stream>>>(a);
+        } else {
+          quantize_groups_kernel<X, kV, 8><<<grid, kThreads, 0, stream>>>(a);
+        }
+        break;
       }
-      const int grid = grid_for(a.rows * a.cols, kThreads * 8);
-      tensor_amax_kernel<<<grid, kThreads, 0, stream>>>(a);
-      quantize_tensor_kernel<<<grid_for(a.rows * a.cols, kThreads), kThreads, 0, stream>>>(a, true);
-      break;
+      case RowQuant::kRow:
+        if (a.cols / kV >= kThreads) {  // long rows: the block on each row
+          quantize_rows_kernel<X, kV, kThreads / 32>
+              <<<grid_for(a.rows, 1), kThreads, 0, stream>>>(a);
+        } else {
+          quantize_rows_kernel<X, kV, 1>
+              <<<grid_for(a.rows, kThreads / 32), kThreads, 0, stream>>>(a);
+        }
+        break;
+      case RowQuant::kTensorStatic:
+        quantize_tensor_kernel<X, kV>
+            <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(a, false);
+        break;
+      case RowQuant::kTensorDynamic: {
+        status = cudaMemsetAsync(a.amax_workspace, 0, sizeof(unsigned int), stream);
+        if (status != cudaSuccess) return;
+        const int grid = grid_for(chunks, kThreads * 4);
+        tensor_amax_kernel<X, kV><<<grid, kThreads, 0, stream>>>(a);
+        quantize_tensor_kernel<X, kV><<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(a, true);
+        break;
+      }
     }
-  }
+  });
+  if (status != cudaSuccess) return status;
   return cudaGetLastError();
 }
 

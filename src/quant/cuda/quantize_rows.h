@@ -3,7 +3,10 @@
 // max(amax, 1e-10) / qmax or the static scale, code = round-to-nearest-even(x / scale),
 // saturating), bit for bit. Used by prepare (a1) and by the experts between the GEMMs (a2); the
 // scales are written in the layout the grouped GEMM loads (sm90_grouped_gemm.h, AScale).
-// Graph-capturable: no allocation, no synchronisation, no host reads of device data.
+// Graph-capturable: no allocation, no synchronisation, no host reads of device data. Each thread
+// takes 16 or 8 consecutive elements of a row (vector loads and stores where cols, the strides,
+// the group and the pointers allow; else one element): per row, one warp (the whole block for
+// long rows); per group, 8 or 32 lanes; per tensor, a flat walk.
 #pragma once
 
 #include <cuda_runtime_api.h>
