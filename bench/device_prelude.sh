@@ -29,6 +29,22 @@ run_parts() {
   done
   pack_logs
 }
+# Unpacks build_old/ (the binaries of the commit before, for A/B runs) from
+# .carry/moekit-old.tar.xz when it was carried and is not unpacked yet.
+unpack_old_binary() {
+  if [ ! -x build_old/moekit ] && [ -f .carry/moekit-old.tar.xz ]; then
+    tar -xJf .carry/moekit-old.tar.xz || return 1
+  fi
+}
+# One `moekit bench` of an A/B, its log and JSON to $log/ab_NAME.{log,json}, its exit status
+# printed:
+#   ab_run NAME BINARY ARGS...
+ab_run() {
+  local name=$1 binary=$2
+  shift 2
+  timeout 150 "$binary" bench --reps 20 --json "$log/ab_$name.json" "$@" >"$log/ab_$name.log" 2>&1
+  echo "$name rc=$?"
+}
 # Runs one GPU test binary with a time limit and a filter, its log to $log/NAME.log, and prints
 # "NAME rc=... [  PASSED  ] ..." and its first failures:
 #   run_gtest NAME SECONDS BINARY [FILTER]
