@@ -447,6 +447,23 @@ TEST(GroupedGemm, BatchedCounts) {
   run_case(cs, "batched");
 }
 
+// C's rows only 4-byte aligned (ldc = n + 2): the staged epilogue of the 128x256 rows stores its
+// 16-byte chunks as 4-byte words; plain and fused, the ldc padding staying poisoned.
+TEST(GroupedGemm, RowsOfCNotSixteenByteAligned) {
+  REQUIRE_GPU();
+  for (FusedActivation act : {FusedActivation::kNone, FusedActivation::kSiluMul}) {
+    Case cs;
+    cs.act = act;
+    cs.counts = {3, 0, 200, 129};
+    cs.n = 320;
+    cs.k = 128;
+    cs.ldc_pad = 2;
+    cs.bias = BiasKind::kFp32;
+    cs.seed = 9;
+    run_case(cs, std::string("ldc = n + 2 ") + act_name(act));
+  }
+}
+
 TEST(GroupedGemm, EveryRowOnOneExpert) {
   REQUIRE_GPU();
   Case cs;

@@ -1,11 +1,15 @@
 // Epilogues of the grouped GEMMs: one warpgroup's 64 x kBN fp32 accumulator fragment (+ bias)
 // stored straight from registers with row (expert range) and column (N) predicates, rounded once
-// to the output type; optionally with the gated activation fused (act_math.cuh).
+// to the output type; optionally with the gated activation fused (act_math.cuh). The 128x256
+// rows' plain epilogue goes through shared memory instead (store_warpgroup_tile_staged).
 #pragma once
+
+#include <utility>
 
 #include "core/cuda/elem_io.cuh"
 #include "experts/cuda/sm90/act_math.cuh"
 #include "experts/cuda/sm90/kernel_params.cuh"
+#include "experts/cuda/sm90/ptx.cuh"
 #include "experts/cuda/sm90/scheduler.cuh"
 
 namespace moekit::cuda::sm90 {
@@ -72,6 +76,41 @@ __device__ __forceinline__ void store_tile_fused(const KernelParams& p, const fl
   }
 }
 
+// Where the plain epilogue puts a pair of outputs: C itself (GlobalPairs), or a warpgroup's
+// staging tile (store_warpgroup_tile_staged). sink(row, col, pair): row and column of C, the two
+// values rounded to T.
+template <typename T>
+struct GlobalPairs {
+  const KernelParams& p;
+  __device__ __forceinline__ void operator()(int row, int col, typename Pair<T>::type v) const {
+    *reinterpret_cast<typename Pair<T>::type*>(p.c + static_cast<int64_t>(row) * p.ldc_bytes +
+                                               static_cast<int64_t>(col) * 2) = v;
+  }
+};
+
+// The plain epilogue (no activation) of the fragment's column groups [kJ0, kJ1) of 8 columns
+// (layout: store_tile below), + bias, each pair through sink.
+template <typename T, int kBN, int kJ0, int kJ1, typename Sink>
+__device__ __forceinline__ void store_plain_groups(const KernelParams& p,
+                                                   const float (&acc)[kBN / 2], int expert,
+                                                   int row0, int row_end, int n0, int lane,
+                                                   Sink&& sink) {
+  using P = Pair<T>;
+#pragma unroll
+  for (int j = kJ0; j < kJ1; ++j) {
+    const int col = n0 + j * 8 + (lane & 3) * 2;
+    if (col >= p.n) continue;
+    const float2 b = bias_pair<T>(p, expert, col);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + h * 8;
+      if (row < row_end) {
+        sink(row, col, P::make(acc[4 * j + 2 * h] + b.x, acc[4 * j + 2 * h + 1] + b.y));
+      }
+    }
+  }
+}
+
 // Stores one warpgroup's 64 x kBN accumulator fragment. The m64nN wgmma fragment gives this
 // thread rows row0 and row0 + 8 and, for every 8-column group j, columns j*8 + (lane%4)*2 + {0,1}:
 // acc[4j + 2h + {0,1}] is (row0 + 8h, n0 + 8j + (lane%4)*2 + {0,1}).
@@ -83,23 +122,9 @@ __device__ __forceinline__ void store_tile_fused(const KernelParams& p, const fl
 template <typename T, int kBN>
 __device__ __forceinline__ void store_tile(const KernelParams& p, const float (&acc)[kBN / 2],
                                            int expert, int row0, int row_end, int n0, int lane) {
-  using P = Pair<T>;
   if (p.act == FusedActivation::kNone) {
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int col = n0 + j * 8 + (lane & 3) * 2;
-      if (col >= p.n) continue;
-      const float2 b = bias_pair<T>(p, expert, col);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row0 + h * 8;
-        if (row < row_end) {
-          auto* dst = reinterpret_cast<typename P::type*>(
-              p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2);
-          *dst = P::make(acc[4 * j + 2 * h] + b.x, acc[4 * j + 2 * h + 1] + b.y);
-        }
-      }
-    }
+    store_plain_groups<T, kBN, 0, kBN / 8>(p, acc, expert, row0, row_end, n0, lane,
+                                           GlobalPairs<T>{p});
     return;
   }
   using act::Gated;
@@ -138,6 +163,68 @@ __device__ __forceinline__ void store_warpgroup_tile(const KernelParams& p,
   const int warp_in_group = (tid & 127) >> 5;
   const int row0 = w.m0 + warpgroup * 64 + warp_in_group * 16 + (lane >> 2);
   store_tile<T, kBN>(p, acc, w.expert, row0, w.row_end, w.n0, lane);
+}
+
+// The plain epilogue (no activation: GEMM2) of the 128x256 rows (TileShape::kStagedEpilogue): a
+// warpgroup's 64 rows go to C 64 columns at a time through its staging tile in shared memory
+// (kStagedPitch bytes per row: 4 words of padding put a warp's store of 8 rows x 4 words in 32
+// different banks), then from there in 16-byte chunks, each row's 128 bytes by 8 consecutive lanes:
+// whole 128-byte lines instead of the fragment's 16-byte pieces of 8 rows per store. Predicates
+// per chunk (rows of the expert; columns below n, a multiple of 8); four 4-byte stores per chunk
+// where C's rows are not 16-byte aligned. Two barriers of the warpgroup's 128 threads per round.
+// (The fused epilogue measured slower this way: its two rounds add barriers to a tile bound by
+// the activation's arithmetic; bench/grouped_gemm_notes.md.)
+template <typename T, int kBN>
+__device__ __forceinline__ void store_warpgroup_tile_staged(const KernelParams& p,
+                                                            const float (&acc)[kBN / 2],
+                                                            const WorkItem& w, int warpgroup,
+                                                            int tid, uint32_t stage) {
+  static_assert(sizeof(T) == 2 && kBN % kStagedCols == 0);
+  constexpr int kChunksPerRow = kStagedCols * 2 / 16;
+  const int lane = tid & 31;
+  const int wtid = tid & 127;
+  const int first_row = w.m0 + warpgroup * 64;
+  const int row0 = first_row + (wtid >> 5) * 16 + (lane >> 2);
+  auto round = [&](auto r_tag) {
+    constexpr int r = decltype(r_tag)::value;
+    constexpr int kJ = kStagedCols / 8;  // column groups per round
+    store_plain_groups<T, kBN, r * kJ, (r + 1) * kJ>(
+        p, acc, w.expert, row0, w.row_end, w.n0, lane,
+        [&](int row, int col, typename Pair<T>::type v) {
+          const uint32_t addr = stage + static_cast<uint32_t>((row - first_row) * kStagedPitch +
+                                                              (col - w.n0 - r * kStagedCols) * 2);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
+                       "r"(*reinterpret_cast<const uint32_t*>(&v))
+                       : "memory");
+        });
+    named_barrier_sync(2 + warpgroup, 128);
+#pragma unroll
+    for (int i = 0; i < 64 * kChunksPerRow / 128; ++i) {
+      const int c = wtid + 128 * i;
+      const int rl = c / kChunksPerRow, chunk = c % kChunksPerRow;
+      const int row = first_row + rl;
+      const int col = w.n0 + r * kStagedCols + chunk * 8;
+      if (row < w.row_end && col < p.n) {
+        const uint4 v = ld_shared_v4(stage + static_cast<uint32_t>(rl * kStagedPitch + chunk * 16));
+        uint8_t* dst =
+            p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2;
+        if (p.c_rows_16b) {
+          *reinterpret_cast<uint4*>(dst) = v;
+        } else {  // C's rows only 4-byte aligned (ldc even)
+          uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+          d[0] = v.x;
+          d[1] = v.y;
+          d[2] = v.z;
+          d[3] = v.w;
+        }
+      }
+    }
+    named_barrier_sync(2 + warpgroup, 128);  // read out before the next round writes it
+  };
+  [&]<int... kR>(std::integer_sequence<int, kR...>) {
+    (round(std::integral_constant<int, kR>{}), ...);
+  }
+  (std::make_integer_sequence<int, kBN / kStagedCols>{});
 }
 
 }  // namespace moekit::cuda::sm90

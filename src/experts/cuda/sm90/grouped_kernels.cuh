@@ -294,11 +294,13 @@ struct Rings {
   uint32_t converted;  // kW4A8: the converted ring
   uint32_t load;       // the ring
   uint32_t packed;     // kW4A8: the packed ring
+  uint32_t epilogue;   // kStagedEpilogue: the consumers' staging tiles
 
   __device__ __forceinline__ explicit Rings(const void* smem_dynamic)
       : converted(ring_base(smem_dynamic)),
         load(converted + Shape::kConvertedBytes),
-        packed(load + Shape::kStages * Shape::kStageBytes) {}
+        packed(load + Shape::kStages * Shape::kStageBytes),
+        epilogue(packed + Shape::kPackedStages * Shape::kStageBBytes) {}
   __device__ __forceinline__ uint32_t stage(int it) const {
     return load + static_cast<uint32_t>((it % Shape::kStages) * Shape::kStageBytes);
   }
@@ -553,6 +555,14 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     // 4. Epilogue.
     float out[kAcc];
     step.finish(acc, out, p, w, rows, lane);
+    if constexpr (Shape::kStagedEpilogue) {
+      if (p.act == FusedActivation::kNone) {  // GEMM2: through shared memory
+        store_warpgroup_tile_staged<OutT, kBN>(
+            p, out, w, warpgroup, tid,
+            rings.epilogue + static_cast<uint32_t>(warpgroup * kStagedBytes));
+        continue;
+      }
+    }
     store_warpgroup_tile<OutT, kBN>(p, out, w, warpgroup, tid);
   }
 }
@@ -2100,6 +2110,7 @@ KernelParams kernel_params(const GroupedGemmArgs& args) {
   p.bias = args.bias;
   p.c = static_cast<uint8_t*>(args.c);
   p.ldc_bytes = args.ldc * out_es;
+  p.c_rows_16b = p.ldc_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(args.c) % 16 == 0;
   p.expert_offsets = args.expert_offsets;
   p.expert_counts = args.expert_counts;
   p.batched_stride = static_cast<int>(args.batched_stride);

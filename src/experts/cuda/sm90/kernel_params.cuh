@@ -16,6 +16,7 @@ struct KernelParams {
   const void* bias;            // (E, n) or null
   uint8_t* c;                  // (num_rows, n) row stride ldc_bytes
   int64_t ldc_bytes;
+  bool c_rows_16b;                // c and ldc_bytes multiples of 16: whole 16-byte chunks of C rows
   const int32_t* expert_offsets;  // (E + 1,)
   const int32_t* expert_counts;   // (E,) batched form, or null
   int batched_stride;

@@ -77,11 +77,15 @@ struct TileShape {
   static constexpr int kStageBytes = kPackedInt4 ? kStageABytes : kStageABytes + kStageBBytes;
   static constexpr int kConvertedBytes =
       kPackedW4 || kPackedInt4 ? kConvertedTiles * kBN * kRowBytes : 0;
+  // The consumers' staging tiles of the staged epilogue, behind the rings.
+  static constexpr bool kStagedEpilogue = stages_epilogue(kConfig);
+  static constexpr int kEpilogueBytes = kStagedEpilogue ? kConsumers * kStagedBytes : 0;
   // CUDA-core rows: no ring, no shared memory beyond the scheduler's prefix (and L1 for A).
   static constexpr bool kSimt = kConfig.kind == MainloopKind::kSimt;
-  static constexpr int kDynamicSmem =
-      kSimt ? 0
-            : kConvertedBytes + kStages * kStageBytes + kPackedStages * kStageBBytes + kSmemAlign;
+  static constexpr int kDynamicSmem = kSimt ? 0
+                                            : kConvertedBytes + kStages * kStageBytes +
+                                                  kPackedStages * kStageBBytes + kEpilogueBytes +
+                                                  kSmemAlign;
   static constexpr int kRowsPerPass = kLoaderThreads / (kRowBytes / kChunkBytes);
   static constexpr int kAPasses = kBM / kRowsPerPass;
   static constexpr int kBPasses = kBN / kRowsPerPass;  // single-role: W by cp.async too

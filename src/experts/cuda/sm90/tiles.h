@@ -240,6 +240,17 @@ static_assert(valid_table(),
               "row of a family takes any "
               "size");
 
+// Rows whose plain epilogue (no fused activation) goes through shared memory (sm90/epilogue.cuh,
+// store_warpgroup_tile_staged): the 128x256 warp-specialized rows whose rings leave room for two
+// staging tiles (not W4A8's three rings).
+constexpr bool stages_epilogue(const TileConfig& t) {
+  return t.kind == MainloopKind::kWarpSpecializedTma && t.bn == 256 && t.consumers == 2 &&
+         t.family != TileFamily::kW4A8;
+}
+inline constexpr int kStagedCols = 64;                     // columns per round
+inline constexpr int kStagedPitch = kStagedCols * 2 + 16;  // bytes per staged row (16-bit C)
+inline constexpr int kStagedBytes = 64 * kStagedPitch;     // one warpgroup's staging tile
+
 // The row of `family` named `name`, or -1.
 constexpr int find_tile(std::string_view name, TileFamily family = TileFamily::k16Bit) {
   for (int i = 0; i < kNumTiles; ++i) {
