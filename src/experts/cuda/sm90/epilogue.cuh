@@ -171,7 +171,8 @@ __device__ __forceinline__ void store_warpgroup_tile(const KernelParams& p,
 // different banks), then from there in 16-byte chunks, each row's 128 bytes by 8 consecutive lanes:
 // whole 128-byte lines instead of the fragment's 16-byte pieces of 8 rows per store. Predicates
 // per chunk (rows of the expert; columns below n, a multiple of 8); four 4-byte stores per chunk
-// where C's rows are not 16-byte aligned. Two barriers of the warpgroup's 128 threads per round.
+// where C's rows are not 16-byte aligned. Two barriers of the warpgroup's 128 threads per round
+// (named barriers 2 and 3, one per warpgroup; ws_tma_kernel's producer uses 1).
 // (The fused epilogue measured slower this way: its two rounds add barriers to a tile bound by
 // the activation's arithmetic; bench/grouped_gemm_notes.md.)
 template <typename T, int kBN>
