@@ -206,10 +206,6 @@ int grid_for(int64_t work, int per_block) {
   return static_cast<int>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, 4096));
 }
 
-int x_bytes(ElemType t) {
-  return t == ElemType::kF32 ? 4 : 2;
-}
-
 bool aligned(const void* p, int bytes) {
   return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
 }
@@ -219,12 +215,13 @@ bool aligned(const void* p, int bytes) {
 int chunk_width(const QuantizeRowsArgs& a) {
   const int q_bytes = a.codes_as_bf16 ? 2 : 1;
   for (const int v : {16, 8}) {
-    const int xb = v * x_bytes(a.x_type), qb = v * q_bytes;  // bytes of a chunk: 16 .. 64
+    const int xb = v * elem_bytes(a.x_type), qb = v * q_bytes;  // bytes of a chunk: 16 .. 64
     const int x_align = std::min(xb, 16), q_align = std::min(qb, 16);
     if (a.cols % v != 0 || a.x_ld % v != 0 || a.q_ld % v != 0) continue;
     if (a.kind == RowQuant::kGroup && a.group % v != 0) continue;
     if (!aligned(a.x, x_align) || !aligned(a.q, q_align)) continue;
-    if ((a.x_ld * x_bytes(a.x_type)) % x_align != 0 || (a.q_ld * q_bytes) % q_align != 0) continue;
+    if ((a.x_ld * elem_bytes(a.x_type)) % x_align != 0 || (a.q_ld * q_bytes) % q_align != 0)
+      continue;
     return v;
   }
   return 1;
