@@ -464,6 +464,44 @@ TEST(GroupedGemm, RowsOfCNotSixteenByteAligned) {
   }
 }
 
+// The epilogue warps (128x256epi: the consumers hand each tile to two warps of the producer
+// warpgroup through shared memory) store exactly what the consumers' own epilogue (128x256)
+// stores: plain with bias, fused kinds, f16, C rows 4-byte aligned only, and a grid of 2 CTAs so
+// that the handoff tile's barriers go through many phases.
+TEST(GroupedGemm, EpilogueWarpsBitwiseTheDirectEpilogue) {
+  REQUIRE_GPU();
+  const int direct = sm90::find_tile("128x256");
+  const int warps = sm90::find_tile("128x256epi");
+  ASSERT_GE(direct, 0);
+  ASSERT_GE(warps, 0);
+  for (FusedActivation act :
+       {FusedActivation::kNone, FusedActivation::kSiluMul, FusedActivation::kSwigluOai}) {
+    for (ElemType dt : {ElemType::kBF16, ElemType::kF16}) {
+      Case cs;
+      cs.dtype = dt;
+      cs.act = act;
+      cs.counts = {3, 0, 300, 129, 1, 260};
+      cs.n = 576;
+      cs.k = 200;
+      cs.gather = true;
+      cs.bias = BiasKind::kFp32;
+      cs.ldc_pad = dt == ElemType::kF16 ? 2 : 8;
+      cs.seed = 21;
+      Problem p;
+      build(p, cs);
+      for (int ctas : {0, 2}) {
+        const std::string label = std::string(act_name(act)) +
+                                  (dt == ElemType::kF16 ? " f16" : "") + " ctas " +
+                                  std::to_string(ctas);
+        const auto a = run_and_fetch(p, direct, 0, ctas);
+        const auto b = run_and_fetch(p, warps, 0, ctas);
+        check(p, b, label);
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 2)) << label;
+      }
+    }
+  }
+}
+
 TEST(GroupedGemm, EveryRowOnOneExpert) {
   REQUIRE_GPU();
   Case cs;

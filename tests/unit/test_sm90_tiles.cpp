@@ -25,7 +25,7 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_EQ(sm90::find_tile("128x256"), 5);
   EXPECT_EQ(sm90::find_tile("256x128"), -1);
   EXPECT_EQ(sm90::find_tile("auto"), -1);
-  EXPECT_EQ(sm90::tile_names(), "16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256");
+  EXPECT_EQ(sm90::tile_names(), "16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi");
   // The CUDA-core rows serve 16-bit and W4A16 only, 8 warps of 8 weight rows.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A16), "1x64simt, 16x64, 64x64, 128x128");
   sm90::TileConfig simt_fp8 = sm90::kTileTable[sm90::find_tile("1x64simt")];
@@ -49,7 +49,7 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
             "16x64tma, 16x64, 64x64, 32x64, 64x128, 128x128, 128x256");
   // fp8 without block scales keeps no temporary accumulator: its prefill row is 128x256.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct),
-            "16x64tma, 16x64, 32x64, 64x64, 128x256");
+            "16x64tma, 16x64, 32x64, 64x64, 128x256, 128x256epi");
   // 32 tokens per swap-AB item: 16-bit and fp8 (not W4A16, whose swap-AB converts W into
   // registers for 16 tokens), single-role loading only.
   sm90::TileConfig wide_swap = sm90::kTileTable[sm90::find_tile("32x64")];
@@ -166,7 +166,8 @@ TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
   const std::string msg =
       testing::error_of([&] { Sm90GroupedExperts e(moe, QuantConfig::unquantized()); });
   EXPECT_TRUE(testing::contains_all(
-      msg, {"tile_config '96x96'", "auto, 16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256"}));
+      msg, {"tile_config '96x96'",
+            "auto, 16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi"}));
   moe.tile_config = "128x256";
   EXPECT_NO_THROW(Sm90GroupedExperts(moe, QuantConfig::unquantized()));
   moe.tile_config = "auto";

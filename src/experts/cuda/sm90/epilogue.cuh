@@ -4,6 +4,8 @@
 // rows' plain epilogue goes through shared memory instead (store_warpgroup_tile_staged).
 #pragma once
 
+#include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "core/cuda/elem_io.cuh"
@@ -18,6 +20,19 @@ namespace moekit::cuda::sm90 {
 template <typename T>
 __device__ __forceinline__ float rounded(float v) {
   return to_f32(from_f32<T>(v));
+}
+
+// A packed pair of T (element 0 in the low half) as two floats.
+template <typename T>
+__device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xFFFF0000u));
+  } else {
+    __half2 h;
+    static_assert(sizeof(h) == sizeof(bits));
+    memcpy(&h, &bits, sizeof(h));
+    return __half22float2(h);
+  }
 }
 
 // Bias of columns (col, col + 1) of expert e, or zeros.
@@ -165,6 +180,19 @@ __device__ __forceinline__ void store_warpgroup_tile(const KernelParams& p,
   store_tile<T, kBN>(p, acc, w.expert, row0, w.row_end, w.n0, lane);
 }
 
+// 16 bytes to C at dst: one store, or four 4-byte ones where C's rows are not 16-byte aligned.
+__device__ __forceinline__ void store_c_chunk(const KernelParams& p, uint8_t* dst, uint4 v) {
+  if (p.c_rows_16b) {
+    *reinterpret_cast<uint4*>(dst) = v;
+  } else {
+    uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+    d[0] = v.x;
+    d[1] = v.y;
+    d[2] = v.z;
+    d[3] = v.w;
+  }
+}
+
 // The plain epilogue (no activation: GEMM2) of the 128x256 rows (TileShape::kStagedEpilogue): a
 // warpgroup's 64 rows go to C 64 columns at a time through its staging tile in shared memory
 // (kStagedPitch bytes per row: 4 words of padding put a warp's store of 8 rows x 4 words in 32
@@ -192,11 +220,9 @@ __device__ __forceinline__ void store_warpgroup_tile_staged(const KernelParams& 
     store_plain_groups<T, kBN, r * kJ, (r + 1) * kJ>(
         p, acc, w.expert, row0, w.row_end, w.n0, lane,
         [&](int row, int col, typename Pair<T>::type v) {
-          const uint32_t addr = stage + static_cast<uint32_t>((row - first_row) * kStagedPitch +
-                                                              (col - w.n0 - r * kStagedCols) * 2);
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
-                       "r"(*reinterpret_cast<const uint32_t*>(&v))
-                       : "memory");
+          st_shared_pair(stage + static_cast<uint32_t>((row - first_row) * kStagedPitch +
+                                                       (col - w.n0 - r * kStagedCols) * 2),
+                         v);
         });
     named_barrier_sync(2 + warpgroup, 128);
 #pragma unroll
@@ -207,17 +233,8 @@ __device__ __forceinline__ void store_warpgroup_tile_staged(const KernelParams& 
       const int col = w.n0 + r * kStagedCols + chunk * 8;
       if (row < w.row_end && col < p.n) {
         const uint4 v = ld_shared_v4(stage + static_cast<uint32_t>(rl * kStagedPitch + chunk * 16));
-        uint8_t* dst =
-            p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2;
-        if (p.c_rows_16b) {
-          *reinterpret_cast<uint4*>(dst) = v;
-        } else {  // C's rows only 4-byte aligned (ldc even)
-          uint32_t* d = reinterpret_cast<uint32_t*>(dst);
-          d[0] = v.x;
-          d[1] = v.y;
-          d[2] = v.z;
-          d[3] = v.w;
-        }
+        store_c_chunk(
+            p, p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2, v);
       }
     }
     named_barrier_sync(2 + warpgroup, 128);  // read out before the next round writes it
@@ -226,6 +243,116 @@ __device__ __forceinline__ void store_warpgroup_tile_staged(const KernelParams& 
     (round(std::integral_constant<int, kR>{}), ...);
   }
   (std::make_integer_sequence<int, kBN / kStagedCols>{});
+}
+
+// ---- the epilogue warps (MainloopKind::kWarpSpecializedEpilogue)
+// ---------------------------------
+
+// The handoff tile (tiles.h, kHandoffPitch): the item's 128 x 256 values as T, 16-byte unit u of a
+// row (columns 8u .. 8u + 7) stored at unit u ^ 4 where u / 8 is odd. That puts the gate units
+// (the first four of each 64-column block) of two neighbouring blocks in different halves of the
+// banks, so the fused epilogue's 8 lanes of a shared-memory phase (4 gate units of each of two
+// blocks) hit 32 banks, as do the plain copy's 8 consecutive units.
+__device__ __forceinline__ uint32_t handoff_offset(int row, int col) {
+  const int u = col >> 3;
+  return static_cast<uint32_t>(row * kHandoffPitch + ((u ^ ((u >> 1) & 4)) << 4) + (col & 7) * 2);
+}
+
+// Where the consumers' epilogue puts a pair for the epilogue warps: (row, col) of C relative
+// to the item's first row and column, into the handoff tile at `tile`.
+template <typename T>
+struct HandoffPairs {
+  uint32_t tile;
+  int m0;
+  int n0;
+  __device__ __forceinline__ void operator()(int row, int col, typename Pair<T>::type v) const {
+    st_shared_pair(tile + handoff_offset(row - m0, col - n0), v);
+  }
+};
+
+// Plain (GEMM2): the tile's rows to C as they are, 16-byte units, a warp per 512-byte row; etid
+// is this thread's index among the kThreads epilogue threads.
+template <int kThreads>
+__device__ __forceinline__ void store_handoff_plain(const KernelParams& p, const WorkItem& w,
+                                                    uint32_t tile, int etid) {
+  constexpr int kUnits = 256 / 8;  // per row
+  static_assert(kThreads % kUnits == 0);
+#pragma unroll 4
+  for (int c = etid; c < 128 * kUnits; c += kThreads) {
+    const int r = c / kUnits, u = c % kUnits;
+    const int row = w.m0 + r, col = w.n0 + 8 * u;
+    if (row < w.row_end && col < p.n) {
+      store_c_chunk(p,
+                    p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(col) * 2,
+                    ld_shared_v4(tile + handoff_offset(r, 8 * u)));
+    }
+  }
+}
+
+// Fused: 8 outputs per task from the gate unit and its up unit 32 columns on (the layout of
+// store_tile), the activation on the values the consumers rounded (as store_tile_fused), C's
+// column (n0 + 64 jb) / 2 + 8 q for gate unit q of block jb; a warp per two rows of 256 bytes.
+template <typename T, int kThreads, act::Gated kA>
+__device__ __forceinline__ void store_handoff_fused(const KernelParams& p, const WorkItem& w,
+                                                    uint32_t tile, int etid) {
+  using P = Pair<T>;
+  constexpr int kTasks = 256 / 2 / 8;  // per row
+  static_assert(kThreads % kTasks == 0);
+#pragma unroll 2
+  for (int c = etid; c < 128 * kTasks; c += kThreads) {
+    const int r = c / kTasks, jb = (c % kTasks) / 4, q = c % 4;
+    const int row = w.m0 + r, gcol = 64 * jb + 8 * q;
+    if (row >= w.row_end || w.n0 + gcol >= p.n) continue;  // n % 64 == 0: up follows gate
+    const uint4 g = ld_shared_v4(tile + handoff_offset(r, gcol));
+    const uint4 u = ld_shared_v4(tile + handoff_offset(r, gcol + kFusedGateUpBlock));
+    const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 gf = unpack_pair<T>(gw[i]), uf = unpack_pair<T>(uw[i]);
+      const typename P::type v = P::make(act::gated<kA>(gf.x, uf.x, p.limit, p.alpha),
+                                         act::gated<kA>(gf.y, uf.y, p.limit, p.alpha));
+      memcpy(&o[i], &v, sizeof(v));
+    }
+    const int ocol = (w.n0 + 64 * jb) / 2 + 8 * q;
+    store_c_chunk(p, p.c + static_cast<int64_t>(row) * p.ldc_bytes + static_cast<int64_t>(ocol) * 2,
+                  make_uint4(o[0], o[1], o[2], o[3]));
+  }
+}
+
+// The epilogue warps' work on one handed-off item (thread etid of kThreads); the activation kind
+// resolved once per item, as store_tile does.
+template <typename T, int kThreads>
+__device__ __forceinline__ void store_handoff(const KernelParams& p, const WorkItem& w,
+                                              uint32_t tile, int etid) {
+  using act::Gated;
+  switch (p.act) {
+    case FusedActivation::kNone:
+      store_handoff_plain<kThreads>(p, w, tile, etid);
+      break;
+    case FusedActivation::kSiluMul:
+      if (p.has_clamp) {
+        store_handoff_fused<T, kThreads, Gated::kSiluClamp>(p, w, tile, etid);
+      } else {
+        store_handoff_fused<T, kThreads, Gated::kSilu>(p, w, tile, etid);
+      }
+      break;
+    case FusedActivation::kGeluMul:
+      store_handoff_fused<T, kThreads, Gated::kGelu>(p, w, tile, etid);
+      break;
+    case FusedActivation::kGeluTanhMul:
+      store_handoff_fused<T, kThreads, Gated::kGeluTanh>(p, w, tile, etid);
+      break;
+    case FusedActivation::kSwigluOai:
+      store_handoff_fused<T, kThreads, Gated::kSwigluOai>(p, w, tile, etid);
+      break;
+    case FusedActivation::kSwigluStep:
+      store_handoff_fused<T, kThreads, Gated::kSwigluStep>(p, w, tile, etid);
+      break;
+    default:
+      store_handoff_fused<T, kThreads, Gated::kRelu2>(p, w, tile, etid);
+      break;
+  }
 }
 
 }  // namespace moekit::cuda::sm90

@@ -328,16 +328,17 @@ __device__ __forceinline__ void release_step(uint64_t* s_empty, uint64_t* s_w_em
   }
 }
 
-// The barriers of the rings (one thread, before the CTA's first __syncthreads): "full" takes 129
-// arrivals where W comes by TMA (each producer thread's cp.async and the TMA's expect-tx), 128 for
-// kW4A8 (each producer thread after its conversion); "empty" and "w_empty" one per consumer warp.
+// The barriers of the rings (one thread, before the CTA's first __syncthreads): "full" takes
+// kLoaderThreads + 1 arrivals where W comes by TMA (each loading thread's cp.async and the TMA's
+// expect-tx), 128 for kW4A8 (each producer thread after its conversion); "empty" and "w_empty"
+// one per consumer warp.
 template <typename Shape>
 __device__ __forceinline__ void init_ring_barriers(uint64_t* s_full, uint64_t* s_empty,
                                                    uint64_t* s_w_empty) {
   constexpr int kConsumerWarps = Shape::kConsumerThreads / 32;
 #pragma unroll
   for (int s = 0; s < Rings<Shape>::kWSlots; ++s) {
-    mbar_init(smem_u32(&s_full[s]), Shape::kPackedInt4 ? 128 : 128 + 1);
+    mbar_init(smem_u32(&s_full[s]), Shape::kPackedInt4 ? 128 : Shape::kLoaderThreads + 1);
     if constexpr (Shape::kPackedInt4) mbar_init(smem_u32(&s_w_empty[s]), kConsumerWarps);
   }
 #pragma unroll
@@ -448,6 +449,9 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   // kW4A8: W tile consumed (consumers -> producer)
   __shared__ alignas(8) uint64_t s_w_empty[Shape::kPackedInt4 ? kWSlots : 1];
   __shared__ int64_t s_a_offset[2][kBM];  // producer: byte offset of each A row, -1 = zeros
+  // The handoff tile of the epilogue warps: [0] written (consumers -> epilogue warps), [1] read
+  // out (epilogue warps -> consumers); one phase per item.
+  __shared__ alignas(8) uint64_t s_handoff[2];
   const RingsT rings(smem_dynamic);
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -458,6 +462,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
   } else if (tid == 32) {
     init_ring_barriers<Shape>(s_full, s_empty, s_w_empty);
+    if constexpr (Shape::kEpilogueWarps) {
+      mbar_init(smem_u32(&s_handoff[0]), Shape::kConsumerThreads);
+      mbar_init(smem_u32(&s_handoff[1]), Shape::kEpilogueThreads);
+    }
   }
   __syncthreads();
 
@@ -469,6 +477,21 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     // ---- producer warpgroup -----------------------------------------------------------------
     if constexpr (Shape::kRebalanceRegisters) setmaxnreg_dec<Shape::kProducerRegisters>();
     const int ptid = tid - Shape::kConsumerThreads;
+    if constexpr (Shape::kEpilogueWarps) {
+      if (ptid >= Shape::kLoaderThreads) {
+        // ---- epilogue warps: each item's tile from the handoff tile to C ------------------------
+        int taken = 0;  // items taken over so far
+        for (int item = static_cast<int>(blockIdx.x); item < total_items;
+             item += static_cast<int>(gridDim.x), ++taken) {
+          const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+          mbar_wait(smem_u32(&s_handoff[0]), taken & 1);
+          store_handoff<OutT, Shape::kEpilogueThreads>(p, w, rings.epilogue,
+                                                       ptid - Shape::kLoaderThreads);
+          mbar_arrive(smem_u32(&s_handoff[1]));
+        }
+        return;
+      }
+    }
     const int chunk = ptid & 7;         // 16-byte column of the tile row this thread loads
     const int row_in_pass = ptid >> 3;  // tile row (mod 16) this thread loads
     const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
@@ -479,7 +502,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
          item += static_cast<int>(gridDim.x)) {
       // 2. Work item -> (expert, m-tile, n-tile).
       const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
-      for (int r = ptid; r < kBM; r += 128) {
+      for (int r = ptid; r < kBM; r += Shape::kLoaderThreads) {
         const int row = w.m0 + r;
         int64_t off = -1;
         if (row < w.row_end) {
@@ -488,7 +511,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         }
         s_a_offset[buf][r] = off;
       }
-      named_barrier_sync(1, 128);  // the offsets of this item are visible to every producer
+      named_barrier_sync(1, Shape::kLoaderThreads);  // the offsets, seen by every loader
       if constexpr (Shape::kPackedInt4) int4.begin(p, w, ptid);
       for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
         const int s = it % kStages;
@@ -529,7 +552,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   using Step = KStep<T, kBN, Shape::kPromotion>;
   constexpr int kLag = Step::release_lag;
   Step step;
-  int it = 0;  // K steps consumed so far by this CTA (all items)
+  int it = 0;                       // K steps consumed so far by this CTA (all items)
+  [[maybe_unused]] int handed = 0;  // items handed to the epilogue warps
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
     const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
@@ -555,6 +579,18 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     // 4. Epilogue.
     float out[kAcc];
     step.finish(acc, out, p, w, rows, lane);
+    if constexpr (Shape::kEpilogueWarps) {
+      // The values C would hold before any activation (+ bias, rounded to OutT) into the handoff
+      // tile once the epilogue warps have read out the previous item, then on to the next item
+      // while they store this one.
+      mbar_wait(smem_u32(&s_handoff[1]), (handed & 1) ^ 1);
+      const int row0 = w.m0 + warpgroup * 64 + ((tid & 127) >> 5) * 16 + (lane >> 2);
+      store_plain_groups<OutT, kBN, 0, kBN / 8>(p, out, w.expert, row0, w.row_end, w.n0, lane,
+                                                HandoffPairs<OutT>{rings.epilogue, w.m0, w.n0});
+      mbar_arrive(smem_u32(&s_handoff[0]));
+      ++handed;
+      continue;
+    }
     if constexpr (Shape::kStagedEpilogue) {
       if (p.act == FusedActivation::kNone) {  // GEMM2: through shared memory
         store_warpgroup_tile_staged<OutT, kBN>(
@@ -1614,19 +1650,6 @@ __device__ __forceinline__ float warp_reduce_scatter(float (&v)[kV], int lane) {
   for (; offset > 0; offset /= 2)
     total += __shfl_xor_sync(0xFFFFFFFFu, total, offset);
   return total;
-}
-
-// A packed pair of T (element 0 in the low half) as two floats.
-template <typename T>
-__device__ __forceinline__ float2 unpack_pair(uint32_t bits) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xFFFF0000u));
-  } else {
-    __half2 h;
-    static_assert(sizeof(h) == sizeof(bits));
-    memcpy(&h, &bits, sizeof(h));
-    return __half22float2(h);
-  }
 }
 
 // 16 bytes of weights, read once: not kept in L1.

@@ -36,8 +36,13 @@ template <int kTile, int kElemBytes>
 struct TileShape {
   static constexpr TileConfig kConfig = kTileTable[kTile];
   // A producer warpgroup loads (the kernel takes W's tensor map, used where kTma).
-  static constexpr bool kProducer =
-      kConfig.kind == MainloopKind::kWarpSpecializedTma || kConfig.kind == MainloopKind::kSwapABTma;
+  static constexpr bool kProducer = kConfig.kind == MainloopKind::kWarpSpecializedTma ||
+                                    kConfig.kind == MainloopKind::kWarpSpecializedEpilogue ||
+                                    kConfig.kind == MainloopKind::kSwapABTma;
+  // The producer warpgroup's last two warps run the epilogue from the handoff tile, the first two
+  // load (kWarpSpecializedEpilogue).
+  static constexpr bool kEpilogueWarps = kConfig.kind == MainloopKind::kWarpSpecializedEpilogue;
+  static constexpr int kEpilogueThreads = kEpilogueWarps ? 64 : 0;
   // W4A8: the producer streams packed int4 W with the tokens and converts it (kConvertedTiles).
   static constexpr bool kPackedInt4 = kConfig.family == TileFamily::kW4A8;
   // W by TMA from the producer warpgroup.
@@ -55,7 +60,8 @@ struct TileShape {
   static constexpr int kBK = kRowBytes / kElemBytes;            // K elements per stage
   static constexpr int kChunkElems = kChunkBytes / kElemBytes;  // K elements per 16-byte chunk
   static constexpr int kConsumerThreads = 128 * kConsumers;
-  static constexpr int kLoaderThreads = kProducer ? 128 : kConsumerThreads;  // issuing cp.async
+  // Threads issuing cp.async.
+  static constexpr int kLoaderThreads = kProducer ? 128 - kEpilogueThreads : kConsumerThreads;
   static constexpr int kThreads = kConsumerThreads + (kProducer ? 128 : 0);  // + the producer
   // W4A16: the ring holds W packed (32 bytes of e2m1 pairs per row and stage); single-role rows
   // convert each stage into one of three bf16 W tiles (kConvertedBytes) in front of the ring,
@@ -77,9 +83,12 @@ struct TileShape {
   static constexpr int kStageBytes = kPackedInt4 ? kStageABytes : kStageABytes + kStageBBytes;
   static constexpr int kConvertedBytes =
       kPackedW4 || kPackedInt4 ? kConvertedTiles * kBN * kRowBytes : 0;
-  // The consumers' staging tiles of the staged epilogue, behind the rings.
+  // The consumers' staging tiles of the staged epilogue, or the handoff tile of the epilogue
+  // warpgroup, behind the rings.
   static constexpr bool kStagedEpilogue = stages_epilogue(kConfig);
-  static constexpr int kEpilogueBytes = kStagedEpilogue ? kConsumers * kStagedBytes : 0;
+  static constexpr int kEpilogueBytes = kEpilogueWarps    ? kHandoffBytes
+                                        : kStagedEpilogue ? kConsumers * kStagedBytes
+                                                          : 0;
   // CUDA-core rows: no ring, no shared memory beyond the scheduler's prefix (and L1 for A).
   static constexpr bool kSimt = kConfig.kind == MainloopKind::kSimt;
   static constexpr int kDynamicSmem = kSimt ? 0
@@ -91,11 +100,20 @@ struct TileShape {
   static constexpr int kBPasses = kBN / kRowsPerPass;  // single-role: W by cp.async too
   // One CTA per SM with 3 warpgroups: move registers from the producer to the consumers (not
   // where the producer converts W: its conversion keeps more registers live, and the consumers of
-  // the direct K step fit the even split, 168 each, without spilling).
+  // the direct K step fit the even split, 168 each, without spilling). A producer warpgroup
+  // with epilogue warps keeps more: their activation and 16-byte chunks.
+  // NOTE: a fourth warpgroup for the epilogue does not compile: with 512 threads ptxas gives
+  // every instruction at most 128 registers whatever setmaxnreg raises, fewer than an m64n256
+  // wgmma's 128 accumulators and descriptors need (C7602).
   static constexpr bool kRebalanceRegisters =
       kProducer && !kPackedInt4 && kMinBlocks == 1 && kConsumers == 2;
-  static constexpr int kProducerRegisters = 56;
-  static constexpr int kConsumerRegisters = 224;
+  // The CTA's warps start with the registers of the launch bound (65536 / 384, rounded down to 8:
+  // 168) and only trade among themselves: setmaxnreg.inc waits until the decrements have freed
+  // what it asks for, so the two counts must add up to exactly the launch's registers (with more,
+  // the consumers wait forever).
+  static constexpr int kLaunchRegisters = (65536 / kThreads) & ~7;
+  static constexpr int kProducerRegisters = kEpilogueWarps ? 88 : 56;
+  static constexpr int kConsumerRegisters = kEpilogueWarps ? 208 : 224;
   static_assert(kSimt || kAPasses * kRowsPerPass == kBM);
   static_assert(kSimt || (kStageBytes % kSmemAlign == 0 && kConvertedBytes % kSmemAlign == 0),
                 "every stage starts on the swizzle period");
@@ -106,7 +124,11 @@ struct TileShape {
                 "CUDA-core rows: 8 warps of 8 weight rows or 16 of 4");
   static_assert(!kPackedInt4 || (kBN * 4) % 128 == 0, "whole 16-byte packed chunks per thread");
   static_assert(!kRebalanceRegisters ||
-                128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+                128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters ==
+                    kThreads * kLaunchRegisters);
+  static_assert(!kEpilogueWarps || (kBM == 128 && kBN == 256 && kRebalanceRegisters),
+                "the handoff tile is 128 x 256");
+  static_assert(kSimt || kRowsPerPass % 8 == 0, "a loader's swizzle is the same in every pass");
 };
 
 // The ring's base: dynamic shared memory rounded up to the swizzle period.

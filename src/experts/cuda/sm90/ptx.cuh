@@ -19,6 +19,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace moekit::cuda::sm90 {
 
@@ -31,6 +32,15 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]),
                "r"(v[2]), "r"(v[3])
                : "memory");
+}
+
+// A pair of 16-bit values (any 4-byte type) to shared memory.
+template <typename Pair2>
+__device__ __forceinline__ void st_shared_pair(uint32_t addr, const Pair2& v) {
+  static_assert(sizeof(Pair2) == 4);
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(bits) : "memory");
 }
 
 // 16 bytes of shared memory at a shared-window address to registers.

@@ -22,6 +22,13 @@ enum class MainloopKind : uint8_t {
   // A producer warpgroup fills the ring (W by TMA, gathered A rows by cp.async) and signals
   // mbarriers; the consumer warpgroups compute and run the epilogue while it loads ahead.
   kWarpSpecializedTma,
+  // kWarpSpecializedTma whose producer warpgroup also runs the epilogue (prefill): two of its
+  // warps load, the other two take each finished tile from the consumers (scaled, + bias, rounded
+  // to C's type; for the fused activation its gate and up columns) through a 64 KB handoff tile
+  // in shared memory, apply the activation and store C while the consumers run the next item's
+  // mainloop, so the tensor cores no longer wait for the epilogue. The ring gives up a stage to
+  // make room.
+  kWarpSpecializedEpilogue,
   // Swap-AB for a few rows per expert: the item's bn weight rows are the wgmma's M (W4A16:
   // converted from the packed ring into registers, k % 64 == 0; 16-bit and fp8: read from the
   // ring by descriptor, fp8 block scales promoted per weight row block and token), its bm tokens
@@ -134,6 +141,8 @@ inline constexpr TileConfig kTileTable[] = {
      "more CTAs, 2 per SM, less wasted MMA; weight streaming"},
     {"128x256", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each W and A tile"},
+    {"128x256epi", TileFamily::k16Bit, 128, 256, 3, 2, 1, MainloopKind::kWarpSpecializedEpilogue,
+     INT64_MAX, "epilogue warps store each tile while the next one computes"},
     {"16x64tma", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
      "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
     {"16x64", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
@@ -160,12 +169,17 @@ inline constexpr TileConfig kTileTable[] = {
      "more CTAs, 2 per SM; weight streaming"},
     {"128x256", TileFamily::kFp8Direct, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
      INT64_MAX, "4x the reuse of each W and A tile"},
+    {"128x256epi", TileFamily::kFp8Direct, 128, 256, 3, 2, 1,
+     MainloopKind::kWarpSpecializedEpilogue, INT64_MAX,
+     "epilogue warps store each tile while the next one computes"},
     // int8: the 16-bit rows' shapes (the int32 accumulator takes the registers of the fp32 one);
     // a stage holds 128 elements of K.
     {"64x64", TileFamily::kInt8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
      "more CTAs, 2 per SM; weight streaming"},
     {"128x256", TileFamily::kInt8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each W and A tile"},
+    {"128x256epi", TileFamily::kInt8, 128, 256, 3, 2, 1, MainloopKind::kWarpSpecializedEpilogue,
+     INT64_MAX, "epilogue warps store each tile while the next one computes"},
     // W4A16: swap-AB at a few rows per expert (16 tokens x 64 weight rows per item), then
     // single-role (every thread loads, converts its 32-value group and computes); a stage holds 64
     // elements of K: 128 bytes of A per row, 32 bytes of packed W per row.
@@ -195,7 +209,8 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 // rows are single-role with one thread per 32-value weight group of a stage (2 bn threads); swap-AB
 // rows (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage; 32
 // for the 16-bit and fp8 single-role swap-AB rows, two) x 64 weight rows, at least 6 stages (W4A16:
-// an even number, two K steps per barrier).
+// an even number, two K steps per barrier); epilogue-warp rows are 128x256 with two consumer
+// warpgroups and one CTA per SM (16-bit, fp8 without block scales, int8).
 constexpr bool valid_tile(const TileConfig& t) {
   if (t.kind == MainloopKind::kSimt) {
     return (t.family == TileFamily::k16Bit || t.family == TileFamily::kW4A16) &&
@@ -205,6 +220,11 @@ constexpr bool valid_tile(const TileConfig& t) {
   if (t.family == TileFamily::kW4A8 && t.kind != MainloopKind::kSwapABTma &&
       t.kind != MainloopKind::kWarpSpecializedTma) {
     return false;  // only the producer kinds convert
+  }
+  if (t.kind == MainloopKind::kWarpSpecializedEpilogue) {  // the handoff tile is 128 x 256
+    return (t.family == TileFamily::k16Bit || t.family == TileFamily::kFp8Direct ||
+            t.family == TileFamily::kInt8) &&
+           t.bm == 128 && t.bn == 256 && t.consumers == 2 && t.min_blocks == 1 && t.stages >= 2;
   }
   if (t.kind == MainloopKind::kSwapABTma) {
     return t.family != TileFamily::kW4A16 && t.family != TileFamily::kInt8 && t.bm == 16 &&
@@ -236,9 +256,9 @@ constexpr bool valid_table() {
 static_assert(valid_table(),
               "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (64, 128 or 256 for "
               "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows (swap-AB: 16x64 or "
-              "16-bit / fp8 32x64, one warpgroup, >= 6 stages, even for W4A16); the last "
-              "row of a family takes any "
-              "size");
+              "16-bit / fp8 32x64, one warpgroup, >= 6 stages, even for W4A16; epilogue "
+              "warps: 128x256, 16-bit, fp8 direct or int8); the last row of a family takes "
+              "any size");
 
 // Rows whose plain epilogue (no fused activation) goes through shared memory (sm90/epilogue.cuh,
 // store_warpgroup_tile_staged): the 128x256 warp-specialized rows whose rings leave room for two
@@ -250,6 +270,12 @@ constexpr bool stages_epilogue(const TileConfig& t) {
 inline constexpr int kStagedCols = 64;                     // columns per round
 inline constexpr int kStagedPitch = kStagedCols * 2 + 16;  // bytes per staged row (16-bit C)
 inline constexpr int kStagedBytes = 64 * kStagedPitch;     // one warpgroup's staging tile
+
+// The handoff tile of the epilogue-warp rows (kWarpSpecializedEpilogue): the 128 x 256 tile
+// as 16-bit values, rows of 512 bytes + 16 of padding (a consumer warp's store of 8 rows x 4 words
+// hits 32 banks).
+inline constexpr int kHandoffPitch = 256 * 2 + 16;
+inline constexpr int kHandoffBytes = 128 * kHandoffPitch;
 
 // The row of `family` named `name`, or -1.
 constexpr int find_tile(std::string_view name, TileFamily family = TileFamily::k16Bit) {
