@@ -45,11 +45,16 @@ ab_cases() {
 part_ab() {
   local name args tile
   while read -r name args; do
-    for tile in 128x256 128x256epi; do
+    for tile in ${AB_TILES:-128x256 128x256epi}; do
       # shellcheck disable=SC2086
       ab_bench "${name}_$tile" --tile $tile $args
     done
-  done < <(ab_cases | head -n "${AB_CASES:-3}")
+  done < <(ab_cases | head -n "${AB_CASES:-3}" | narrowed)
+}
+# The cases with AB_MODELS / AB_TOKENS (when set) in place of their own models and sizes.
+narrowed() {
+  sed -E ${AB_MODELS:+-e "s/--models( [^ -][^ ]*)+/--models $AB_MODELS/"} \
+    ${AB_TOKENS:+-e "s/--tokens( [0-9]+)+/--tokens $AB_TOKENS/"}
 }
 part_bench() {
   local name args
@@ -67,5 +72,6 @@ part_peer() {
   python3 bench/compare_peer.py "$ours" "$log/peer_bf16.json" >"$log/ratio_bf16.md" 2>&1
   cat "$log/ratio_bf16.md"
 }
-# AB_CASES=N: the first N cases of ab_cases only (default all 3).
+# AB_CASES=N: the first N cases of ab_cases only (default all 3); AB_TILES: the tiles forced
+# (default "128x256 128x256epi"); AB_MODELS / AB_TOKENS replace each case's models and sizes.
 run_parts "$@"

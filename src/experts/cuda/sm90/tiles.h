@@ -128,6 +128,12 @@ struct TileConfig {
 // level with 64x64 at 16 rows (qwen3-30b-a3b M=256 284.6 vs 284.3 us) and far slower than
 // 16x64tma at 8 (269.6 vs 220.8): forceable and tuned by name, never auto-selected (64x64 comes
 // first with a larger bound).
+// Epilogue warps (128x256epi; bench/results/2026-12-04-h200-epilogue-warps): bitwise 128x256's
+// output but slower at every prefill size (bf16 mixtral-8x7b M=16384 GEMM2 6255 vs 8820 us,
+// qwen3-30b-a3b GEMM1 1671 vs 2037): the 64 threads left to gather A by cp.async cannot keep the
+// ring full (128x256 with only 64 loaders: 20-37% slower), the lost stage costs 2-8%, and the
+// overlap itself gains 2-6% on top of that. Forceable by name, never auto-selected (after
+// 128x256); faster once A needs fewer loading threads (e.g. by TMA where it is not gathered).
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
