@@ -167,6 +167,16 @@ std::string json_string(const json& v, std::string_view where) {
   return v.get<std::string>();
 }
 
+std::vector<std::string> json_string_array(const json& v, std::string_view where,
+                                           std::string_view items) {
+  if (!v.is_array()) bad_value(v, where, fmt::format("an array of {}", items), false);
+  std::vector<std::string> out;
+  out.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    out.push_back(json_string(v[i], fmt::format("{}[{}]", where, i)));
+  return out;
+}
+
 std::string json_choice(const json& v, std::string_view where,
                         std::initializer_list<std::string_view> valid) {
   const std::string requirement = fmt::format("one of {}", fmt::join(valid, ", "));

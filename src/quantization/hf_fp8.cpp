@@ -21,12 +21,9 @@ void read_names(const json& qc, const char* key, std::string_view where,
                 std::vector<std::string>& out) {
   const auto it = qc.find(key);
   if (it == qc.end() || it->is_null()) return;
-  const std::string at = fmt::format("{}.{}", where, key);
-  if (!it->is_array()) {
-    throw Error(fmt::format("{}={} must be an array of module names", at, io::describe_json(*it)));
-  }
-  for (size_t i = 0; i < it->size(); ++i)
-    out.push_back(io::json_string((*it)[i], fmt::format("{}[{}]", at, i)));
+  for (std::string& name :
+       io::json_string_array(*it, fmt::format("{}.{}", where, key), "module names"))
+    out.push_back(std::move(name));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,6 +47,9 @@ int64_t json_integer(const nlohmann::json& value, std::string_view where, int64_
 double json_number(const nlohmann::json& value, std::string_view where, double min, double max);
 bool json_bool(const nlohmann::json& value, std::string_view where);
 std::string json_string(const nlohmann::json& value, std::string_view where);
+// An array of strings; `items` names them in the requirement ("an array of module names").
+std::vector<std::string> json_string_array(const nlohmann::json& value, std::string_view where,
+                                           std::string_view items);
 // A string equal to one of `valid`; the error lists them.
 std::string json_choice(const nlohmann::json& value, std::string_view where,
                         std::initializer_list<std::string_view> valid);
