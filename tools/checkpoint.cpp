@@ -111,13 +111,19 @@ int make_fixture_command(const std::string& scheme, const std::string& out,
   for (const std::string& s : schemes) {
     const std::filesystem::path dir =
         scheme == "all" ? std::filesystem::path(out) / s : std::filesystem::path(out);
+    // "all": gpt-oss's format on gpt-oss's layout; tiny-gpt-oss only in the schemes it takes.
+    std::string m = model;
+    if (scheme == "all" && !io::fixture_scheme_fits(s, model)) {
+      if (!io::fixture_scheme_fits(s, "tiny-gpt-oss")) continue;
+      m = "tiny-gpt-oss";
+    }
     io::FixtureOptions o;
     o.scheme = s;
-    o.model = model;
+    o.model = m;
     o.seed = seed;
     o.num_shards = shards;
     io::write_fixture_checkpoint(dir, o);
-    std::cout << fmt::format("wrote {} checkpoint ({}) to {}\n", s, model, dir.string());
+    std::cout << fmt::format("wrote {} checkpoint ({}) to {}\n", s, m, dir.string());
   }
   return 0;
 }

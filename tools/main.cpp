@@ -72,7 +72,10 @@ int main(int argc, char** argv) {
   fixture->add_option("--scheme", fixture_scheme, "scheme name, or 'all' (one subdirectory each)")
       ->required();
   fixture->add_option("--out", fixture_out, "output directory")->required();
-  fixture->add_option("--model", fixture_model, "tiny, tiny-mixtral or tiny-deepseek")
+  fixture
+      ->add_option("--model", fixture_model,
+                   "tiny, tiny-mixtral, tiny-deepseek, tiny-qwen2-moe or tiny-gpt-oss (gpt-oss's "
+                   "fused layout: bf16 and hf_mxfp4)")
       ->capture_default_str();
   fixture->add_option("--seed", fixture_seed, "random seed of the weights");
   fixture

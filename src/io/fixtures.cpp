@@ -19,6 +19,7 @@
 #include "moekit/quant/formats.h"
 #include "moekit/quant/quantize.h"
 #include "moekit/quantization/hf_fp8.h"
+#include "moekit/quantization/hf_mxfp4.h"
 
 namespace moekit::io {
 namespace {
@@ -34,7 +35,8 @@ struct ModelShape {
   int layers = 2;
   int first_dense = 0;
   bool deepseek = false;
-  bool qwen2 = false;  // a gated shared expert 2I wide (Qwen2-MoE's names)
+  bool qwen2 = false;    // a gated shared expert 2I wide (Qwen2-MoE's names)
+  bool gpt_oss = false;  // fused experts, interleaved gate/up, biases, a router with a bias
 };
 
 ModelShape model_shape(const std::string& name) {
@@ -54,6 +56,10 @@ ModelShape model_shape(const std::string& name) {
   } else if (name == "tiny-qwen2-moe") {
     m.model_type = "qwen2_moe";
     m.qwen2 = true;
+  } else if (name == "tiny-gpt-oss") {
+    m.model_type = "gpt_oss";
+    m.k = 4;
+    m.gpt_oss = true;
   } else {
     throw Error(fmt::format("unknown fixture model '{}'; known: {}", name,
                             fmt::join(fixture_models(), ", ")));
@@ -67,6 +73,7 @@ json config_json(const ModelShape& m, const std::string& scheme) {
   c["architectures"] = json::array({m.model_type == "mixtral"     ? "MixtralForCausalLM"
                                     : m.model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
                                     : m.qwen2                     ? "Qwen2MoeForCausalLM"
+                                    : m.gpt_oss                   ? "GptOssForCausalLM"
                                                                   : "DeepseekV3ForCausalLM"});
   c["hidden_size"] = m.H;
   c["num_hidden_layers"] = m.layers;
@@ -77,6 +84,10 @@ json config_json(const ModelShape& m, const std::string& scheme) {
   if (m.model_type == "mixtral") {
     c["num_local_experts"] = m.E;
     c["intermediate_size"] = m.I;
+  } else if (m.gpt_oss) {
+    c["num_local_experts"] = m.E;
+    c["intermediate_size"] = m.I;
+    c["swiglu_limit"] = 7.0;
   } else if (m.model_type == "qwen3_moe") {
     c["num_experts"] = m.E;
     c["moe_intermediate_size"] = m.I;
@@ -141,7 +152,16 @@ std::optional<quantization::HfFp8Config> hf_fp8_of(const std::string& scheme) {
 std::string quark_scheme_of(const std::string& scheme) {
   if (scheme == "hf_fp8_block128") return "fp8_block128";
   if (scheme == "hf_fp8_per_tensor") return "fp8_per_tensor";
+  if (scheme == "hf_mxfp4") return "mxfp4_w4a16";
   return scheme;
+}
+
+// gpt-oss's config: MXFP4 experts, everything else of the model left unquantized.
+quantization::HfMxfp4Config hf_mxfp4_config() {
+  quantization::HfMxfp4Config c;
+  c.modules_to_not_convert = {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                              "model.embed_tokens", "lm_head"};
+  return c;
 }
 
 // (weight, input) hints of a scheme.
@@ -368,6 +388,53 @@ void emit_nvfp4(Emitter& out, const std::vector<std::string>& names,
   }
 }
 
+// gpt-oss's experts (layer/checkpoint.h): one tensor per projection for every expert, gate_up's
+// rows interleaved (2j: gate j, 2j + 1: up j), unquantized matrices stored transposed (x @ W),
+// MXFP4 ones as _blocks (E, N, K / 32, 16) and e8m0 _scales (E, N, K / 32); bf16 biases.
+void emit_gpt_oss_experts(Emitter& out, const std::string& experts, const ModelShape& m, bool mxfp4,
+                          std::mt19937_64& rng, float s1, float s2) {
+  const int64_t E = m.E, H = m.H, I = m.I;
+  std::vector<float> gate_up(static_cast<size_t>(E * 2 * I * H));  // (E, 2I, H)
+  std::vector<float> down;                                         // (E, H, I)
+  for (int64_t e = 0; e < E; ++e) {
+    const std::vector<float> wg = uniform(rng, I * H, s1), wu = uniform(rng, I * H, s1);
+    for (int64_t j = 0; j < I; ++j) {
+      for (int64_t h = 0; h < H; ++h) {
+        gate_up[static_cast<size_t>((e * 2 * I + 2 * j) * H + h)] = wg[j * H + h];
+        gate_up[static_cast<size_t>((e * 2 * I + 2 * j + 1) * H + h)] = wu[j * H + h];
+      }
+    }
+    const std::vector<float> wd = uniform(rng, H * I, s2);
+    down.insert(down.end(), wd.begin(), wd.end());
+  }
+  struct Proj {
+    std::string name;
+    const std::vector<float>& w;
+    int64_t N, K;
+  };
+  for (const Proj& p : {Proj{experts + ".gate_up_proj", gate_up, 2 * I, H},
+                        Proj{experts + ".down_proj", down, H, I}}) {
+    if (mxfp4) {
+      const quant::QuantizedTensor q =
+          quant::quantize(p.w, E * p.N, p.K, QuantScheme::mx(QuantDType::kFp4E2M1));
+      out.bytes(p.name + "_blocks", "U8", {E, p.N, p.K / 32, 16}, q.codes.data(), q.codes.size());
+      out.bytes(p.name + "_scales", "U8", {E, p.N, p.K / 32}, q.scale_codes.data(),
+                q.scale_codes.size());
+    } else {
+      std::vector<float> t(p.w.size());  // (E, K, N)
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t n = 0; n < p.N; ++n) {
+          for (int64_t k = 0; k < p.K; ++k)
+            t[static_cast<size_t>((e * p.K + k) * p.N + n)] =
+                p.w[static_cast<size_t>((e * p.N + n) * p.K + k)];
+        }
+      }
+      out.bf16(p.name, {E, p.K, p.N}, t);
+    }
+    out.bf16(p.name + "_bias", {E, p.N}, uniform(rng, E * p.N, 0.1f));
+  }
+}
+
 bool is_checkpoint_file(const std::filesystem::path& p) {
   const std::string n = p.filename().string();
   return p.extension() == ".safetensors" || n == CheckpointDir::kIndexName || n == "config.json";
@@ -461,14 +528,19 @@ const std::vector<std::string>& fixture_schemes() {
       "bf16",      "fp8_per_tensor",  "fp8_per_channel", "fp8_block128",
       "w4a8_fp8",  "nvfp4",           "nvfp4_w4a16",     "mxfp4_w4a16",
       "mxfp4_a8",  "mxfp4_a4",        "mxfp6_e3m2",      "mxfp6_e2m3",
-      "int8_w8a8", "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor"};
+      "int8_w8a8", "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor",
+      "hf_mxfp4"};
   return kSchemes;
 }
 
 const std::vector<std::string>& fixture_models() {
   static const std::vector<std::string> kModels = {"tiny", "tiny-mixtral", "tiny-deepseek",
-                                                   "tiny-qwen2-moe"};
+                                                   "tiny-qwen2-moe", "tiny-gpt-oss"};
   return kModels;
+}
+
+bool fixture_scheme_fits(const std::string& scheme, const std::string& model) {
+  return scheme == "bf16" || model_shape(model).gpt_oss == (scheme == "hf_mxfp4");
 }
 
 std::string fixture_quantization_config(const std::string& scheme) {
@@ -483,9 +555,25 @@ std::string fixture_quantization_config(const std::string& scheme) {
 void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOptions& options) {
   const ModelShape m = model_shape(options.model);
   const std::string& scheme = options.scheme;
+  const std::vector<std::string>& known = fixture_schemes();
+  if (std::find(known.begin(), known.end(), scheme) == known.end()) {
+    throw Error(
+        fmt::format("unknown fixture scheme '{}'; known: {}", scheme, fmt::join(known, ", ")));
+  }
+  if (!fixture_scheme_fits(scheme, options.model)) {
+    throw Error(m.gpt_oss ? fmt::format("fixture model {} stores gpt-oss's fused experts, which "
+                                        "load unquantized (bf16) or as HuggingFace MXFP4 "
+                                        "(hf_mxfp4), not as {}",
+                                        options.model, scheme)
+                          : fmt::format("fixture model {}: scheme {} is gpt-oss's checkpoint "
+                                        "format; use --model tiny-gpt-oss",
+                                        options.model, scheme));
+  }
   json cfg = config_json(m, scheme);
   if (const std::optional<quantization::HfFp8Config> hf = hf_fp8_of(scheme)) {
     cfg["quantization_config"] = hf->to_json();
+  } else if (scheme == "hf_mxfp4") {
+    cfg["quantization_config"] = hf_mxfp4_config().to_json();
   } else if (scheme != "bf16") {
     cfg["quantization_config"] = quark_config(scheme, m.deepseek);
   }
@@ -507,7 +595,13 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
     }
     const std::string moe =
         fmt::format("model.layers.{}.{}", n, m.mixtral_names ? "block_sparse_moe" : "mlp");
-    out.bf16(moe + ".gate.weight", {m.E, H}, uniform(rng, m.E * H, 1.0f / std::sqrt(float(H))));
+    const std::string router = moe + (m.gpt_oss ? ".router" : ".gate");
+    out.bf16(router + ".weight", {m.E, H}, uniform(rng, m.E * H, 1.0f / std::sqrt(float(H))));
+    if (m.gpt_oss) {
+      out.bf16(router + ".bias", {m.E}, uniform(rng, m.E, 0.5f));
+      emit_gpt_oss_experts(out, moe + ".experts", m, scheme == "hf_mxfp4", rng, s1, s2);
+      continue;
+    }
     if (m.deepseek) {
       out.f32(moe + ".gate.e_score_correction_bias", {m.E}, uniform(rng, m.E, 0.05f));
       const std::string sp = moe + ".shared_experts";

@@ -14,8 +14,10 @@
 #include "moekit/io/fixtures.h"
 #include "moekit/io/json.h"
 #include "moekit/io/safetensors.h"
+#include "moekit/quant/formats.h"
 #include "moekit/quant/moe_input_quant.h"
 #include "moekit/quantization/hf_fp8.h"
+#include "moekit/quantization/hf_mxfp4.h"
 #include "moekit/quantization/quark/quark_moe.h"
 
 namespace moekit {
@@ -57,6 +59,17 @@ json read_config_json(const std::filesystem::path& dir) {
   return j;
 }
 
+Shape squeeze_trailing(Shape s) {
+  while (!s.empty() && s.back() == 1)
+    s.pop_back();
+  return s;
+}
+
+bool shape_matches(const Shape& got, const Shape& want) {
+  return got == want ||
+         (squeeze_trailing(got) == squeeze_trailing(want) && numel_of(got) == numel_of(want));
+}
+
 // The checkpoint's view of one tensor, converted to a CPU Tensor.
 class Reader {
  public:
@@ -70,9 +83,7 @@ class Reader {
   bool contains(const std::string& name) const { return ckpt_.contains(name); }
   std::string dtype_string(const std::string& name) const { return ckpt_.find(name).dtype; }
   Tensor read(const std::string& name) const {
-    MOEKIT_CHECK(ckpt_.contains(name), "tensor '{}' not found in checkpoint {} ({} tensors)", name,
-                 ckpt_.dir().string(), ckpt_.size());
-    const io::TensorInfo& info = ckpt_.find(name);
+    const io::TensorInfo& info = find(name);
     const auto dt = dtype_from_safetensors(info.dtype);
     MOEKIT_CHECK(dt.has_value(), "tensor '{}' has dtype {}, which moekit does not load", name,
                  info.dtype);
@@ -84,8 +95,34 @@ class Reader {
     return t;
   }
   const std::filesystem::path& dir() const { return ckpt_.dir(); }
+  // A tensor in place (no copy: a fused gpt-oss tensor holds every expert of the layer), checked
+  // to have shape `want` and a float dtype (`floats`) or one-byte codes (U8 or F8_E8M0).
+  struct View {
+    const void* data;
+    DType dtype;
+  };
+  View view(const std::string& name, const Shape& want, bool floats) const {
+    const io::TensorInfo& info = find(name);
+    const auto dt = dtype_from_safetensors(info.dtype);
+    const bool ok =
+        dt && (floats ? is_float_dtype(*dt) : *dt == DType::kUInt8 || *dt == DType::kUE8M0);
+    MOEKIT_CHECK(ok, "tensor '{}' has dtype {} but the layer needs {}", name, info.dtype,
+                 floats ? "BF16, F16 or F32 values" : "one-byte codes (U8)");
+    MOEKIT_CHECK(shape_matches(info.shape, want), "tensor '{}' has shape {} but the layer needs {}",
+                 name, shape_to_string(info.shape), shape_to_string(want));
+    MOEKIT_CHECK(info.bytes.size() == static_cast<size_t>(numel_of(want)) * element_size(*dt),
+                 "tensor '{}': {} bytes for shape {} {}", name, info.bytes.size(),
+                 shape_to_string(info.shape), info.dtype);
+    return {info.bytes.data(), *dt};
+  }
 
  private:
+  const io::TensorInfo& find(const std::string& name) const {
+    MOEKIT_CHECK(ckpt_.contains(name), "tensor '{}' not found in checkpoint {} ({} tensors)", name,
+                 ckpt_.dir().string(), ckpt_.size());
+    return ckpt_.find(name);
+  }
+
   io::CheckpointDir ckpt_;
 };
 
@@ -120,14 +157,29 @@ struct LayerNames {
   // The file's suffix of the Quark parameters' "weight_scale" (HuggingFace fp8 blocks:
   // "weight_scale_inv").
   std::string weight_scale = "weight_scale";
+  // gpt-oss: every expert in one tensor per projection (<moe_prefix>.experts.gate_up_proj...,
+  // gate and up rows interleaved) and the router under "router" (with a bias).
+  bool fused = false;
+  std::string router = "gate";
   std::string expert(int64_t e, const std::string& proj, const std::string& param) const {
     return fmt::format("{}.experts.{}.{}.{}", moe_prefix, e, proj, param);
+  }
+  // A fused tensor: "<moe_prefix>.experts.gate_up_proj_blocks" for ("gate_up_proj", "_blocks").
+  std::string fused_name(const char* proj, const char* suffix) const {
+    return fmt::format("{}.experts.{}{}", moe_prefix, proj, suffix);
   }
 };
 
 LayerNames find_names(const Reader& r, int n, const ModelPreset& model) {
   const std::string qwen = fmt::format("model.layers.{}.mlp", n);
   const std::string mixtral = fmt::format("model.layers.{}.block_sparse_moe", n);
+  if (r.contains(qwen + ".experts.gate_up_proj") ||
+      r.contains(qwen + ".experts.gate_up_proj_blocks")) {
+    LayerNames names{qwen, "gate_proj", "up_proj", "down_proj"};
+    names.fused = true;
+    names.router = "router";
+    return names;
+  }
   if (r.contains(qwen + ".experts.0.gate_proj.weight") ||
       r.contains(qwen + ".experts.0.up_proj.weight")) {
     return {qwen, "gate_proj", "up_proj", "down_proj"};
@@ -139,20 +191,9 @@ LayerNames find_names(const Reader& r, int n, const ModelPreset& model) {
                "layer {} is a dense layer (first_k_dense_replace={}), not an MoE layer", n,
                model.first_moe_layer);
   throw Error(fmt::format(
-      "no MoE expert tensors for layer {} in {}: looked for '{}.experts.0.gate_proj.weight' and "
-      "'{}.experts.0.w1.weight'",
-      n, r.dir().string(), qwen, mixtral));
-}
-
-Shape squeeze_trailing(Shape s) {
-  while (!s.empty() && s.back() == 1)
-    s.pop_back();
-  return s;
-}
-
-bool shape_matches(const Shape& got, const Shape& want) {
-  return got == want ||
-         (squeeze_trailing(got) == squeeze_trailing(want) && numel_of(got) == numel_of(want));
+      "no MoE expert tensors for layer {} in {}: looked for '{}.experts.0.gate_proj.weight', "
+      "'{}.experts.0.w1.weight' and gpt-oss's '{}.experts.gate_up_proj[_blocks]'",
+      n, r.dir().string(), qwen, mixtral, qwen));
 }
 
 bool byte_compatible(DType want, DType got) {
@@ -271,6 +312,122 @@ void load_unquantized(const Reader& r, const LayerNames& names, const MoEConfig&
   }
 }
 
+// ---- gpt-oss's fused experts -------------------------------------------------------------------
+// <experts>.gate_up_proj* and down_proj* hold every expert of the layer in one tensor each.
+// gate_up's 2I outputs interleave gate and up (output 2j: gate j, 2j + 1: up j), which is the
+// order the swigluoai activation takes (config/activation.h), so rows keep the file's order.
+// HuggingFace MXFP4 (quantization/hf_mxfp4.h): _blocks (E, N, K / 32, 16) codes and _scales (E, N,
+// K / 32) e8m0 per output row; unquantized: the matrices transposed (x @ W): gate_up_proj (E, H,
+// 2I), down_proj (E, I, H). Biases: _bias (E, N) either way.
+
+// Experts [first, first + shape[0]) of a fused tensor, each shape[1:] elements of `dtype`, copied
+// into a `shape` tensor.
+Tensor fused_experts(const Reader::View& v, DType dtype, int64_t first, Shape shape) {
+  Tensor out = Tensor::empty(shape, dtype);
+  const size_t bytes = out.nbytes();
+  const size_t per_expert = shape[0] > 0 ? bytes / static_cast<size_t>(shape[0]) : 0;
+  if (bytes > 0) {
+    std::memcpy(out.data(),
+                static_cast<const char*>(v.data) + static_cast<size_t>(first) * per_expert, bytes);
+  }
+  return out;
+}
+
+// The (E, N) biases of experts [first, first + E), converted to `dtype`.
+Tensor fused_bias(const Reader& r, const LayerNames& names, const char* proj, int64_t E_total,
+                  int64_t first, int64_t E, int64_t N, DType dtype) {
+  const Reader::View v = r.view(names.fused_name(proj, "_bias"), {E_total, N}, /*floats=*/true);
+  Tensor out = Tensor::empty({E, N}, dtype);
+  for (int64_t i = 0; i < E * N; ++i)
+    store_float(out.data(), dtype, i, load_float(v.data, v.dtype, first * N + i));
+  return out;
+}
+
+// The fused layout serves gpt-oss's activation only: its rows interleave gate and up.
+void check_fused_activation(const LayerNames& names, const MoEConfig& moe) {
+  MOEKIT_CHECK(moe.activation == Activation::kSwigluOai,
+               "{}.experts holds gpt-oss's fused gate_up_proj (gate and up rows interleaved), "
+               "which the swigluoai activation reads; the model's activation is {} "
+               "(config.json's model_type must be gpt_oss)",
+               names.moe_prefix, activation_name(moe.activation));
+}
+
+// The MXFP4 parameters of the Quark OCP MX method (w13_weight (E, 2I, H / 2), w13_weight_scale
+// (E, 2I, H / 32), w2_*, the f32 biases) from the fused _blocks / _scales / _bias tensors.
+void load_fused_mxfp4_params(const Reader& r, const LayerNames& names, const MoEConfig& moe,
+                             quark::ExpertParams& params, int64_t first) {
+  check_fused_activation(names, moe);
+  const int64_t E_total = moe.num_experts, E = moe.num_local_experts, H = moe.hidden_dim;
+  const int64_t I = moe.intermediate_size_per_partition();
+  const std::string desc = fmt::format("{}.experts.{{gate_up,down}}_proj_*", names.moe_prefix);
+  struct Proj {
+    const char* name;
+    const char* codes;
+    const char* scales;
+    const char* bias;
+    int64_t N, K;
+  };
+  for (const Proj& p :
+       {Proj{"gate_up_proj", "w13_weight", "w13_weight_scale", "w13_bias", 2 * I, H},
+        Proj{"down_proj", "w2_weight", "w2_weight_scale", "w2_bias", H, I}}) {
+    const Reader::View blocks =
+        r.view(names.fused_name(p.name, "_blocks"), {E_total, p.N, p.K / 32, 16}, false);
+    const Reader::View scales =
+        r.view(names.fused_name(p.name, "_scales"), {E_total, p.N, p.K / 32}, false);
+    params.load(p.codes, fused_experts(blocks, DType::kUInt8, first, {E, p.N, p.K / 2}), desc);
+    params.load(p.scales, fused_experts(scales, DType::kUInt8, first, {E, p.N, p.K / 32}), desc);
+    if (params.has(p.bias)) {
+      params.load(p.bias, fused_bias(r, names, p.name, E_total, first, E, p.N, DType::kF32), desc);
+    }
+  }
+}
+
+// The experts in `dtype` (w13 (E, 2I, H), w2 (E, H, I), biases) from the unquantized fused
+// tensors, or decoded from the MXFP4 ones (`mxfp4`: a checkpoint asking for "dequantize"; exact
+// for bf16 and f32 layers, whose range holds every MXFP4 value but 6 x 2^127).
+void load_fused_unquantized(const Reader& r, const LayerNames& names, const MoEConfig& moe,
+                            DType dtype, MoELayerWeights& w, bool has_bias, int64_t first,
+                            bool mxfp4) {
+  check_fused_activation(names, moe);
+  const int64_t E_total = moe.num_experts, E = moe.num_local_experts, H = moe.hidden_dim;
+  const int64_t I = moe.intermediate_size_per_partition();
+  w.w13 = Tensor::empty({E, 2 * I, H}, dtype);
+  w.w2 = Tensor::empty({E, H, I}, dtype);
+  for (const bool gate_up : {true, false}) {
+    const char* proj = gate_up ? "gate_up_proj" : "down_proj";
+    const int64_t N = gate_up ? 2 * I : H, K = gate_up ? H : I;
+    Tensor& dst = gate_up ? w.w13 : w.w2;
+    if (mxfp4) {
+      const Reader::View blocks =
+          r.view(names.fused_name(proj, "_blocks"), {E_total, N, K / 32, 16}, false);
+      const Reader::View scales =
+          r.view(names.fused_name(proj, "_scales"), {E_total, N, K / 32}, false);
+      const auto* b = static_cast<const uint8_t*>(blocks.data) + first * N * (K / 2);
+      const auto* sc = static_cast<const uint8_t*>(scales.data) + first * N * (K / 32);
+      for (int64_t i = 0; i < E * N * K; ++i) {  // element k of row i / K: low nibble if k is even
+        const uint8_t code = (b[i / 2] >> (4 * (i % 2))) & 0xF;
+        store_float(dst.data(), dtype, i,
+                    quant::decode_fp4_e2m1(code) * quant::decode_e8m0(sc[i / 32]));
+      }
+    } else {
+      // Transposed: element (n, k) of expert e at [e][k][n].
+      const Reader::View v = r.view(names.fused_name(proj, ""), {E_total, K, N}, true);
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t k = 0; k < K; ++k) {
+          for (int64_t n = 0; n < N; ++n) {
+            store_float(dst.data(), dtype, (e * N + n) * K + k,
+                        load_float(v.data, v.dtype, ((first + e) * K + k) * N + n));
+          }
+        }
+      }
+    }
+  }
+  if (has_bias) {
+    w.w13_bias = fused_bias(r, names, "gate_up_proj", E_total, first, E, 2 * I, dtype);
+    w.w2_bias = fused_bias(r, names, "down_proj", E_total, first, E, H, dtype);
+  }
+}
+
 Tensor read_float(const Reader& r, const std::string& name, const Shape& want) {
   Tensor t = r.read(name);
   MOEKIT_CHECK(shape_matches(t.shape(), want), "tensor '{}' has shape {} but the layer needs {}",
@@ -325,6 +482,8 @@ MoELayer quark_layer(const ModelPreset& model, const quark::QuarkMoEMethod& meth
 struct CheckpointQuant {
   std::optional<quark::QuarkConfig> quark;
   std::string weight_scale_suffix = "weight_scale";
+  bool hf_mxfp4 = false;          // quant_method "mxfp4" (gpt-oss's fused layout)
+  bool dequantize_mxfp4 = false;  // ... with "dequantize": the experts decoded, run unquantized
 };
 
 CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
@@ -337,9 +496,9 @@ CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
   }
   if (const auto m = it->find("quant_method"); m != it->end() && m->is_string()) {
     const std::string method = m->get<std::string>();
-    MOEKIT_CHECK(method == "quark" || method == "fp8",
-                 "{}.quant_method: '{}' is not supported: moekit loads Quark (\"quark\") and "
-                 "HuggingFace fp8 (\"fp8\") checkpoints",
+    MOEKIT_CHECK(method == "quark" || method == "fp8" || method == "mxfp4",
+                 "{}.quant_method: '{}' is not supported: moekit loads Quark (\"quark\"), "
+                 "HuggingFace fp8 (\"fp8\") and MXFP4 (\"mxfp4\", gpt-oss) checkpoints",
                  where, method);
   }
   CheckpointQuant q;
@@ -347,6 +506,11 @@ CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
     const quantization::HfFp8Config hf = quantization::parse_hf_fp8_config(*it, where);
     q.quark = hf.to_quark_config();
     q.weight_scale_suffix = hf.weight_scale_suffix();
+  } else if (quantization::is_hf_mxfp4_config(*it)) {
+    const quantization::HfMxfp4Config hf = quantization::parse_hf_mxfp4_config(*it, where);
+    q.hf_mxfp4 = true;
+    q.dequantize_mxfp4 = hf.dequantize;
+    if (!hf.dequantize) q.quark = hf.to_quark_config();
   } else {
     q.quark = quark::QuarkConfig::from_json(*it, where);
   }
@@ -373,9 +537,13 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t first = moe.parallel.ep_rank * E;  // this rank's experts
   MoELayerWeights w;
-  const std::string router_name = names.moe_prefix + ".gate.weight";
+  const std::string router_name = fmt::format("{}.{}.weight", names.moe_prefix, names.router);
+  const std::string router_bias_name = fmt::format("{}.{}.bias", names.moe_prefix, names.router);
   if (r.contains(router_name)) {
     w.router_weight = read_float(r, router_name, {moe.num_experts, H});
+  }
+  if (r.contains(router_bias_name)) {  // gpt-oss
+    w.router_bias = read_float(r, router_bias_name, {moe.num_experts});
   }
   Tensor e_score_bias;
   if (model.has_e_score_correction_bias) {
@@ -403,6 +571,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
 
   if (options.check_finite_weights) {
     check_finite(w.router_weight, router_name);
+    check_finite(w.router_bias, router_bias_name);
     check_finite(e_score_bias, names.moe_prefix + ".gate.e_score_correction_bias");
     check_finite(shared_w13, "the shared experts' gate/up weights");
     check_finite(shared_w2, "the shared experts' down weight");
@@ -411,7 +580,17 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   const std::string layer_name = names.moe_prefix + ".experts";
   const std::string experts_desc = fmt::format("{}.experts.*", names.moe_prefix);
   if (!qc || qc->is_excluded(layer_name)) {
-    load_unquantized(r, names, moe, options.dtype, w, model.has_bias, first);
+    if (names.fused) {
+      MOEKIT_CHECK(quant.dequantize_mxfp4 || r.contains(names.fused_name("gate_up_proj", "")) ||
+                       !r.contains(names.fused_name("gate_up_proj", "_blocks")),
+                   "{} holds MXFP4 codes but {}/config.json has no quantization_config with "
+                   "quant_method \"mxfp4\" to read them with",
+                   names.fused_name("gate_up_proj", "_blocks"), dir.string());
+      load_fused_unquantized(r, names, moe, options.dtype, w, model.has_bias, first,
+                             quant.dequantize_mxfp4);
+    } else {
+      load_unquantized(r, names, moe, options.dtype, w, model.has_bias, first);
+    }
     if (options.check_finite_weights) {
       for (const auto& [t, what] :
            {std::pair{&w.w13, "gate/up weights"}, std::pair{&w.w2, "down weights"},
@@ -435,8 +614,17 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   quark::ExpertParams params;
   method->create_weights(params, E, H, I, options.dtype);
   params.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
-  for (const std::string& p : params.names())
-    load_param(r, names, params, p, moe.w13_num_shards(), first);
+  if (names.fused) {
+    MOEKIT_CHECK(quant.hf_mxfp4,
+                 "{}.experts holds gpt-oss's fused layout (gate_up_proj, down_proj), which moekit "
+                 "loads unquantized or as HuggingFace MXFP4 (quant_method \"mxfp4\"), not with "
+                 "{}",
+                 names.moe_prefix, method->name());
+    load_fused_mxfp4_params(r, names, moe, params, first);
+  } else {
+    for (const std::string& p : params.names())
+      load_param(r, names, params, p, moe.w13_num_shards(), first);
+  }
   method->process_weights_after_loading(params);
   if (info != nullptr) info->method = method->name();
   if (options.check_finite_weights) {

@@ -230,6 +230,11 @@ void MoELayer::check_weights() const {
     expect_tensor(w.router_weight, "router_weight", {moe_.num_experts, H}, {DType::kF32},
                   Device::cpu());
   }
+  if (w.router_bias.defined()) {
+    MOEKIT_CHECK(w.router_weight.defined(),
+                 "router_bias is given but router_weight is not: the bias belongs to the gate");
+    expect_tensor(w.router_bias, "router_bias", {moe_.num_experts}, {DType::kF32}, Device::cpu());
+  }
   if (model_.num_shared_experts > 0) {
     MOEKIT_CHECK(w.shared_w13.defined() && w.shared_w2.defined(),
                  "model {} has {} shared expert(s) but shared_w13/shared_w2 were not given",
@@ -648,11 +653,13 @@ Tensor MoELayer::router_logits(const Tensor& x) const {
   const int64_t M = x.size(0), H = x.size(1), E = wr.size(0);
   const std::vector<float> xv = x.to_float_vector();
   const float* w = wr.data_as<const float>();
+  const float* b =
+      weights_.router_bias.defined() ? weights_.router_bias.data_as<const float>() : nullptr;
   std::vector<float> out(static_cast<size_t>(M * E));
 #pragma omp parallel for schedule(static)
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t e = 0; e < E; ++e) {
-      double s = 0.0;
+      double s = b != nullptr ? b[e] : 0.0;
       for (int64_t h = 0; h < H; ++h)
         s += static_cast<double>(xv[m * H + h]) * w[e * H + h];
       out[m * E + e] = static_cast<float>(s);

@@ -143,6 +143,21 @@ expect 2 "needs 2 ranks: launch it with .mpirun -np 2" run --model small-deepsee
 
 # Quantized checkpoints run through the same layer, with an expert map.
 expect 0 "-> OK" run --checkpoint "$tmp/fp8" -m 9 --tp 2 --ep
+# gpt-oss's checkpoint format (fused experts, router bias), MXFP4 and bf16; `all` includes it.
+"$moekit" make-fixture --scheme hf_mxfp4 --model tiny-gpt-oss --out "$tmp/gptoss" >/dev/null ||
+  exit 1
+expect 0 "QuarkOCP_MX_MoEMethod.*" run --checkpoint "$tmp/gptoss" -m 9
+expect 0 "-> OK" run --checkpoint "$tmp/gptoss" -m 9 --tp 2 --ep
+expect 0 "QuarkOCP_MX_MoEMethod" explain --checkpoint "$tmp/gptoss"
+expect 2 "scheme hf_mxfp4 is gpt-oss's checkpoint format; use --model tiny-gpt-oss" \
+  make-fixture --scheme hf_mxfp4 --out "$tmp/bad_gptoss"
+expect 0 "wrote hf_mxfp4 checkpoint \(tiny-gpt-oss\)" make-fixture --scheme all --out "$tmp/all"
+expect 0 "wrote hf_mxfp4 checkpoint \(tiny-gpt-oss\)" \
+  make-fixture --scheme all --model tiny-gpt-oss --out "$tmp/all_gptoss"
+if [ "$(ls "$tmp/all_gptoss")" != "$(printf 'bf16\nhf_mxfp4')" ]; then
+  echo "FAILED: make-fixture --scheme all --model tiny-gpt-oss wrote: $(ls "$tmp/all_gptoss")"
+  failures=$((failures + 1))
+fi
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures CLI check(s) failed"

@@ -38,6 +38,7 @@ MoELayerWeights to_device(const MoELayerWeights& w, Device d) {
           mv(w.shared_w13),
           mv(w.shared_w2),
           w.router_weight,
+          w.router_bias,
           mv(w.shared_gate)};
 }
 

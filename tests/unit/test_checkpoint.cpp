@@ -9,14 +9,17 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <string>
 
 #include "moekit/core/error.h"
+#include "moekit/core/half.h"
 #include "moekit/io/fixtures.h"
 #include "moekit/io/safetensors.h"
 #include "moekit/layer/checkpoint.h"
 #include "moekit/layer/reference.h"
 #include "moekit/quantization/hf_fp8.h"
+#include "moekit/quantization/hf_mxfp4.h"
 #include "testing.h"
 
 namespace moekit {
@@ -69,7 +72,7 @@ void check_layer(MoELayer& layer, int64_t M = 33) {
 }
 
 struct SchemeCase {
-  std::string scheme, method, tolerance, experts;
+  std::string scheme, method, tolerance, experts, model = "tiny";
 };
 
 TEST(Checkpoint, EverySchemeEndToEnd) {
@@ -90,11 +93,12 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
       {"int8_per_tensor", "QuarkW8A8Int8MoEMethod", "int8_w8a8", "CpuInt8Experts"},
       {"hf_fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"hf_fp8_per_tensor", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
+      {"hf_mxfp4", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts", "tiny-gpt-oss"},
   };
   ASSERT_EQ(cases.size(), io::fixture_schemes().size());
   for (const SchemeCase& c : cases) {
     SCOPED_TRACE(c.scheme);
-    const fs::path dir = fixture(c.scheme);
+    const fs::path dir = fixture(c.scheme, c.model);
     CheckpointInfo info;
     MoELayer layer = load_moe_layer(dir, 1, {}, &info);
     EXPECT_EQ(layer.is_quantized(), !c.method.empty());
@@ -480,8 +484,239 @@ TEST(Checkpoint, FixtureRejectsUnknownNames) {
   o.scheme = "bf16";
   o.model = "huge";
   EXPECT_THROW(io::write_fixture_checkpoint(temp_dir("bad"), o), Error);
+  // gpt-oss's format and gpt-oss's fused layout go together.
+  o.scheme = "hf_mxfp4";
+  o.model = "tiny";
+  EXPECT_TRUE(testing::contains_all(
+      error_of([&] { io::write_fixture_checkpoint(temp_dir("bad"), o); }), {"tiny-gpt-oss"}));
+  o.scheme = "fp8_block128";
+  o.model = "tiny-gpt-oss";
+  EXPECT_TRUE(
+      testing::contains_all(error_of([&] { io::write_fixture_checkpoint(temp_dir("bad"), o); }),
+                            {"tiny-gpt-oss", "fused", "hf_mxfp4", "fp8_block128"}));
   EXPECT_THROW(io::fixture_quantization_config("fp3"), Error);
   fs::remove_all(temp_dir("bad"));
+}
+
+// ---- gpt-oss's fused layout --------------------------------------------------------------------
+
+// One fused tensor of a checkpoint file as floats: bf16 values, or MXFP4 _blocks / _scales
+// decoded here with their own table (not moekit's), (E, N, K) row-major.
+std::vector<double> gpt_oss_tensor(const io::SafetensorsFile& f, const std::string& name) {
+  const io::TensorInfo& i = f.info(name);
+  std::vector<double> out;
+  if (i.dtype == "BF16") {
+    const auto* b = reinterpret_cast<const uint16_t*>(i.bytes.data());
+    for (int64_t k = 0; k < i.numel(); ++k)
+      out.push_back(bf16_bits_to_float(b[k]));
+    return out;
+  }
+  static const double kE2m1[16] = {0,    0.5,  1,  1.5,  2,  3,  4,  6,
+                                   -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+  const io::TensorInfo& sc = f.info(name.substr(0, name.size() - 7) + "_scales");
+  const auto* codes = reinterpret_cast<const uint8_t*>(i.bytes.data());
+  const auto* scales = reinterpret_cast<const uint8_t*>(sc.bytes.data());
+  for (int64_t byte = 0; byte < static_cast<int64_t>(i.bytes.size()); ++byte) {
+    const double scale = std::ldexp(1.0, static_cast<int>(scales[byte / 16]) - 127);
+    out.push_back(kE2m1[codes[byte] & 0xF] * scale);  // the even element in the low nibble
+    out.push_back(kE2m1[codes[byte] >> 4] * scale);
+  }
+  return out;
+}
+
+// The gpt-oss MoE block as HuggingFace computes it, in float64 on the file's tensors: logits = x
+// W_r^T + b_r; the top-k logits (taken from `logits`, the layer's, so that near-ties cannot pick
+// other experts) softmaxed; per expert gate_up = x W + b with gate and up interleaved, gate
+// clamped above and up on both sides at 7, (up + 1) * gate * sigmoid(1.702 gate), then down.
+std::vector<double> gpt_oss_reference(const fs::path& dir, int layer, const Tensor& x,
+                                      const Tensor& logits, std::vector<double>* ref_logits) {
+  const io::SafetensorsFile f = io::SafetensorsFile::open(dir / "model.safetensors");
+  const std::string p = fmt::format("model.layers.{}.mlp.", layer);
+  const bool mx = f.contains(p + "experts.gate_up_proj_blocks");
+  const std::vector<double> wr = gpt_oss_tensor(f, p + "router.weight");
+  const std::vector<double> br = gpt_oss_tensor(f, p + "router.bias");
+  const std::vector<double> gu =
+      gpt_oss_tensor(f, p + "experts.gate_up_proj" + (mx ? "_blocks" : ""));
+  const std::vector<double> gub = gpt_oss_tensor(f, p + "experts.gate_up_proj_bias");
+  const std::vector<double> dn = gpt_oss_tensor(f, p + "experts.down_proj" + (mx ? "_blocks" : ""));
+  const std::vector<double> dnb = gpt_oss_tensor(f, p + "experts.down_proj_bias");
+  const int64_t M = x.size(0), H = x.size(1), E = static_cast<int64_t>(br.size());
+  const int64_t I = static_cast<int64_t>(gub.size()) / E / 2, k = 4;
+  // W(e, n, h) of gate_up and D(e, h, i) of down, either layout.
+  auto W = [&](int64_t e, int64_t n, int64_t h) {
+    return mx ? gu[((e * 2 * I + n) * H) + h] : gu[((e * H + h) * 2 * I) + n];
+  };
+  auto D = [&](int64_t e, int64_t h, int64_t i) {
+    return mx ? dn[((e * H + h) * I) + i] : dn[((e * I + i) * H) + h];
+  };
+  const std::vector<float> xv = x.to_float_vector(), lv = logits.to_float_vector();
+  std::vector<double> out(static_cast<size_t>(M * H), 0.0);
+  ref_logits->assign(static_cast<size_t>(M * E), 0.0);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t e = 0; e < E; ++e) {
+      double s = br[e];
+      for (int64_t h = 0; h < H; ++h)
+        s += xv[m * H + h] * wr[e * H + h];
+      (*ref_logits)[m * E + e] = s;
+    }
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return lv[m * E + a] > lv[m * E + b]; });
+    double denom = 0.0;
+    for (int64_t j = 0; j < k; ++j)
+      denom += std::exp(double(lv[m * E + order[j]]) - lv[m * E + order[0]]);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = order[j];
+      const double weight = std::exp(double(lv[m * E + e]) - lv[m * E + order[0]]) / denom;
+      std::vector<double> a(static_cast<size_t>(I));
+      for (int64_t i = 0; i < I; ++i) {
+        double g = gub[e * 2 * I + 2 * i], u = gub[e * 2 * I + 2 * i + 1];
+        for (int64_t h = 0; h < H; ++h) {
+          g += xv[m * H + h] * W(e, 2 * i, h);
+          u += xv[m * H + h] * W(e, 2 * i + 1, h);
+        }
+        g = std::min(g, 7.0);
+        u = std::clamp(u, -7.0, 7.0);
+        a[i] = (u + 1.0) * g / (1.0 + std::exp(-1.702 * g));
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        double y = dnb[e * H + h];
+        for (int64_t i = 0; i < I; ++i)
+          y += a[i] * D(e, h, i);
+        out[m * H + h] += weight * y;
+      }
+    }
+  }
+  return out;
+}
+
+// gpt-oss checkpoints (fused experts, interleaved gate/up, biases, a router with a bias), bf16 and
+// HuggingFace MXFP4, load into the layer that HuggingFace's formula computes on the file's
+// tensors; under EP a rank reads its own experts out of the fused tensors.
+TEST(Checkpoint, GptOssFusedLayoutIsHuggingFacesBlock) {
+  for (const std::string scheme : {"bf16", "hf_mxfp4"}) {
+    SCOPED_TRACE(scheme);
+    const fs::path dir = fixture(scheme, "tiny-gpt-oss");
+    CheckpointInfo info;
+    MoELayer layer = load_moe_layer(dir, 1, {}, &info);
+    EXPECT_EQ(layer.is_quantized(), scheme == "hf_mxfp4");
+    EXPECT_EQ(info.method, scheme == "bf16" ? "unquantized" : "QuarkOCP_MX_MoEMethod");
+    EXPECT_EQ(layer.model().activation, Activation::kSwigluOai);
+    EXPECT_EQ(layer.model().top_k, 4);
+    ASSERT_TRUE(layer.weights().router_bias.defined());
+    const int64_t M = 23, H = layer.model().hidden_size, E = layer.model().num_experts;
+    const Tensor x = testing::random_tensor({M, H}, DType::kBF16, 5);
+    const Tensor logits = layer.router_logits(x);
+    std::vector<double> ref_logits;
+    const std::vector<double> ref = gpt_oss_reference(dir, 1, x, logits, &ref_logits);
+    const std::vector<float> lv = logits.to_float_vector();
+    for (int64_t i = 0; i < M * E; ++i)
+      ASSERT_NEAR(lv[i], ref_logits[i], 1e-5 * (1.0 + std::fabs(ref_logits[i]))) << i;
+    const Tensor out = layer.forward(x, logits);
+    ASSERT_FALSE(testing::has_nan(out));
+    const double err = testing::relative_l2_error(out, ref);
+    EXPECT_LT(err, testing::tolerance("bf16").rel_l2) << err;
+    EXPECT_GT(err, 0.0);
+    check_layer(layer, 9);
+
+    MoELayerOptions o;
+    o.parallel = ParallelConfig::make(/*tp=*/2, /*dp=*/1, /*dp_rank=*/0, /*tp_rank=*/1,
+                                      /*enable_ep=*/true);
+    const MoELayer rank1 = load_moe_layer(dir, 1, o);
+    ASSERT_EQ(rank1.first_local_expert(), E / 2);
+    for (int64_t e = 0; e < E / 2; ++e) {
+      const ExpertWeights mine = rank1.expert_reference(e);
+      const ExpertWeights same = layer.expert_reference(E / 2 + e);
+      EXPECT_TRUE(testing::bitwise_equal(mine.w13, same.w13)) << e;
+      EXPECT_TRUE(testing::bitwise_equal(mine.w2, same.w2)) << e;
+    }
+    fs::remove_all(dir);
+  }
+}
+
+// "dequantize": true decodes the MXFP4 experts at load (exactly, into bf16) and runs them
+// unquantized: the same block within bf16 rounding.
+TEST(Checkpoint, GptOssMxfp4DequantizeRunsUnquantized) {
+  const fs::path dir = fixture("hf_mxfp4", "tiny-gpt-oss");
+  nlohmann::json cfg;
+  std::ifstream(dir / "config.json") >> cfg;
+  cfg["quantization_config"]["dequantize"] = true;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  EXPECT_FALSE(read_quark_config(dir).has_value());
+  CheckpointInfo info;
+  MoELayer layer = load_moe_layer(dir, 0, {}, &info);
+  EXPECT_FALSE(layer.is_quantized());
+  EXPECT_EQ(info.method, "unquantized");
+  const Tensor x = testing::random_tensor({17, layer.model().hidden_size}, DType::kBF16, 8);
+  const Tensor logits = layer.router_logits(x);
+  std::vector<double> ref_logits;
+  const std::vector<double> ref = gpt_oss_reference(dir, 0, x, logits, &ref_logits);
+  EXPECT_LT(testing::relative_l2_error(layer.forward(x, logits), ref),
+            testing::tolerance("bf16").rel_l2);
+  cfg["quantization_config"]["dequantize"] = "yes";
+  std::ofstream(dir / "config.json") << cfg.dump();
+  EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 0); }),
+                                    {"quantization_config.dequantize", "\"yes\""}));
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, GptOssLayoutErrorsNameTheTensorOrTheConfig) {
+  const fs::path dir = fixture("hf_mxfp4", "tiny-gpt-oss");
+  nlohmann::json cfg;
+  std::ifstream(dir / "config.json") >> cfg;
+  // MXFP4 codes without the config that reads them.
+  cfg.erase("quantization_config");
+  std::ofstream(dir / "config.json") << cfg.dump();
+  EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 1); }),
+                                    {"model.layers.1.mlp.experts.gate_up_proj_blocks", "mxfp4"}));
+  // The fused layout with another quantization method.
+  cfg["quantization_config"] =
+      nlohmann::json::parse(io::fixture_quantization_config("fp8_per_channel"));
+  std::ofstream(dir / "config.json") << cfg.dump();
+  EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 1); }),
+                                    {"fused layout", "QuarkW8A8Fp8MoEMethod"}));
+  // A missing or misshapen fused tensor is named.
+  cfg["quantization_config"] = quantization::HfMxfp4Config{}.to_json();
+  cfg["quantization_config"]["modules_to_not_convert"] = {1};
+  std::ofstream(dir / "config.json") << cfg.dump();
+  EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 1); }),
+                                    {"modules_to_not_convert[0]"}));
+  cfg["quantization_config"] = quantization::HfMxfp4Config{}.to_json();
+  std::ofstream(dir / "config.json") << cfg.dump();
+  rewrite(dir, [](const std::string& n, auto&, std::vector<int64_t>& shape, auto&) {
+    if (n == "model.layers.1.mlp.experts.down_proj_scales") std::swap(shape[1], shape[2]);
+    return n != "model.layers.0.mlp.experts.gate_up_proj_bias";
+  });
+  EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 0); }),
+                                    {"'model.layers.0.mlp.experts.gate_up_proj_bias' not found"}));
+  EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 1); }),
+                                    {"model.layers.1.mlp.experts.down_proj_scales", "shape"}));
+  fs::remove_all(dir);
+}
+
+// modules_to_not_convert match HuggingFace's way (a regular expression at the start of a module
+// name): routers stay unquantized, the experts do not.
+TEST(Checkpoint, HuggingFaceMxfp4ConfigMatchesModulesLikeHuggingFace) {
+  const nlohmann::json j = {{"quant_method", "mxfp4"},
+                            {"modules_to_not_convert", {"model.layers.*.mlp.router", "lm_head"}}};
+  const quantization::HfMxfp4Config c = quantization::parse_hf_mxfp4_config(j, "q");
+  EXPECT_FALSE(c.dequantize);
+  const quark::QuarkConfig qc = c.to_quark_config();
+  EXPECT_TRUE(qc.is_excluded("model.layers.3.mlp.router"));
+  EXPECT_TRUE(qc.is_excluded("lm_head"));
+  EXPECT_FALSE(qc.is_excluded("model.layers.3.mlp.experts"));
+  EXPECT_TRUE(
+      testing::contains_all(error_of([&] {
+                              quantization::parse_hf_mxfp4_config({{"quant_method", "fp8"}}, "q");
+                            }),
+                            {"mxfp4"}));
+  EXPECT_TRUE(testing::contains_all(
+      error_of([&] {
+        quantization::parse_hf_mxfp4_config(
+            {{"quant_method", "mxfp4"}, {"modules_to_not_convert", "lm_head"}}, "q");
+      }),
+      {"q.modules_to_not_convert", "array of module names"}));
 }
 
 }  // namespace

@@ -20,6 +20,8 @@
 //   hf_fp8_block128   fp8_block128 as a HuggingFace fp8 checkpoint (DeepSeek-V3 layout:
 //                     quant_method "fp8", weight_block_size [128, 128], "weight_scale_inv")
 //   hf_fp8_per_tensor fp8_per_tensor as a HuggingFace fp8 checkpoint (activation_scheme static)
+//   hf_mxfp4          gpt-oss's HuggingFace MXFP4 checkpoint (quant_method "mxfp4": fused
+//                     gate_up_proj_blocks / _scales, bf16 activations); model tiny-gpt-oss only
 // Models (FixtureOptions::model), every layer an MoE layer unless noted:
 //   tiny          qwen3_moe naming (mlp.experts.E.{gate,up,down}_proj), E=8, top_k=2, H=192,
 //                 I=128, 2 layers
@@ -27,6 +29,10 @@
 //   tiny-deepseek deepseek_v3: E=16, top_k=4, grouped sigmoid routing with
 //                 e_score_correction_bias, one unquantized shared expert (listed in the Quark
 //                 exclude list), layer 0 dense (first_k_dense_replace=1), 3 layers
+//   tiny-gpt-oss  gpt_oss: E=8, top_k=4, swigluoai, expert biases, the router under mlp.router
+//                 with a bias, every expert in one tensor per projection (gate and up rows
+//                 interleaved; bf16: mlp.experts.{gate_up,down}_proj transposed, hf_mxfp4:
+//                 their _blocks / _scales); schemes bf16 and hf_mxfp4
 #pragma once
 
 #include <cstdint>
@@ -47,6 +53,10 @@ struct FixtureOptions {
 // Every scheme and model name above, in the order listed.
 const std::vector<std::string>& fixture_schemes();
 const std::vector<std::string>& fixture_models();
+
+// Whether `scheme` can be written for `model`: tiny-gpt-oss takes bf16 and hf_mxfp4, the other
+// models every scheme but hf_mxfp4. Throws moekit::Error for an unknown model.
+bool fixture_scheme_fits(const std::string& scheme, const std::string& model);
 
 // The Quark quantization_config JSON text of a scheme ("" for bf16; the hf_ schemes: their Quark
 // equivalent; also fp8_tensor = fp8_per_tensor and fp8_channel_token = fp8_per_channel, the

@@ -9,7 +9,14 @@
 // Tensor names (N = layer index, E = expert index), tried in this order:
 //   experts   model.layers.N.mlp.experts.E.{gate,up,down}_proj.<param>          (Qwen, DeepSeek)
 //             model.layers.N.block_sparse_moe.experts.E.{w1,w3,w2}.<param>     (Mixtral)
-//   router    <moe prefix>.gate.weight (E, H); DeepSeek's <moe prefix>.gate.e_score_correction_bias
+//             model.layers.N.mlp.experts.{gate_up,down}_proj{_blocks,_scales,_bias}     (gpt-oss)
+//               every expert in one tensor per projection; gate_up's 2I rows interleave gate
+//               and up (2j: gate j, 2j + 1: up j); unquantized: gate_up_proj (E, H, 2I) and
+//               down_proj (E, I, H), transposed (x @ W); MXFP4: _blocks (E, N, K/32, 16) and
+//               e8m0 _scales (E, N, K/32); biases (E, N)
+//   router    <moe prefix>.gate.weight (E, H); DeepSeek's <moe
+//   prefix>.gate.e_score_correction_bias;
+//             gpt-oss's <moe prefix>.router.{weight,bias} (the bias added to the logits)
 //   shared    model.layers.N.mlp.shared_experts.{gate,up,down}_proj.weight (DeepSeek),
 //             model.layers.N.mlp.shared_expert.{...} (Qwen2-MoE), unquantized
 // <param> is "weight" plus, per quantization method, the suffix of each parameter the method
@@ -20,7 +27,9 @@
 //
 // Quantization: no quantization_config -> unquantized (the weights load in options.dtype);
 // quant_method "quark" -> the Quark MoE method of the layer (quark_moe.h), unless the layer is
-// excluded; any other quant_method is an error naming it. Either way the result is a MoELayer:
+// excluded; "fp8" (quantization/hf_fp8.h) and "mxfp4" (gpt-oss, quantization/hf_mxfp4.h; with
+// "dequantize": true the experts are decoded and run unquantized) -> their Quark equivalents; any
+// other quant_method is an error naming it. Either way the result is a MoELayer:
 // the method declares, loads and processes the parameters, and its plan, QuantConfig and codes
 // build the layer (one selection). Under expert parallelism only this rank's experts are read.
 //
@@ -66,7 +75,7 @@ MoELayer random_quantized_layer(const ModelPreset& model, const std::string& sch
 // The Quark config of a checkpoint (nullopt when config.json has no quantization_config); a
 // HuggingFace fp8 config (quantization/hf_fp8.h) comes back as its Quark equivalent.
 // Throws moekit::Error for unreadable / malformed config.json or a quant_method other than
-// "quark" and "fp8".
+// "quark", "fp8" and "mxfp4" (nullopt too for "mxfp4" with "dequantize": true).
 std::optional<quark::QuarkConfig> read_quark_config(const std::filesystem::path& dir);
 
 }  // namespace moekit

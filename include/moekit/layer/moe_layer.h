@@ -74,6 +74,7 @@ struct MoELayerWeights {
   Tensor shared_w13;               // (2*I_s, H) in options.dtype, optional shared experts
   Tensor shared_w2;                // (H, I_s)
   Tensor router_weight;            // (E, H) f32 on the CPU, optional: the gate (router_logits())
+  Tensor router_bias;              // (E,) f32 on the CPU, optional: the gate's bias (gpt-oss)
   // (1, H) or (H,), f32 or options.dtype: the per-token gate of the shared experts, for models with
   // ModelPreset::shared_expert_gate (Qwen2-MoE): shared output scaled by sigmoid(x . shared_gate).
   Tensor shared_gate;
@@ -162,8 +163,8 @@ class MoELayer {
   void forward_routed_into(Tensor& output, const Tensor& hidden_states, const Tensor& topk_ids,
                            const Tensor& topk_weights, RunContext ctx);
 
-  // x (M, H) on the CPU -> logits (M, E) f32 on the CPU: x @ router_weight^T in double.
-  // Throws when the layer has no router weight.
+  // x (M, H) on the CPU -> logits (M, E) f32 on the CPU: x @ router_weight^T + router_bias (when
+  // given) in double. Throws when the layer has no router weight.
   Tensor router_logits(const Tensor& x) const;
 
   const ModelPreset& model() const { return model_; }
