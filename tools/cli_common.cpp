@@ -45,6 +45,10 @@ void DeploymentOptions::add_to(CLI::App& app) {
   app.add_option("--dp", dp_size, "data-parallel size")->check(CLI::PositiveNumber);
   app.add_option("--dp-rank", dp_rank, "this rank's data-parallel index")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--tp-rank", tp_rank,
+                 "this rank's tensor-parallel index (its slice of every expert's intermediate "
+                 "size; a checkpoint's tensors are sliced for it)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--ep", enable_ep, "expert parallelism across the tp*dp ranks");
   app.add_option("--all2all", all2all,
                  "EP token exchange: naive, allgather_reducescatter, nccl_all2all, "
@@ -77,7 +81,7 @@ MoELayerOptions DeploymentOptions::layer_options() const {
   o.device = device_info_by_name(device);
   All2AllBackend a2a = All2AllBackend::kNaive;
   MOEKIT_CHECK(parse_all2all_backend(all2all, &a2a), "unknown all2all backend '{}'", all2all);
-  o.parallel = ParallelConfig::make(tp_size, dp_size, dp_rank, 0, enable_ep, a2a);
+  o.parallel = ParallelConfig::make(tp_size, dp_size, dp_rank, tp_rank, enable_ep, a2a);
   o.backend = backend;
   o.tile_config = tile_config;
   o.batch_invariant = batch_invariant;

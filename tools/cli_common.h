@@ -25,6 +25,7 @@ struct DeploymentOptions {
   int tp_size = 1;
   int dp_size = 1;
   int dp_rank = 0;
+  int tp_rank = 0;
   bool enable_ep = false;
   std::string all2all = "naive";
   int64_t max_num_tokens = 8192;

@@ -203,13 +203,74 @@ bool byte_compatible(DType want, DType got) {
   return want_bytes && got_bytes;
 }
 
-// Reads a per-expert piece, validating shape and dtype against the parameter's needs.
+// The box [begin, begin + extent) of a row-major tensor of shape `full` at `data`, copied into a
+// contiguous `dtype` tensor of shape `extent` (elements move as bytes).
+Tensor copy_box(const void* data, DType dtype, const Shape& full, const Shape& begin,
+                const Shape& extent) {
+  Tensor out = Tensor::empty(extent, dtype);
+  const auto nd = static_cast<int64_t>(full.size());
+  const size_t esz = element_size(dtype);
+  if (out.numel() == 0) return out;
+  if (nd == 0) {
+    std::memcpy(out.data(), data, esz);
+    return out;
+  }
+  std::vector<int64_t> stride(static_cast<size_t>(nd), 1);
+  for (int64_t d = nd - 2; d >= 0; --d)
+    stride[d] = stride[d + 1] * full[d + 1];
+  const int64_t run = extent[nd - 1];
+  const auto* src = static_cast<const char*>(data);
+  auto* dst = static_cast<char*>(out.data());
+  for (int64_t row = 0; row < out.numel() / run; ++row) {
+    int64_t rest = row, offset = begin[nd - 1];
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      offset += (begin[d] + rest % extent[d]) * stride[d];
+      rest /= extent[d];
+    }
+    std::memcpy(dst + row * run * esz, src + offset * esz, static_cast<size_t>(run) * esz);
+  }
+  return out;
+}
+
+// A tensor-parallel rank's part of a checkpoint tensor `t` (named `name`) that `what` (e.g.
+// "parameter w2_weight") needs in shape `want`: `t` itself when it has that shape (sizes that do
+// not depend on intermediate_size: per-tensor and output-channel scales, down's rows, ...), else
+// the slice at tp_rank of the one dimension that is tp_size times the rank's (gate / up rows,
+// down's columns, their scale groups and blocks). Throws naming the tensor, both shapes and the
+// rank otherwise (e.g. intermediate_size / tp_size not a whole number of the scheme's groups).
+Tensor tp_part(const Tensor& t, const Shape& want, const ParallelConfig& p,
+               const std::string& name, const std::string& what, const char* per = "") {
+  if (shape_matches(t.shape(), want)) return t;
+  const Shape got = squeeze_trailing(t.shape()), need = squeeze_trailing(want);
+  int64_t dim = -1;
+  if (p.tp_size > 1 && got.size() == need.size()) {
+    for (size_t d = 0; d < got.size() && dim != -2; ++d) {
+      if (got[d] == need[d]) continue;
+      dim = dim == -1 && got[d] == need[d] * p.tp_size ? static_cast<int64_t>(d) : -2;
+    }
+  }
+  if (dim < 0) {
+    throw Error(fmt::format(
+        "tensor '{}' has shape {} but {} needs {}{}{}", name, shape_to_string(t.shape()), what,
+        shape_to_string(want), per,
+        p.tp_size > 1
+            ? fmt::format(" on tensor-parallel rank {} of {} (or {} times that in one dimension, "
+                          "which the rank slices: intermediate_size / tp_size must be a whole "
+                          "number of the scheme's groups and blocks)",
+                          p.tp_rank, p.tp_size, p.tp_size)
+            : std::string()));
+  }
+  Shape begin(need.size(), 0);
+  begin[static_cast<size_t>(dim)] = p.tp_rank * need[static_cast<size_t>(dim)];
+  return copy_box(t.data(), t.dtype(), got, begin, need).view(want);
+}
+
+// Reads a per-expert piece (this tensor-parallel rank's part of it), validating shape and dtype
+// against the parameter's needs.
 Tensor read_piece(const Reader& r, const std::string& name, const Shape& want, DType want_dtype,
-                  const std::string& param) {
-  Tensor t = r.read(name);
-  MOEKIT_CHECK(shape_matches(t.shape(), want),
-               "tensor '{}' has shape {} but parameter {} needs {} per expert and projection", name,
-               shape_to_string(t.shape()), param, shape_to_string(want));
+                  const std::string& param, const ParallelConfig& parallel) {
+  Tensor t = tp_part(r.read(name), want, parallel, name, "parameter " + param,
+                     " per expert and projection");
   const bool convert = want_dtype == DType::kF32 && is_float_dtype(t.dtype());
   MOEKIT_CHECK(convert || byte_compatible(want_dtype, t.dtype()),
                "tensor '{}' has dtype {} ({}) but parameter {} needs {}", name,
@@ -218,9 +279,11 @@ Tensor read_piece(const Reader& r, const std::string& name, const Shape& want, D
   return t;
 }
 
-// Fills one Quark parameter from the per-expert checkpoint tensors.
+// Fills one Quark parameter from the per-expert checkpoint tensors (this tensor-parallel rank's
+// part; down's bias on rank 0 only, so that the ranks' partial outputs sum to one bias).
 void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& params,
-                const std::string& param, int shards, int64_t first_expert) {
+                const std::string& param, int shards, int64_t first_expert,
+                const ParallelConfig& parallel) {
   const quark::ParamSpec spec = params.spec(param);
   const bool w13 = param.rfind("w13_", 0) == 0;
   const std::string param_suffix = param.substr(w13 ? 4 : 3);
@@ -241,7 +304,8 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
       float m = -INFINITY;
       for (const std::string& p : projs) {
         const std::string name = names.expert(first_expert + e, p, suffix);
-        const float v = read_piece(r, name, {}, DType::kF32, param).to_float_vector()[0];
+        const float v =
+            read_piece(r, name, {}, DType::kF32, param, parallel).to_float_vector()[0];
         // Checked one by one: a NaN or negative shard would vanish in the max over the shards.
         MOEKIT_CHECK(std::isfinite(v) && v > 0.0f,
                      "tensor '{}' ({}) is {}: scales must be finite and > 0", name, param, v);
@@ -265,15 +329,17 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
     for (int64_t s = 0; s < S; ++s) {
       const Tensor t =
           read_piece(r, names.expert(first_expert + e, projs[static_cast<size_t>(s)], suffix),
-                     piece, spec.dtype, param);
+                     piece, spec.dtype, param, parallel);
       std::memcpy(dst + (e * per_expert + s * piece_numel) * esz, t.data(),
                   static_cast<size_t>(piece_numel) * esz);
     }
   }
+  if (param == "w2_bias" && parallel.tp_rank != 0) std::memset(dst, 0, staged.nbytes());
   params.load(param, staged, desc);
 }
 
-// Unquantized expert weights stacked into (E, N1, H) / (E, H, I) in `dtype`.
+// Unquantized expert weights stacked into (E, N1, H) / (E, H, I) in `dtype` (this
+// tensor-parallel rank's part; down's bias on rank 0 only).
 void load_unquantized(const Reader& r, const LayerNames& names, const MoEConfig& moe, DType dtype,
                       MoELayerWeights& w, bool has_bias, int64_t first_expert) {
   const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
@@ -286,9 +352,7 @@ void load_unquantized(const Reader& r, const LayerNames& names, const MoEConfig&
     w.w2_bias = Tensor::empty({E, H}, dtype);
   }
   auto put = [&](Tensor& dst, int64_t offset, const std::string& name, const Shape& want) {
-    Tensor t = r.read(name);
-    MOEKIT_CHECK(shape_matches(t.shape(), want), "tensor '{}' has shape {} but the layer needs {}",
-                 name, shape_to_string(t.shape()), shape_to_string(want));
+    const Tensor t = tp_part(r.read(name), want, moe.parallel, name, "the layer");
     MOEKIT_CHECK(is_float_dtype(t.dtype()),
                  "tensor '{}' has dtype {}: an unquantized layer needs BF16, F16 or F32 weights "
                  "(is quantization_config missing from config.json?)",
@@ -310,37 +374,32 @@ void load_unquantized(const Reader& r, const LayerNames& names, const MoEConfig&
     put(w.w2, e * H * I, names.expert(first_expert + e, names.down, "weight"), {H, I});
     if (has_bias) put(w.w2_bias, e * H, names.expert(first_expert + e, names.down, "bias"), {H});
   }
+  if (has_bias && moe.parallel.tp_rank != 0) std::memset(w.w2_bias.data(), 0, w.w2_bias.nbytes());
 }
 
 // ---- gpt-oss's fused experts -------------------------------------------------------------------
 // <experts>.gate_up_proj* and down_proj* hold every expert of the layer in one tensor each.
 // gate_up's 2I outputs interleave gate and up (output 2j: gate j, 2j + 1: up j), which is the
-// order the swigluoai activation takes (config/activation.h), so rows keep the file's order.
-// HuggingFace MXFP4 (quantization/hf_mxfp4.h): _blocks (E, N, K / 32, 16) codes and _scales (E, N,
-// K / 32) e8m0 per output row; unquantized: the matrices transposed (x @ W): gate_up_proj (E, H,
-// 2I), down_proj (E, I, H). Biases: _bias (E, N) either way.
+// order the swigluoai activation takes (config/activation.h), so rows keep the file's order, and a
+// tensor-parallel rank's gate and up rows [tp_rank I, (tp_rank + 1) I) are the file's contiguous
+// outputs [2 tp_rank I, 2 (tp_rank + 1) I). HuggingFace MXFP4 (quantization/hf_mxfp4.h): _blocks
+// (E, N, K / 32, 16) codes and _scales (E, N, K / 32) e8m0 per output row; unquantized: the
+// matrices transposed (x @ W): gate_up_proj (E, H, 2I), down_proj (E, I, H). Biases: _bias (E, N)
+// either way.
 
-// Experts [first, first + shape[0]) of a fused tensor, each shape[1:] elements of `dtype`, copied
-// into a `shape` tensor.
-Tensor fused_experts(const Reader::View& v, DType dtype, int64_t first, Shape shape) {
-  Tensor out = Tensor::empty(shape, dtype);
-  const size_t bytes = out.nbytes();
-  const size_t per_expert = shape[0] > 0 ? bytes / static_cast<size_t>(shape[0]) : 0;
-  if (bytes > 0) {
-    std::memcpy(out.data(),
-                static_cast<const char*>(v.data) + static_cast<size_t>(first) * per_expert, bytes);
-  }
-  return out;
-}
+// One projection of the fused layout as this rank holds it: N outputs from K inputs (the rank's
+// sizes), starting at output n0 and input k0 of the file's N_full x K_full.
+struct FusedProj {
+  const char* name;  // "gate_up_proj", "down_proj"
+  int64_t N, K, N_full, K_full, n0, k0;
+  bool bias_here;  // down's bias only on tensor-parallel rank 0: the partial outputs sum to one
+};
 
-// The (E, N) biases of experts [first, first + E), converted to `dtype`.
-Tensor fused_bias(const Reader& r, const LayerNames& names, const char* proj, int64_t E_total,
-                  int64_t first, int64_t E, int64_t N, DType dtype) {
-  const Reader::View v = r.view(names.fused_name(proj, "_bias"), {E_total, N}, /*floats=*/true);
-  Tensor out = Tensor::empty({E, N}, dtype);
-  for (int64_t i = 0; i < E * N; ++i)
-    store_float(out.data(), dtype, i, load_float(v.data, v.dtype, first * N + i));
-  return out;
+FusedProj fused_proj(const MoEConfig& moe, bool gate_up) {
+  const int64_t H = moe.hidden_dim, I = moe.intermediate_size_per_partition();
+  const int64_t I_full = moe.intermediate_size, t0 = moe.parallel.tp_rank * I;
+  return gate_up ? FusedProj{"gate_up_proj", 2 * I, H, 2 * I_full, H, 2 * t0, 0, true}
+                 : FusedProj{"down_proj", H, I, H, I_full, 0, t0, moe.parallel.tp_rank == 0};
 }
 
 // The fused layout serves gpt-oss's activation only: its rows interleave gate and up.
@@ -352,32 +411,50 @@ void check_fused_activation(const LayerNames& names, const MoEConfig& moe) {
                names.moe_prefix, activation_name(moe.activation));
 }
 
+// The MXFP4 codes (E, N, K / 2) and e8m0 scales (E, N, K / 32) of experts [first, first + E) of a
+// projection, this rank's part.
+std::pair<Tensor, Tensor> fused_mxfp4(const Reader& r, const LayerNames& names,
+                                      const MoEConfig& moe, const FusedProj& p, int64_t first) {
+  const int64_t E_total = moe.num_experts, E = moe.num_local_experts;
+  const Shape blocks{E_total, p.N_full, p.K_full / 32, 16}, scales{E_total, p.N_full, p.K_full / 32};
+  const Reader::View b = r.view(names.fused_name(p.name, "_blocks"), blocks, false);
+  const Reader::View s = r.view(names.fused_name(p.name, "_scales"), scales, false);
+  Tensor codes = copy_box(b.data, DType::kUInt8, blocks, {first, p.n0, p.k0 / 32, 0},
+                          {E, p.N, p.K / 32, 16});
+  return {codes.view({E, p.N, p.K / 2}),
+          copy_box(s.data, DType::kUInt8, scales, {first, p.n0, p.k0 / 32}, {E, p.N, p.K / 32})};
+}
+
+// The (E, N) biases of experts [first, first + E) in `dtype`, this rank's part (zeros where the
+// bias is not this rank's: FusedProj::bias_here).
+Tensor fused_bias(const Reader& r, const LayerNames& names, const MoEConfig& moe,
+                  const FusedProj& p, int64_t first, DType dtype) {
+  const int64_t E_total = moe.num_experts, E = moe.num_local_experts;
+  const Reader::View v = r.view(names.fused_name(p.name, "_bias"), {E_total, p.N_full}, true);
+  Tensor out = Tensor::empty({E, p.N}, dtype);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t n = 0; n < p.N; ++n) {
+      const float b = load_float(v.data, v.dtype, (first + e) * p.N_full + p.n0 + n);
+      store_float(out.data(), dtype, e * p.N + n, p.bias_here ? b : 0.0f);
+    }
+  }
+  return out;
+}
+
 // The MXFP4 parameters of the Quark OCP MX method (w13_weight (E, 2I, H / 2), w13_weight_scale
 // (E, 2I, H / 32), w2_*, the f32 biases) from the fused _blocks / _scales / _bias tensors.
 void load_fused_mxfp4_params(const Reader& r, const LayerNames& names, const MoEConfig& moe,
                              quark::ExpertParams& params, int64_t first) {
   check_fused_activation(names, moe);
-  const int64_t E_total = moe.num_experts, E = moe.num_local_experts, H = moe.hidden_dim;
-  const int64_t I = moe.intermediate_size_per_partition();
   const std::string desc = fmt::format("{}.experts.{{gate_up,down}}_proj_*", names.moe_prefix);
-  struct Proj {
-    const char* name;
-    const char* codes;
-    const char* scales;
-    const char* bias;
-    int64_t N, K;
-  };
-  for (const Proj& p :
-       {Proj{"gate_up_proj", "w13_weight", "w13_weight_scale", "w13_bias", 2 * I, H},
-        Proj{"down_proj", "w2_weight", "w2_weight_scale", "w2_bias", H, I}}) {
-    const Reader::View blocks =
-        r.view(names.fused_name(p.name, "_blocks"), {E_total, p.N, p.K / 32, 16}, false);
-    const Reader::View scales =
-        r.view(names.fused_name(p.name, "_scales"), {E_total, p.N, p.K / 32}, false);
-    params.load(p.codes, fused_experts(blocks, DType::kUInt8, first, {E, p.N, p.K / 2}), desc);
-    params.load(p.scales, fused_experts(scales, DType::kUInt8, first, {E, p.N, p.K / 32}), desc);
-    if (params.has(p.bias)) {
-      params.load(p.bias, fused_bias(r, names, p.name, E_total, first, E, p.N, DType::kF32), desc);
+  for (const bool gate_up : {true, false}) {
+    const FusedProj p = fused_proj(moe, gate_up);
+    const std::string w = gate_up ? "w13" : "w2";
+    auto [codes, scales] = fused_mxfp4(r, names, moe, p, first);
+    params.load(w + "_weight", codes, desc);
+    params.load(w + "_weight_scale", scales, desc);
+    if (params.has(w + "_bias")) {
+      params.load(w + "_bias", fused_bias(r, names, moe, p, first, DType::kF32), desc);
     }
   }
 }
@@ -389,42 +466,35 @@ void load_fused_unquantized(const Reader& r, const LayerNames& names, const MoEC
                             DType dtype, MoELayerWeights& w, bool has_bias, int64_t first,
                             bool mxfp4) {
   check_fused_activation(names, moe);
-  const int64_t E_total = moe.num_experts, E = moe.num_local_experts, H = moe.hidden_dim;
-  const int64_t I = moe.intermediate_size_per_partition();
-  w.w13 = Tensor::empty({E, 2 * I, H}, dtype);
-  w.w2 = Tensor::empty({E, H, I}, dtype);
+  const int64_t E_total = moe.num_experts, E = moe.num_local_experts;
   for (const bool gate_up : {true, false}) {
-    const char* proj = gate_up ? "gate_up_proj" : "down_proj";
-    const int64_t N = gate_up ? 2 * I : H, K = gate_up ? H : I;
+    const FusedProj p = fused_proj(moe, gate_up);
     Tensor& dst = gate_up ? w.w13 : w.w2;
+    dst = Tensor::empty({E, p.N, p.K}, dtype);
     if (mxfp4) {
-      const Reader::View blocks =
-          r.view(names.fused_name(proj, "_blocks"), {E_total, N, K / 32, 16}, false);
-      const Reader::View scales =
-          r.view(names.fused_name(proj, "_scales"), {E_total, N, K / 32}, false);
-      const auto* b = static_cast<const uint8_t*>(blocks.data) + first * N * (K / 2);
-      const auto* sc = static_cast<const uint8_t*>(scales.data) + first * N * (K / 32);
-      for (int64_t i = 0; i < E * N * K; ++i) {  // element k of row i / K: low nibble if k is even
-        const uint8_t code = (b[i / 2] >> (4 * (i % 2))) & 0xF;
+      const auto [codes, scales] = fused_mxfp4(r, names, moe, p, first);
+      const auto* c = codes.data_as<const uint8_t>();
+      const auto* sc = scales.data_as<const uint8_t>();
+      for (int64_t i = 0; i < E * p.N * p.K; ++i) {  // element k of a row: low nibble if k is even
+        const uint8_t code = (c[i / 2] >> (4 * (i % 2))) & 0xF;
         store_float(dst.data(), dtype, i,
                     quant::decode_fp4_e2m1(code) * quant::decode_e8m0(sc[i / 32]));
       }
     } else {
       // Transposed: element (n, k) of expert e at [e][k][n].
-      const Reader::View v = r.view(names.fused_name(proj, ""), {E_total, K, N}, true);
+      const Reader::View v =
+          r.view(names.fused_name(p.name, ""), {E_total, p.K_full, p.N_full}, true);
       for (int64_t e = 0; e < E; ++e) {
-        for (int64_t k = 0; k < K; ++k) {
-          for (int64_t n = 0; n < N; ++n) {
-            store_float(dst.data(), dtype, (e * N + n) * K + k,
-                        load_float(v.data, v.dtype, ((first + e) * K + k) * N + n));
+        for (int64_t k = 0; k < p.K; ++k) {
+          const int64_t row = ((first + e) * p.K_full + p.k0 + k) * p.N_full + p.n0;
+          for (int64_t n = 0; n < p.N; ++n) {
+            store_float(dst.data(), dtype, (e * p.N + n) * p.K + k,
+                        load_float(v.data, v.dtype, row + n));
           }
         }
       }
     }
-  }
-  if (has_bias) {
-    w.w13_bias = fused_bias(r, names, "gate_up_proj", E_total, first, E, 2 * I, dtype);
-    w.w2_bias = fused_bias(r, names, "down_proj", E_total, first, E, H, dtype);
+    if (has_bias) (gate_up ? w.w13_bias : w.w2_bias) = fused_bias(r, names, moe, p, first, dtype);
   }
 }
 
@@ -623,7 +693,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
     load_fused_mxfp4_params(r, names, moe, params, first);
   } else {
     for (const std::string& p : params.names())
-      load_param(r, names, params, p, moe.w13_num_shards(), first);
+      load_param(r, names, params, p, moe.w13_num_shards(), first, moe.parallel);
   }
   method->process_weights_after_loading(params);
   if (info != nullptr) info->method = method->name();

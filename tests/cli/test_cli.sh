@@ -148,6 +148,11 @@ expect 0 "-> OK" run --checkpoint "$tmp/fp8" -m 9 --tp 2 --ep
   exit 1
 expect 0 "QuarkOCP_MX_MoEMethod.*" run --checkpoint "$tmp/gptoss" -m 9
 expect 0 "-> OK" run --checkpoint "$tmp/gptoss" -m 9 --tp 2 --ep
+# A tensor-parallel rank loads its slice of every expert; slices that split a block are refused.
+expect 0 "-> OK" run --checkpoint "$tmp/gptoss" -m 9 --tp 2 --tp-rank 1
+expect 2 "tp_rank=2 must be in \[0, tp_size=2\)" run --checkpoint "$tmp/gptoss" --tp 2 --tp-rank 2
+expect 2 "intermediate_size_per_partition=64 to be a multiple of 128" \
+  run --checkpoint "$tmp/fp8" --tp 2 --tp-rank 1
 expect 0 "QuarkOCP_MX_MoEMethod" explain --checkpoint "$tmp/gptoss"
 expect 2 "scheme hf_mxfp4 is gpt-oss's checkpoint format; use --model tiny-gpt-oss" \
   make-fixture --scheme hf_mxfp4 --out "$tmp/bad_gptoss"

@@ -498,6 +498,91 @@ TEST(Checkpoint, FixtureRejectsUnknownNames) {
   fs::remove_all(temp_dir("bad"));
 }
 
+// ---- tensor parallelism ---------------------------------------------------------------------------
+
+// The layer of tensor-parallel rank `rank` of `tp` (no EP): its experts' slice of intermediate_size.
+MoELayer tp_rank_layer(const fs::path& dir, int layer, int tp, int rank) {
+  MoELayerOptions o;
+  o.parallel = ParallelConfig::make(tp, /*dp=*/1, /*dp_rank=*/0, /*tp_rank=*/rank,
+                                    /*enable_ep=*/false);
+  return load_moe_layer(dir, layer, o);
+}
+
+// Each tensor-parallel rank loads its slice of every expert out of a checkpoint that holds whole
+// projections (gate / up rows, down columns, their scales and groups; down's bias on rank 0): the
+// ranks' outputs sum to the whole layer (what the engine's all-reduce computes), in every scheme
+// whose groups and blocks divide intermediate_size / tp_size, and gpt-oss's fused layout.
+TEST(Checkpoint, TensorParallelRanksSumToTheWholeLayer) {
+  struct Case {
+    std::string scheme, model;
+    int tp;
+  };
+  std::vector<Case> cases;
+  for (const std::string& scheme : io::fixture_schemes()) {
+    if (scheme.find("block128") != std::string::npos) continue;  // I / tp = 64 < 128: refused below
+    if (scheme == "hf_mxfp4") continue;
+    cases.push_back({scheme, "tiny", 2});
+  }
+  cases.push_back({"bf16", "tiny", 4});
+  cases.push_back({"fp8_per_channel", "tiny-mixtral", 2});
+  cases.push_back({"bf16", "tiny-gpt-oss", 2});
+  cases.push_back({"hf_mxfp4", "tiny-gpt-oss", 2});
+  cases.push_back({"hf_mxfp4", "tiny-gpt-oss", 4});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.scheme + " " + c.model + " tp " + std::to_string(c.tp));
+    const fs::path dir = fixture(c.scheme, c.model);
+    const MoELayer whole = load_moe_layer(dir, 1);
+    const int64_t M = 13, H = whole.model().hidden_size;
+    const Tensor x = testing::random_tensor({M, H}, DType::kBF16, 41);
+    const Tensor logits = whole.router_logits(x);
+    std::vector<double> sum(static_cast<size_t>(M * H), 0.0);
+    for (int rank = 0; rank < c.tp; ++rank) {
+      MoELayer part = tp_rank_layer(dir, 1, c.tp, rank);
+      ASSERT_EQ(part.moe_config().intermediate_size_per_partition(),
+                whole.moe_config().intermediate_size_per_partition() / c.tp);
+      const Tensor out = part.forward(x, logits);
+      ASSERT_FALSE(testing::has_nan(out));
+      const std::vector<float> o = out.to_float_vector();
+      for (size_t i = 0; i < sum.size(); ++i)
+        sum[i] += o[i];
+    }
+    const RoutingResult routing = whole.router().select_experts(x, logits);
+    std::vector<int64_t> rows(static_cast<size_t>(M));
+    std::iota(rows.begin(), rows.end(), 0);
+    const std::vector<double> ref = reference_forward(whole, x, routing, rows);
+    // Dynamic activation scales differ between a rank's slice of the intermediate and the whole
+    // row, so only the scheme's tolerance holds (a bias added twice, or a wrong slice, is far off).
+    const double err = testing::relative_l2_error(sum, ref);
+    EXPECT_LT(err, testing::tolerance(whole.tolerance_name()).rel_l2) << err;
+    // gpt-oss's W4A16 quantizes no activation: bf16 roundings only (a second bias is ~0.1 off).
+    if (c.model == "tiny-gpt-oss") {
+      EXPECT_LT(err, testing::tolerance("bf16").rel_l2) << err;
+    }
+    fs::remove_all(dir);
+  }
+}
+
+// Where intermediate_size / tp_size is not a whole number of the scheme's blocks, the rank's load
+// is refused with the reason; a tensor whose dimensions are no multiple of the rank's is named.
+TEST(Checkpoint, TensorParallelSlicesThatSplitABlockAreRefused) {
+  const fs::path dir = fixture("fp8_block128");
+  EXPECT_TRUE(testing::contains_all(error_of([&] { tp_rank_layer(dir, 1, 2, 1); }),
+                                    {"intermediate_size_per_partition=64", "multiple of 128"}));
+  fs::remove_all(dir);
+  const fs::path bf16 = fixture("bf16");
+  const std::string gate = "model.layers.1.mlp.experts.3.gate_proj.weight";
+  rewrite(bf16, [&](const std::string& n, auto&, std::vector<int64_t>& s, auto& b) {
+    if (n == gate) {  // 96 rows: not 2 x the rank's 64
+      s = {96, s[1]};
+      b.resize(b.size() / 4 * 3);
+    }
+    return true;
+  });
+  EXPECT_TRUE(testing::contains_all(error_of([&] { tp_rank_layer(bf16, 1, 2, 1); }),
+                                    {gate, "[96, 192]", "[64, 192]", "tensor-parallel rank 1 of 2"}));
+  fs::remove_all(bf16);
+}
+
 // ---- gpt-oss's fused layout --------------------------------------------------------------------
 
 // One fused tensor of a checkpoint file as floats: bf16 values, or MXFP4 _blocks / _scales
