@@ -13,9 +13,7 @@ LayerShard LayerShard::of(const ModelPreset& model, const MoELayerOptions& optio
   s.gated = moe.is_act_and_mul();
   s.num_local_experts = moe.num_local_experts;
   s.first_local_expert = moe.parallel.ep_rank * moe.num_local_experts;
-  // NOTE: MoELayer holds the shared experts whole on every rank (not split by TP).
-  s.shared_intermediate =
-      model.num_shared_experts > 0 ? model.shared_intermediate_size * model.num_shared_experts : 0;
+  s.shared_intermediate = MoELayer::shared_width(model, moe.parallel);  // this TP rank's slice
   s.bytes_per_element = static_cast<double>(element_size(options.dtype));
   return s;
 }

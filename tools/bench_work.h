@@ -22,7 +22,7 @@ struct LayerShard {
   bool gated = true;                // w13 holds 2 * I rows (gate and up)
   int first_local_expert = 0;       // global id of local expert 0 (ep_rank * E_local)
   int num_local_experts = 0;        // E_local: E / ep_size
-  int64_t shared_intermediate = 0;  // total shared-expert width (0: none), as the layer holds it
+  int64_t shared_intermediate = 0;  // this rank's shared-expert width (0: none; TP-sliced)
   double bytes_per_element = 2;     // of the unquantized weights (the shared experts always)
   // Bytes of one routed expert when it is quantized: packed codes + scales + biases as the layer
   // holds them (MoELayer::expert_weight_bytes() / E_local); 0: elements * bytes_per_element.

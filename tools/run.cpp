@@ -48,7 +48,7 @@ void check_run_fits(const ModelPreset& model, const MoELayerOptions& options, in
   const double I = static_cast<double>(moe.intermediate_size_per_partition());
   const double N = moe.is_act_and_mul() ? 2 * I : I;
   const double experts = static_cast<double>(moe.num_local_experts) * (N * H + H * I) * es;
-  const double Is = static_cast<double>(model.shared_intermediate_size) * model.num_shared_experts;
+  const double Is = static_cast<double>(MoELayer::shared_width(model, options.parallel));
   const double shared = (moe.is_act_and_mul() ? 3 : 2) * Is * H * es;
   // The workspaces of the reference experts (the largest of the backends): GEMM1 out, activation
   // out, unreduced output, for max_num_tokens tokens from each rank that may send them here.

@@ -238,8 +238,8 @@ Tensor copy_box(const void* data, DType dtype, const Shape& full, const Shape& b
 // the slice at tp_rank of the one dimension that is tp_size times the rank's (gate / up rows,
 // down's columns, their scale groups and blocks). Throws naming the tensor, both shapes and the
 // rank otherwise (e.g. intermediate_size / tp_size not a whole number of the scheme's groups).
-Tensor tp_part(const Tensor& t, const Shape& want, const ParallelConfig& p,
-               const std::string& name, const std::string& what, const char* per = "") {
+Tensor tp_part(const Tensor& t, const Shape& want, const ParallelConfig& p, const std::string& name,
+               const std::string& what, const char* per = "") {
   if (shape_matches(t.shape(), want)) return t;
   const Shape got = squeeze_trailing(t.shape()), need = squeeze_trailing(want);
   int64_t dim = -1;
@@ -304,8 +304,7 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
       float m = -INFINITY;
       for (const std::string& p : projs) {
         const std::string name = names.expert(first_expert + e, p, suffix);
-        const float v =
-            read_piece(r, name, {}, DType::kF32, param, parallel).to_float_vector()[0];
+        const float v = read_piece(r, name, {}, DType::kF32, param, parallel).to_float_vector()[0];
         // Checked one by one: a NaN or negative shard would vanish in the max over the shards.
         MOEKIT_CHECK(std::isfinite(v) && v > 0.0f,
                      "tensor '{}' ({}) is {}: scales must be finite and > 0", name, param, v);
@@ -416,11 +415,12 @@ void check_fused_activation(const LayerNames& names, const MoEConfig& moe) {
 std::pair<Tensor, Tensor> fused_mxfp4(const Reader& r, const LayerNames& names,
                                       const MoEConfig& moe, const FusedProj& p, int64_t first) {
   const int64_t E_total = moe.num_experts, E = moe.num_local_experts;
-  const Shape blocks{E_total, p.N_full, p.K_full / 32, 16}, scales{E_total, p.N_full, p.K_full / 32};
+  const Shape blocks{E_total, p.N_full, p.K_full / 32, 16},
+      scales{E_total, p.N_full, p.K_full / 32};
   const Reader::View b = r.view(names.fused_name(p.name, "_blocks"), blocks, false);
   const Reader::View s = r.view(names.fused_name(p.name, "_scales"), scales, false);
-  Tensor codes = copy_box(b.data, DType::kUInt8, blocks, {first, p.n0, p.k0 / 32, 0},
-                          {E, p.N, p.K / 32, 16});
+  Tensor codes =
+      copy_box(b.data, DType::kUInt8, blocks, {first, p.n0, p.k0 / 32, 0}, {E, p.N, p.K / 32, 16});
   return {codes.view({E, p.N, p.K / 2}),
           copy_box(s.data, DType::kUInt8, scales, {first, p.n0, p.k0 / 32}, {E, p.N, p.K / 32})};
 }
@@ -498,33 +498,35 @@ void load_fused_unquantized(const Reader& r, const LayerNames& names, const MoEC
   }
 }
 
-Tensor read_float(const Reader& r, const std::string& name, const Shape& want) {
-  Tensor t = r.read(name);
-  MOEKIT_CHECK(shape_matches(t.shape(), want), "tensor '{}' has shape {} but the layer needs {}",
-               name, shape_to_string(t.shape()), shape_to_string(want));
+// A tensor read as f32 in shape `want` (under tensor parallelism: the rank's part, tp_part).
+Tensor read_float(const Reader& r, const std::string& name, const Shape& want,
+                  const ParallelConfig& parallel = {}) {
+  const Tensor t = tp_part(r.read(name), want, parallel, name, "the layer");
   MOEKIT_CHECK(is_float_dtype(t.dtype()),
                "tensor '{}' has dtype {}; moekit loads it unquantized (BF16, F16 or F32 only)",
                name, r.dtype_string(name));
   return t.to_dtype(DType::kF32).view(want);
 }
 
-void load_shared(const Reader& r, int n, const ModelPreset& model, Tensor& w13, Tensor& w2,
-                 Tensor& gate) {
+// The shared experts, unquantized: this tensor-parallel rank's rows of gate and up and columns of
+// down (MoELayer::shared_width); the per-token gate whole.
+void load_shared(const Reader& r, int n, const ModelPreset& model, const ParallelConfig& parallel,
+                 Tensor& w13, Tensor& w2, Tensor& gate) {
   if (model.num_shared_experts <= 0) return;
   if (model.shared_expert_gate) {  // Qwen2-MoE: mlp.shared_expert_gate.weight (1, H)
     gate = read_float(r, fmt::format("model.layers.{}.mlp.shared_expert_gate.weight", n),
                       {1, model.hidden_size});
   }
   const int64_t H = model.hidden_size;
-  const int64_t Is = model.shared_intermediate_size * model.num_shared_experts;
+  const int64_t Is = MoELayer::shared_width(model, parallel);
   std::string prefix = fmt::format("model.layers.{}.mlp.shared_experts", n);
   if (!r.contains(prefix + ".gate_proj.weight") &&
       r.contains(fmt::format("model.layers.{}.mlp.shared_expert.gate_proj.weight", n))) {
     prefix = fmt::format("model.layers.{}.mlp.shared_expert", n);
   }
-  const Tensor g = read_float(r, prefix + ".gate_proj.weight", {Is, H});
-  const Tensor u = read_float(r, prefix + ".up_proj.weight", {Is, H});
-  w2 = read_float(r, prefix + ".down_proj.weight", {H, Is});
+  const Tensor g = read_float(r, prefix + ".gate_proj.weight", {Is, H}, parallel);
+  const Tensor u = read_float(r, prefix + ".up_proj.weight", {Is, H}, parallel);
+  w2 = read_float(r, prefix + ".down_proj.weight", {H, Is}, parallel);
   w13 = Tensor::empty({2 * Is, H}, DType::kF32);
   std::memcpy(w13.data(), g.data(), g.nbytes());
   std::memcpy(static_cast<char*>(w13.data()) + g.nbytes(), u.data(), u.nbytes());
@@ -622,7 +624,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   }
   Tensor shared_w13, shared_w2;
   Tensor shared_gate;
-  load_shared(r, layer_index, model, shared_w13, shared_w2, shared_gate);
+  load_shared(r, layer_index, model, moe.parallel, shared_w13, shared_w2, shared_gate);
   const Device device = options.device.device();
   auto placed = [&](const Tensor& t, DType dtype) {
     if (!t.defined()) return t;

@@ -105,6 +105,16 @@ MoEConfig MoELayer::make_moe_config(const ModelPreset& model, const MoELayerOpti
   return moe;
 }
 
+int64_t MoELayer::shared_width(const ModelPreset& model, const ParallelConfig& parallel) {
+  const int64_t Is = model.shared_intermediate_size * model.num_shared_experts;
+  MOEKIT_CHECK(Is % parallel.tp_size == 0,
+               "model {}: the shared experts' width {} (shared_intermediate_size {} x {}) is not "
+               "divisible by tp_size={}",
+               model.name, Is, model.shared_intermediate_size, model.num_shared_experts,
+               parallel.tp_size);
+  return Is / parallel.tp_size;
+}
+
 RouterConfig MoELayer::make_router_config(const ModelPreset& model, const Tensor& bias) {
   RouterConfig r;
   r.num_experts = model.num_experts;
@@ -152,7 +162,7 @@ MoELayerWeights MoELayer::random_weights(const ModelPreset& model, const MoELaye
         random_on(device, {model.num_experts}, DType::kF32, seed + 5, 0.05f);
   }
   if (model.num_shared_experts > 0) {
-    const int64_t Is = model.shared_intermediate_size * model.num_shared_experts;
+    const int64_t Is = shared_width(model, options.parallel);
     const int64_t Ns = is_gated(model.activation) ? 2 * Is : Is;
     w.shared_w13 = random_on(device, {Ns, H}, options.dtype, seed + 6, 2.0f * s1);
     w.shared_w2 = random_on(device, {H, Is}, options.dtype, seed + 7,
@@ -239,7 +249,7 @@ void MoELayer::check_weights() const {
     MOEKIT_CHECK(w.shared_w13.defined() && w.shared_w2.defined(),
                  "model {} has {} shared expert(s) but shared_w13/shared_w2 were not given",
                  model_.name, model_.num_shared_experts);
-    const int64_t Is = model_.shared_intermediate_size * model_.num_shared_experts;
+    const int64_t Is = shared_width(model_, moe_.parallel);
     const int64_t Ns = moe_.is_act_and_mul() ? 2 * Is : Is;
     expect_tensor(w.shared_w13, "shared_w13", {Ns, H}, {options_.dtype}, device);
     expect_tensor(w.shared_w2, "shared_w2", {H, Is}, {options_.dtype}, device);
@@ -293,7 +303,7 @@ std::string MoELayer::shared_fold_reason_for(const ModelPreset& model, const MoE
     return why;
   }
   const int64_t I = moe.intermediate_size_per_partition();
-  const int64_t chunks = model.shared_intermediate_size * model.num_shared_experts / I;
+  const int64_t chunks = shared_width(model, moe.parallel) / I;
   if (mode == SharedExpertsMode::kAuto && chunks < 2) {
     return fmt::format(
         "auto: {} chunk of I={}; folding pays for two or more chunks (H200: deepseek-v3's one "
@@ -330,7 +340,7 @@ std::string MoELayer::fold_obstacle(const ModelPreset& model, const MoEConfig& m
     return "the router weight is applied on the input (llama4 top-1), which takes top_k == 1";
   }
   const int64_t I = moe.intermediate_size_per_partition();
-  const int64_t Is = model.shared_intermediate_size * model.num_shared_experts;
+  const int64_t Is = shared_width(model, moe.parallel);
   if (Is % I != 0) {
     return fmt::format("the shared width I_s={} is not a multiple of the experts' I={}", Is, I);
   }
@@ -350,7 +360,7 @@ std::string MoELayer::shared_experts_note(const ModelPreset& model, const MoECon
   const std::string why = shared_fold_reason_for(model, moe, quant, plan, mode);
   if (!why.empty()) return "separate pass (" + why + ")";
   const int64_t I = moe.intermediate_size_per_partition();
-  const int64_t c = model.shared_intermediate_size * model.num_shared_experts / I;
+  const int64_t c = shared_width(model, moe.parallel) / I;
   const int64_t limit = shared_fold_token_limit(moe, mode);
   return fmt::format(
       "folded into the routed experts: {} extra expert(s) of I={} (experts {}..{}) that every "

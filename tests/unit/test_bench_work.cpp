@@ -42,13 +42,15 @@ TEST(BenchWork, TensorParallelShardsTheIntermediateSize) {
   const LayerWork w8 = layer_work(tp8, ids, 1);
   EXPECT_EQ(w8.experts_touched, 8);
   EXPECT_EQ(w8.routed_rows, 8);
-  const double shared = 3.0 * 2048 * 7168;  // the shared expert, whole on every rank
+  const double shared = 3.0 * 256 * 7168;  // the rank's slice of the shared expert
+  EXPECT_EQ(tp8.shared_intermediate, 256);
+  EXPECT_EQ(full.shared_intermediate, 2048);
   EXPECT_EQ(w8.weight_bytes, 2.0 * (8 * 3.0 * 256 * 7168 + shared));
   EXPECT_EQ(w8.flops, 2.0 * (8 * 3.0 * 256 * 7168 + shared));
   const LayerWork w1 = layer_work(full, ids, 1);
-  EXPECT_EQ(w1.weight_bytes - 2.0 * shared, 8 * (w8.weight_bytes - 2.0 * shared))
-      << "routed-expert bytes shrink by the TP factor";
-  EXPECT_EQ(w1.flops - 2.0 * shared, 8 * (w8.flops - 2.0 * shared));
+  EXPECT_EQ(w1.weight_bytes, 8 * w8.weight_bytes)
+      << "routed and shared expert bytes shrink by the TP factor";
+  EXPECT_EQ(w1.flops, 8 * w8.flops);
 }
 
 TEST(BenchWork, ExpertParallelCountsOnlyLocalExperts) {

@@ -498,9 +498,11 @@ TEST(Checkpoint, FixtureRejectsUnknownNames) {
   fs::remove_all(temp_dir("bad"));
 }
 
-// ---- tensor parallelism ---------------------------------------------------------------------------
+// ---- tensor parallelism
+// ---------------------------------------------------------------------------
 
-// The layer of tensor-parallel rank `rank` of `tp` (no EP): its experts' slice of intermediate_size.
+// The layer of tensor-parallel rank `rank` of `tp` (no EP): its experts' slice of
+// intermediate_size.
 MoELayer tp_rank_layer(const fs::path& dir, int layer, int tp, int rank) {
   MoELayerOptions o;
   o.parallel = ParallelConfig::make(tp, /*dp=*/1, /*dp_rank=*/0, /*tp_rank=*/rank,
@@ -508,10 +510,11 @@ MoELayer tp_rank_layer(const fs::path& dir, int layer, int tp, int rank) {
   return load_moe_layer(dir, layer, o);
 }
 
-// Each tensor-parallel rank loads its slice of every expert out of a checkpoint that holds whole
-// projections (gate / up rows, down columns, their scales and groups; down's bias on rank 0): the
-// ranks' outputs sum to the whole layer (what the engine's all-reduce computes), in every scheme
-// whose groups and blocks divide intermediate_size / tp_size, and gpt-oss's fused layout.
+// Each tensor-parallel rank loads its slice of every expert, shared experts included, out of a
+// checkpoint that holds whole projections (gate / up rows, down columns, their scales and groups;
+// down's bias on rank 0): the ranks' outputs sum to the whole layer (what the engine's all-reduce
+// computes), in every scheme whose groups and blocks divide intermediate_size / tp_size, and
+// gpt-oss's fused layout.
 TEST(Checkpoint, TensorParallelRanksSumToTheWholeLayer) {
   struct Case {
     std::string scheme, model;
@@ -525,6 +528,11 @@ TEST(Checkpoint, TensorParallelRanksSumToTheWholeLayer) {
   }
   cases.push_back({"bf16", "tiny", 4});
   cases.push_back({"fp8_per_channel", "tiny-mixtral", 2});
+  // Shared experts: each rank holds its slice of them too (DeepSeek's, Qwen2-MoE's gated one).
+  cases.push_back({"bf16", "tiny-deepseek", 2});
+  cases.push_back({"nvfp4", "tiny-deepseek", 2});
+  cases.push_back({"bf16", "tiny-qwen2-moe", 2});
+  cases.push_back({"fp8_per_channel", "tiny-qwen2-moe", 4});
   cases.push_back({"bf16", "tiny-gpt-oss", 2});
   cases.push_back({"hf_mxfp4", "tiny-gpt-oss", 2});
   cases.push_back({"hf_mxfp4", "tiny-gpt-oss", 4});
@@ -578,8 +586,9 @@ TEST(Checkpoint, TensorParallelSlicesThatSplitABlockAreRefused) {
     }
     return true;
   });
-  EXPECT_TRUE(testing::contains_all(error_of([&] { tp_rank_layer(bf16, 1, 2, 1); }),
-                                    {gate, "[96, 192]", "[64, 192]", "tensor-parallel rank 1 of 2"}));
+  EXPECT_TRUE(
+      testing::contains_all(error_of([&] { tp_rank_layer(bf16, 1, 2, 1); }),
+                            {gate, "[96, 192]", "[64, 192]", "tensor-parallel rank 1 of 2"}));
   fs::remove_all(bf16);
 }
 

@@ -277,15 +277,15 @@ TEST(SharedFoldReasons, ExplainNote) {
   EXPECT_EQ(note("deepseek-v3", 1, SharedExpertsMode::kFolded),
             "folded into the routed experts: 1 extra expert(s) of I=2048 (experts 256..256) that "
             "every token visits with weight 1");
-  // Under TP the experts are I / tp wide: the (whole) shared expert takes tp chunks (too narrow
-  // for auto).
+  // Under TP the routed and the shared experts are both I / tp wide on a rank: deepseek-v3's
+  // shared expert stays one chunk (auto: its own pass).
   EXPECT_TRUE(contains(note("deepseek-v3", 8, SharedExpertsMode::kFolded),
-                       "8 extra expert(s) of I=256 (experts 256..263)"))
+                       "1 extra expert(s) of I=256 (experts 256..256)"))
       << note("deepseek-v3", 8, SharedExpertsMode::kFolded);
-  EXPECT_TRUE(contains(note("deepseek-v3", 8),
-                       "(experts 256..263) that every token visits with weight 1; forwards of "
-                       "more than 256 tokens run them as their own pass"))
+  EXPECT_TRUE(contains(note("deepseek-v3", 8), "separate pass (auto: 1 chunk of I=256"))
       << note("deepseek-v3", 8);
+  EXPECT_TRUE(contains(note("qwen1.5-moe-a2.7b", 4), "4 extra expert(s) of I=352 (experts 60..63)"))
+      << note("qwen1.5-moe-a2.7b", 4);
   EXPECT_TRUE(contains(note("qwen1.5-moe-a2.7b", 1),
                        "4 extra expert(s) of I=1408 (experts 60..63) that every token visits "
                        "with weight sigmoid(x . shared_gate)"))

@@ -42,9 +42,9 @@ enum class SharedExpertsMode {
   // run the separate pass, from the shared tensors the layer then also keeps). Measured on the
   // H200 (bench/results/2026-12-02-h200-shared-fold), folded / separate: qwen1.5-moe-a2.7b (4
   // chunks of 1408) 1.06x-1.55x at M <= 4096, 0.98x-1.17x at 16384; deepseek-v3 (1 chunk, whose
-  // own pass overlaps the routed experts) 0.96x-1.04x; deepseek-v3 --tp 8 (8 chunks of 256)
-  // 1.01x-1.26x at M <= 256 but 0.83x-0.88x folded at M >= 1024 (GEMM2 with K = 256, 8 more slots
-  // per token to reduce), so there auto gives 1.00x-1.28x.
+  // own pass overlaps the routed experts) 0.96x-1.04x. (deepseek-v3 --tp 8 was measured with
+  // 8 chunks of 256, when every TP rank held the whole shared expert: 1.01x-1.26x at M <= 256,
+  // 0.83x-0.88x at M >= 1024. Since 2026-12-05 a rank holds its I_s / tp slice, one chunk there.)
   kAuto,
   kFolded,    // fold; a layer that cannot throws moekit::UnsupportedError with the reason
   kSeparate,  // the shared experts' own pass, added after the routed experts
@@ -224,6 +224,12 @@ class MoELayer {
   // The MoEConfig a layer of this model gets under these options (also used by `moekit explain`).
   static MoEConfig make_moe_config(const ModelPreset& model, const MoELayerOptions& options);
   static RouterConfig make_router_config(const ModelPreset& model, const Tensor& bias);
+  // The shared experts' intermediate width on this rank: I_s = shared_intermediate_size x
+  // num_shared_experts split over the tensor-parallel ranks as the routed experts' I is (a rank
+  // holds gate and up rows [tp_rank I_s / tp, (tp_rank + 1) I_s / tp) and those columns of down,
+  // so the ranks' partial outputs sum to the layer's output). Throws when tp_size does not divide
+  // I_s; 0 for a model without shared experts.
+  static int64_t shared_width(const ModelPreset& model, const ParallelConfig& parallel);
   // Why a layer of this model, deployment, scheme and plan runs its shared experts as a separate
   // pass, or "" when they fold into the routed experts (SharedExpertsMode). *impossible (when
   // given) is set when the reason rules folding out, not just the mode.
