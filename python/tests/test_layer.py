@@ -207,6 +207,24 @@ def test_checkpoint_layer_fp8(tmp_path: pathlib.Path) -> None:
     assert "quark" in text and "method" in text
 
 
+def test_checkpoint_gpt_oss_tensor_parallel(tmp_path: pathlib.Path) -> None:
+    """gpt-oss's MXFP4 checkpoint (fused experts, router bias) as an engine runs it under tensor
+    parallelism: each rank's layer holds its slice; the ranks' outputs sum to the whole layer."""
+    moekit.write_fixture_checkpoint(tmp_path, scheme="hf_mxfp4", model="tiny-gpt-oss")
+    whole = moekit.MoELayer.from_checkpoint(tmp_path, layer=1, device="cpu")
+    assert whole.is_quantized and whole.top_k == 4
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(9, whole.hidden_size, generator=g) * 2 - 1).bfloat16()
+    logits = whole.router_logits(x)
+    ranks = [
+        moekit.MoELayer.from_checkpoint(tmp_path, layer=1, device="cpu", tp_size=2, tp_rank=r)
+        for r in range(2)
+    ]
+    assert all(r.intermediate_size == whole.intermediate_size // 2 for r in ranks)
+    total = sum(r(x, logits).float() for r in ranks)
+    assert rel_l2(total, whole(x, logits).float()) <= 2e-2
+
+
 def test_checkpoint_errors(tmp_path: pathlib.Path) -> None:
     expect_error("needs a config.json", moekit.MoELayer.from_checkpoint, tmp_path, 0, device="cpu")
     moekit.write_fixture_checkpoint(tmp_path, scheme="bf16", model="tiny")
