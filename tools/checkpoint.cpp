@@ -111,10 +111,14 @@ int make_fixture_command(const std::string& scheme, const std::string& out,
   for (const std::string& s : schemes) {
     const std::filesystem::path dir =
         scheme == "all" ? std::filesystem::path(out) / s : std::filesystem::path(out);
-    // "all": gpt-oss's format on gpt-oss's layout; tiny-gpt-oss only in the schemes it takes.
+    // "all": every scheme the model takes, and gpt-oss's format (on tiny-gpt-oss) beside the
+    // Quark schemes of a per-expert model.
     std::string m = model;
     if (scheme == "all" && !io::fixture_scheme_fits(s, model)) {
-      if (!io::fixture_scheme_fits(s, "tiny-gpt-oss")) continue;
+      if (!io::fixture_scheme_fits(s, "tiny-gpt-oss") ||
+          !io::fixture_scheme_fits("fp8_per_tensor", model)) {
+        continue;
+      }
       m = "tiny-gpt-oss";
     }
     io::FixtureOptions o;

@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
   fixture->add_option("--out", fixture_out, "output directory")->required();
   fixture
       ->add_option("--model", fixture_model,
-                   "tiny, tiny-mixtral, tiny-deepseek, tiny-qwen2-moe or tiny-gpt-oss (gpt-oss's "
-                   "fused layout: bf16 and hf_mxfp4)")
+                   "tiny, tiny-mixtral, tiny-deepseek, tiny-qwen2-moe, tiny-gpt-oss (gpt-oss's "
+                   "fused layout: bf16 and hf_mxfp4) or tiny-llama4 (Llama 4's: bf16)")
       ->capture_default_str();
   fixture->add_option("--seed", fixture_seed, "random seed of the weights");
   fixture

@@ -37,6 +37,7 @@ struct ModelShape {
   bool deepseek = false;
   bool qwen2 = false;    // a gated shared expert 2I wide (Qwen2-MoE's names)
   bool gpt_oss = false;  // fused experts, interleaved gate/up, biases, a router with a bias
+  bool llama4 = false;   // fused experts, concatenated gate/up, top-1 sigmoid, a shared expert
 };
 
 ModelShape model_shape(const std::string& name) {
@@ -60,6 +61,10 @@ ModelShape model_shape(const std::string& name) {
     m.model_type = "gpt_oss";
     m.k = 4;
     m.gpt_oss = true;
+  } else if (name == "tiny-llama4") {
+    m.model_type = "llama4";
+    m.k = 1;
+    m.llama4 = true;
   } else {
     throw Error(fmt::format("unknown fixture model '{}'; known: {}", name,
                             fmt::join(fixture_models(), ", ")));
@@ -74,6 +79,7 @@ json config_json(const ModelShape& m, const std::string& scheme) {
                                     : m.model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
                                     : m.qwen2                     ? "Qwen2MoeForCausalLM"
                                     : m.gpt_oss                   ? "GptOssForCausalLM"
+                                    : m.llama4                    ? "Llama4ForConditionalGeneration"
                                                                   : "DeepseekV3ForCausalLM"});
   c["hidden_size"] = m.H;
   c["num_hidden_layers"] = m.layers;
@@ -88,6 +94,21 @@ json config_json(const ModelShape& m, const std::string& scheme) {
     c["num_local_experts"] = m.E;
     c["intermediate_size"] = m.I;
     c["swiglu_limit"] = 7.0;
+  } else if (m.llama4) {
+    // Llama4ForConditionalGeneration: the language model's config under text_config.
+    json text = c;
+    for (const char* key : {"architectures", "_name_or_path", "torch_dtype"})
+      text.erase(key);
+    text["model_type"] = "llama4_text";
+    text["num_local_experts"] = m.E;
+    text["intermediate_size"] = m.I;
+    text["intermediate_size_mlp"] = 2 * m.I;
+    text["interleave_moe_layer_step"] = 1;
+    json top;
+    for (const char* key : {"model_type", "architectures", "_name_or_path", "torch_dtype"})
+      top[key] = c[key];
+    top["text_config"] = text;
+    return top;
   } else if (m.model_type == "qwen3_moe") {
     c["num_experts"] = m.E;
     c["moe_intermediate_size"] = m.I;
@@ -388,20 +409,22 @@ void emit_nvfp4(Emitter& out, const std::vector<std::string>& names,
   }
 }
 
-// gpt-oss's experts (layer/checkpoint.h): one tensor per projection for every expert, gate_up's
-// rows interleaved (2j: gate j, 2j + 1: up j), unquantized matrices stored transposed (x @ W),
-// MXFP4 ones as _blocks (E, N, K / 32, 16) and e8m0 _scales (E, N, K / 32); bf16 biases.
-void emit_gpt_oss_experts(Emitter& out, const std::string& experts, const ModelShape& m, bool mxfp4,
-                          std::mt19937_64& rng, float s1, float s2) {
+// Fused experts (layer/checkpoint.h): one tensor per projection for every expert, gate_up's outputs
+// interleaved (gpt-oss: 2j gate j, 2j + 1 up j) or concatenated (Llama 4: gate, then up),
+// unquantized matrices stored transposed (x @ W), MXFP4 ones as _blocks (E, N, K / 32, 16) and
+// e8m0 _scales (E, N, K / 32); gpt-oss's bf16 biases.
+void emit_fused_experts(Emitter& out, const std::string& experts, const ModelShape& m, bool mxfp4,
+                        std::mt19937_64& rng, float s1, float s2) {
   const int64_t E = m.E, H = m.H, I = m.I;
   std::vector<float> gate_up(static_cast<size_t>(E * 2 * I * H));  // (E, 2I, H)
   std::vector<float> down;                                         // (E, H, I)
   for (int64_t e = 0; e < E; ++e) {
     const std::vector<float> wg = uniform(rng, I * H, s1), wu = uniform(rng, I * H, s1);
     for (int64_t j = 0; j < I; ++j) {
+      const int64_t g = m.gpt_oss ? 2 * j : j, u = m.gpt_oss ? 2 * j + 1 : I + j;
       for (int64_t h = 0; h < H; ++h) {
-        gate_up[static_cast<size_t>((e * 2 * I + 2 * j) * H + h)] = wg[j * H + h];
-        gate_up[static_cast<size_t>((e * 2 * I + 2 * j + 1) * H + h)] = wu[j * H + h];
+        gate_up[static_cast<size_t>((e * 2 * I + g) * H + h)] = wg[j * H + h];
+        gate_up[static_cast<size_t>((e * 2 * I + u) * H + h)] = wu[j * H + h];
       }
     }
     const std::vector<float> wd = uniform(rng, H * I, s2);
@@ -431,7 +454,7 @@ void emit_gpt_oss_experts(Emitter& out, const std::string& experts, const ModelS
       }
       out.bf16(p.name, {E, p.K, p.N}, t);
     }
-    out.bf16(p.name + "_bias", {E, p.N}, uniform(rng, E * p.N, 0.1f));
+    if (m.gpt_oss) out.bf16(p.name + "_bias", {E, p.N}, uniform(rng, E * p.N, 0.1f));
   }
 }
 
@@ -534,13 +557,14 @@ const std::vector<std::string>& fixture_schemes() {
 }
 
 const std::vector<std::string>& fixture_models() {
-  static const std::vector<std::string> kModels = {"tiny", "tiny-mixtral", "tiny-deepseek",
-                                                   "tiny-qwen2-moe", "tiny-gpt-oss"};
+  static const std::vector<std::string> kModels = {
+      "tiny", "tiny-mixtral", "tiny-deepseek", "tiny-qwen2-moe", "tiny-gpt-oss", "tiny-llama4"};
   return kModels;
 }
 
 bool fixture_scheme_fits(const std::string& scheme, const std::string& model) {
-  return scheme == "bf16" || model_shape(model).gpt_oss == (scheme == "hf_mxfp4");
+  const ModelShape m = model_shape(model);
+  return scheme == "bf16" || (!m.llama4 && m.gpt_oss == (scheme == "hf_mxfp4"));
 }
 
 std::string fixture_quantization_config(const std::string& scheme) {
@@ -561,13 +585,14 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
         fmt::format("unknown fixture scheme '{}'; known: {}", scheme, fmt::join(known, ", ")));
   }
   if (!fixture_scheme_fits(scheme, options.model)) {
-    throw Error(m.gpt_oss ? fmt::format("fixture model {} stores gpt-oss's fused experts, which "
-                                        "load unquantized (bf16) or as HuggingFace MXFP4 "
-                                        "(hf_mxfp4), not as {}",
-                                        options.model, scheme)
-                          : fmt::format("fixture model {}: scheme {} is gpt-oss's checkpoint "
-                                        "format; use --model tiny-gpt-oss",
-                                        options.model, scheme));
+    throw Error(m.gpt_oss || m.llama4
+                    ? fmt::format("fixture model {} stores fused experts, which load unquantized "
+                                  "(bf16){}, not as {}",
+                                  options.model,
+                                  m.gpt_oss ? " or as HuggingFace MXFP4 (hf_mxfp4)" : "", scheme)
+                    : fmt::format("fixture model {}: scheme {} is gpt-oss's checkpoint "
+                                  "format; use --model tiny-gpt-oss",
+                                  options.model, scheme));
   }
   json cfg = config_json(m, scheme);
   if (const std::optional<quantization::HfFp8Config> hf = hf_fp8_of(scheme)) {
@@ -593,13 +618,21 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
       out.bf16(p + ".down_proj.weight", {H, Id}, uniform(rng, H * Id, s2));
       continue;
     }
-    const std::string moe =
-        fmt::format("model.layers.{}.{}", n, m.mixtral_names ? "block_sparse_moe" : "mlp");
-    const std::string router = moe + (m.gpt_oss ? ".router" : ".gate");
+    const std::string moe = m.llama4 ? fmt::format("language_model.model.layers.{}.feed_forward", n)
+                                     : fmt::format("model.layers.{}.{}", n,
+                                                   m.mixtral_names ? "block_sparse_moe" : "mlp");
+    const bool fused = m.gpt_oss || m.llama4;
+    const std::string router = moe + (fused ? ".router" : ".gate");
     out.bf16(router + ".weight", {m.E, H}, uniform(rng, m.E * H, 1.0f / std::sqrt(float(H))));
-    if (m.gpt_oss) {
-      out.bf16(router + ".bias", {m.E}, uniform(rng, m.E, 0.5f));
-      emit_gpt_oss_experts(out, moe + ".experts", m, scheme == "hf_mxfp4", rng, s1, s2);
+    if (m.gpt_oss) out.bf16(router + ".bias", {m.E}, uniform(rng, m.E, 0.5f));
+    if (m.llama4) {
+      const std::string sp = moe + ".shared_expert";
+      out.bf16(sp + ".gate_proj.weight", {I, H}, uniform(rng, I * H, s1));
+      out.bf16(sp + ".up_proj.weight", {I, H}, uniform(rng, I * H, s1));
+      out.bf16(sp + ".down_proj.weight", {H, I}, uniform(rng, H * I, s2));
+    }
+    if (fused) {
+      emit_fused_experts(out, moe + ".experts", m, scheme == "hf_mxfp4", rng, s1, s2);
       continue;
     }
     if (m.deepseek) {

@@ -150,17 +150,23 @@ void check_finite(const Tensor& t, const std::string& name) {
   }
 }
 
+// How a layer stores its experts: a tensor per expert and projection (Qwen, Mixtral, DeepSeek), or
+// every expert in one tensor per projection, gate and up fused with their outputs interleaved
+// (gpt-oss: 2j gate j, 2j + 1 up j) or concatenated (Llama 4: gate, then up).
+enum class ExpertStorage { kPerExpert, kFusedInterleaved, kFusedConcatenated };
+
 // Tensor names of one MoE layer.
 struct LayerNames {
-  std::string moe_prefix;  // model.layers.N.mlp / model.layers.N.block_sparse_moe
+  // model.layers.N.mlp / model.layers.N.block_sparse_moe /
+  // [language_model.]model.layers.N.feed_forward
+  std::string moe_prefix;
   std::string gate, up, down;
   // The file's suffix of the Quark parameters' "weight_scale" (HuggingFace fp8 blocks:
   // "weight_scale_inv").
   std::string weight_scale = "weight_scale";
-  // gpt-oss: every expert in one tensor per projection (<moe_prefix>.experts.gate_up_proj...,
-  // gate and up rows interleaved) and the router under "router" (with a bias).
-  bool fused = false;
-  std::string router = "gate";
+  ExpertStorage storage = ExpertStorage::kPerExpert;
+  std::string router = "gate";  // gpt-oss and Llama 4: "router" (gpt-oss's with a bias)
+  bool fused() const { return storage != ExpertStorage::kPerExpert; }
   std::string expert(int64_t e, const std::string& proj, const std::string& param) const {
     return fmt::format("{}.experts.{}.{}.{}", moe_prefix, e, proj, param);
   }
@@ -173,12 +179,26 @@ struct LayerNames {
 LayerNames find_names(const Reader& r, int n, const ModelPreset& model) {
   const std::string qwen = fmt::format("model.layers.{}.mlp", n);
   const std::string mixtral = fmt::format("model.layers.{}.block_sparse_moe", n);
-  if (r.contains(qwen + ".experts.gate_up_proj") ||
-      r.contains(qwen + ".experts.gate_up_proj_blocks")) {
-    LayerNames names{qwen, "gate_proj", "up_proj", "down_proj"};
-    names.fused = true;
+  // Llama 4: Llama4ForCausalLM's names, or Llama4ForConditionalGeneration's under language_model.
+  const std::string llama4 = fmt::format("model.layers.{}.feed_forward", n);
+  auto fused = [&](const std::string& prefix, ExpertStorage storage) {
+    LayerNames names{prefix, "gate_proj", "up_proj", "down_proj"};
+    names.storage = storage;
     names.router = "router";
     return names;
+  };
+  if (r.contains(qwen + ".experts.gate_up_proj") ||
+      r.contains(qwen + ".experts.gate_up_proj_blocks")) {
+    return fused(qwen, ExpertStorage::kFusedInterleaved);
+  }
+  for (const std::string& prefix : {llama4, "language_model." + llama4}) {
+    if (r.contains(prefix + ".experts.gate_up_proj")) {
+      return fused(prefix, ExpertStorage::kFusedConcatenated);
+    }
+    MOEKIT_CHECK(!r.contains(prefix + ".gate_proj.weight"),
+                 "layer {} is a dense layer ({}.gate_proj is an MLP without experts), not an MoE "
+                 "layer",
+                 n, prefix);
   }
   if (r.contains(qwen + ".experts.0.gate_proj.weight") ||
       r.contains(qwen + ".experts.0.up_proj.weight")) {
@@ -192,8 +212,9 @@ LayerNames find_names(const Reader& r, int n, const ModelPreset& model) {
                model.first_moe_layer);
   throw Error(fmt::format(
       "no MoE expert tensors for layer {} in {}: looked for '{}.experts.0.gate_proj.weight', "
-      "'{}.experts.0.w1.weight' and gpt-oss's '{}.experts.gate_up_proj[_blocks]'",
-      n, r.dir().string(), qwen, mixtral, qwen));
+      "'{}.experts.0.w1.weight', gpt-oss's '{}.experts.gate_up_proj[_blocks]' and Llama 4's "
+      "'[language_model.]{}.experts.gate_up_proj'",
+      n, r.dir().string(), qwen, mixtral, qwen, llama4));
 }
 
 bool byte_compatible(DType want, DType got) {
@@ -376,42 +397,60 @@ void load_unquantized(const Reader& r, const LayerNames& names, const MoEConfig&
   if (has_bias && moe.parallel.tp_rank != 0) std::memset(w.w2_bias.data(), 0, w.w2_bias.nbytes());
 }
 
-// ---- gpt-oss's fused experts -------------------------------------------------------------------
-// <experts>.gate_up_proj* and down_proj* hold every expert of the layer in one tensor each.
-// gate_up's 2I outputs interleave gate and up (output 2j: gate j, 2j + 1: up j), which is the
-// order the swigluoai activation takes (config/activation.h), so rows keep the file's order, and a
-// tensor-parallel rank's gate and up rows [tp_rank I, (tp_rank + 1) I) are the file's contiguous
-// outputs [2 tp_rank I, 2 (tp_rank + 1) I). HuggingFace MXFP4 (quantization/hf_mxfp4.h): _blocks
-// (E, N, K / 32, 16) codes and _scales (E, N, K / 32) e8m0 per output row; unquantized: the
-// matrices transposed (x @ W): gate_up_proj (E, H, 2I), down_proj (E, I, H). Biases: _bias (E, N)
-// either way.
+// ---- fused experts (gpt-oss, Llama 4)
+// ------------------------------------------------------------- <experts>.gate_up_proj* and
+// down_proj* hold every expert of the layer in one tensor each. gpt-oss interleaves gate_up's 2I
+// outputs (2j: gate j, 2j + 1: up j), the order its swigluoai activation takes
+// (config/activation.h), so they keep the file's order, and a tensor-parallel rank's gate and up
+// [tp_rank I, (tp_rank + 1) I) are the file's contiguous outputs [2 tp_rank I, 2 (tp_rank + 1) I).
+// Llama 4 concatenates them (gate, then up: the layer's [gate; up]), so a rank takes two ranges.
+// Unquantized, the matrices are stored transposed (x @ W): gate_up_proj (E, H, 2I), down_proj (E,
+// I, H); gpt-oss's HuggingFace MXFP4 (quantization/hf_mxfp4.h) as _blocks (E, N, K / 32, 16) codes
+// and _scales (E, N, K / 32) e8m0 per output row; biases (gpt-oss) as _bias (E, N).
 
 // One projection of the fused layout as this rank holds it: N outputs from K inputs (the rank's
-// sizes), starting at output n0 and input k0 of the file's N_full x K_full.
+// sizes) of the file's N_full x K_full, inputs from k0, outputs mapped by file_output().
 struct FusedProj {
   const char* name;  // "gate_up_proj", "down_proj"
-  int64_t N, K, N_full, K_full, n0, k0;
+  int64_t N, K, N_full, K_full, k0;
+  int64_t I, I_full, t0;  // the rank's intermediate size, the whole one, its first column
+  ExpertStorage storage;  // gate_up's output order; down's outputs are H, never split
+  bool gate_up;
   bool bias_here;  // down's bias only on tensor-parallel rank 0: the partial outputs sum to one
+  // The file's output of the rank's output n (layer order: [gate; up], or interleaved).
+  int64_t file_output(int64_t n) const {
+    if (!gate_up) return n;
+    if (storage == ExpertStorage::kFusedInterleaved) return 2 * t0 + n;
+    return n < I ? t0 + n : I_full + t0 + (n - I);
+  }
 };
 
-FusedProj fused_proj(const MoEConfig& moe, bool gate_up) {
+FusedProj fused_proj(const MoEConfig& moe, ExpertStorage storage, bool gate_up) {
   const int64_t H = moe.hidden_dim, I = moe.intermediate_size_per_partition();
   const int64_t I_full = moe.intermediate_size, t0 = moe.parallel.tp_rank * I;
-  return gate_up ? FusedProj{"gate_up_proj", 2 * I, H, 2 * I_full, H, 2 * t0, 0, true}
-                 : FusedProj{"down_proj", H, I, H, I_full, 0, t0, moe.parallel.tp_rank == 0};
+  if (gate_up)
+    return {"gate_up_proj", 2 * I, H, 2 * I_full, H, 0, I, I_full, t0, storage, true, true};
+  return {"down_proj", H,      I,  H,       I_full, t0,
+          I,           I_full, t0, storage, false,  moe.parallel.tp_rank == 0};
 }
 
-// The fused layout serves gpt-oss's activation only: its rows interleave gate and up.
+// Interleaved gate/up is gpt-oss's swigluoai; concatenated is any other gated activation.
 void check_fused_activation(const LayerNames& names, const MoEConfig& moe) {
-  MOEKIT_CHECK(moe.activation == Activation::kSwigluOai,
-               "{}.experts holds gpt-oss's fused gate_up_proj (gate and up rows interleaved), "
-               "which the swigluoai activation reads; the model's activation is {} "
-               "(config.json's model_type must be gpt_oss)",
-               names.moe_prefix, activation_name(moe.activation));
+  const bool interleaved = names.storage == ExpertStorage::kFusedInterleaved;
+  const bool ok = interleaved
+                      ? moe.activation == Activation::kSwigluOai
+                      : moe.w13_num_shards() == 2 && moe.activation != Activation::kSwigluOai;
+  MOEKIT_CHECK(
+      ok,
+      "{}.experts.gate_up_proj holds gate and up {}, which {}; the model's activation is {} "
+      "(config.json's model_type sets it)",
+      names.moe_prefix, interleaved ? "interleaved (gpt-oss)" : "concatenated (Llama 4)",
+      interleaved ? "gpt-oss's swigluoai reads" : "a gated activation other than swigluoai reads",
+      activation_name(moe.activation));
 }
 
 // The MXFP4 codes (E, N, K / 2) and e8m0 scales (E, N, K / 32) of experts [first, first + E) of a
-// projection, this rank's part.
+// projection, this rank's part (gpt-oss's interleaved layout: the rank's outputs are one range).
 std::pair<Tensor, Tensor> fused_mxfp4(const Reader& r, const LayerNames& names,
                                       const MoEConfig& moe, const FusedProj& p, int64_t first) {
   const int64_t E_total = moe.num_experts, E = moe.num_local_experts;
@@ -419,10 +458,11 @@ std::pair<Tensor, Tensor> fused_mxfp4(const Reader& r, const LayerNames& names,
       scales{E_total, p.N_full, p.K_full / 32};
   const Reader::View b = r.view(names.fused_name(p.name, "_blocks"), blocks, false);
   const Reader::View s = r.view(names.fused_name(p.name, "_scales"), scales, false);
+  const int64_t n0 = p.file_output(0);
   Tensor codes =
-      copy_box(b.data, DType::kUInt8, blocks, {first, p.n0, p.k0 / 32, 0}, {E, p.N, p.K / 32, 16});
+      copy_box(b.data, DType::kUInt8, blocks, {first, n0, p.k0 / 32, 0}, {E, p.N, p.K / 32, 16});
   return {codes.view({E, p.N, p.K / 2}),
-          copy_box(s.data, DType::kUInt8, scales, {first, p.n0, p.k0 / 32}, {E, p.N, p.K / 32})};
+          copy_box(s.data, DType::kUInt8, scales, {first, n0, p.k0 / 32}, {E, p.N, p.K / 32})};
 }
 
 // The (E, N) biases of experts [first, first + E) in `dtype`, this rank's part (zeros where the
@@ -434,7 +474,7 @@ Tensor fused_bias(const Reader& r, const LayerNames& names, const MoEConfig& moe
   Tensor out = Tensor::empty({E, p.N}, dtype);
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t n = 0; n < p.N; ++n) {
-      const float b = load_float(v.data, v.dtype, (first + e) * p.N_full + p.n0 + n);
+      const float b = load_float(v.data, v.dtype, (first + e) * p.N_full + p.file_output(n));
       store_float(out.data(), dtype, e * p.N + n, p.bias_here ? b : 0.0f);
     }
   }
@@ -448,7 +488,7 @@ void load_fused_mxfp4_params(const Reader& r, const LayerNames& names, const MoE
   check_fused_activation(names, moe);
   const std::string desc = fmt::format("{}.experts.{{gate_up,down}}_proj_*", names.moe_prefix);
   for (const bool gate_up : {true, false}) {
-    const FusedProj p = fused_proj(moe, gate_up);
+    const FusedProj p = fused_proj(moe, names.storage, gate_up);
     const std::string w = gate_up ? "w13" : "w2";
     auto [codes, scales] = fused_mxfp4(r, names, moe, p, first);
     params.load(w + "_weight", codes, desc);
@@ -468,7 +508,7 @@ void load_fused_unquantized(const Reader& r, const LayerNames& names, const MoEC
   check_fused_activation(names, moe);
   const int64_t E_total = moe.num_experts, E = moe.num_local_experts;
   for (const bool gate_up : {true, false}) {
-    const FusedProj p = fused_proj(moe, gate_up);
+    const FusedProj p = fused_proj(moe, names.storage, gate_up);
     Tensor& dst = gate_up ? w.w13 : w.w2;
     dst = Tensor::empty({E, p.N, p.K}, dtype);
     if (mxfp4) {
@@ -486,10 +526,10 @@ void load_fused_unquantized(const Reader& r, const LayerNames& names, const MoEC
           r.view(names.fused_name(p.name, ""), {E_total, p.K_full, p.N_full}, true);
       for (int64_t e = 0; e < E; ++e) {
         for (int64_t k = 0; k < p.K; ++k) {
-          const int64_t row = ((first + e) * p.K_full + p.k0 + k) * p.N_full + p.n0;
+          const int64_t row = ((first + e) * p.K_full + p.k0 + k) * p.N_full;
           for (int64_t n = 0; n < p.N; ++n) {
             store_float(dst.data(), dtype, (e * p.N + n) * p.K + k,
-                        load_float(v.data, v.dtype, row + n));
+                        load_float(v.data, v.dtype, row + p.file_output(n)));
           }
         }
       }
@@ -509,20 +549,20 @@ Tensor read_float(const Reader& r, const std::string& name, const Shape& want,
 }
 
 // The shared experts, unquantized: this tensor-parallel rank's rows of gate and up and columns of
-// down (MoELayer::shared_width); the per-token gate whole.
-void load_shared(const Reader& r, int n, const ModelPreset& model, const ParallelConfig& parallel,
-                 Tensor& w13, Tensor& w2, Tensor& gate) {
+// down (MoELayer::shared_width); the per-token gate whole. Under the layer's prefix:
+// shared_experts (DeepSeek) or shared_expert (Qwen2-MoE, Llama 4), Qwen2-MoE's shared_expert_gate.
+void load_shared(const Reader& r, const LayerNames& names, const ModelPreset& model,
+                 const ParallelConfig& parallel, Tensor& w13, Tensor& w2, Tensor& gate) {
   if (model.num_shared_experts <= 0) return;
   if (model.shared_expert_gate) {  // Qwen2-MoE: mlp.shared_expert_gate.weight (1, H)
-    gate = read_float(r, fmt::format("model.layers.{}.mlp.shared_expert_gate.weight", n),
-                      {1, model.hidden_size});
+    gate = read_float(r, names.moe_prefix + ".shared_expert_gate.weight", {1, model.hidden_size});
   }
   const int64_t H = model.hidden_size;
   const int64_t Is = MoELayer::shared_width(model, parallel);
-  std::string prefix = fmt::format("model.layers.{}.mlp.shared_experts", n);
+  std::string prefix = names.moe_prefix + ".shared_experts";
   if (!r.contains(prefix + ".gate_proj.weight") &&
-      r.contains(fmt::format("model.layers.{}.mlp.shared_expert.gate_proj.weight", n))) {
-    prefix = fmt::format("model.layers.{}.mlp.shared_expert", n);
+      r.contains(names.moe_prefix + ".shared_expert.gate_proj.weight")) {
+    prefix = names.moe_prefix + ".shared_expert";
   }
   const Tensor g = read_float(r, prefix + ".gate_proj.weight", {Is, H}, parallel);
   const Tensor u = read_float(r, prefix + ".up_proj.weight", {Is, H}, parallel);
@@ -624,7 +664,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   }
   Tensor shared_w13, shared_w2;
   Tensor shared_gate;
-  load_shared(r, layer_index, model, moe.parallel, shared_w13, shared_w2, shared_gate);
+  load_shared(r, names, model, moe.parallel, shared_w13, shared_w2, shared_gate);
   const Device device = options.device.device();
   auto placed = [&](const Tensor& t, DType dtype) {
     if (!t.defined()) return t;
@@ -652,7 +692,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   const std::string layer_name = names.moe_prefix + ".experts";
   const std::string experts_desc = fmt::format("{}.experts.*", names.moe_prefix);
   if (!qc || qc->is_excluded(layer_name)) {
-    if (names.fused) {
+    if (names.fused()) {
       MOEKIT_CHECK(quant.dequantize_mxfp4 || r.contains(names.fused_name("gate_up_proj", "")) ||
                        !r.contains(names.fused_name("gate_up_proj", "_blocks")),
                    "{} holds MXFP4 codes but {}/config.json has no quantization_config with "
@@ -686,11 +726,11 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   quark::ExpertParams params;
   method->create_weights(params, E, H, I, options.dtype);
   params.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
-  if (names.fused) {
-    MOEKIT_CHECK(quant.hf_mxfp4,
-                 "{}.experts holds gpt-oss's fused layout (gate_up_proj, down_proj), which moekit "
-                 "loads unquantized or as HuggingFace MXFP4 (quant_method \"mxfp4\"), not with "
-                 "{}",
+  if (names.fused()) {
+    MOEKIT_CHECK(quant.hf_mxfp4 && names.storage == ExpertStorage::kFusedInterleaved,
+                 "{}.experts holds every expert fused (gate_up_proj, down_proj), which moekit "
+                 "loads unquantized, or as HuggingFace MXFP4 (quant_method \"mxfp4\") in "
+                 "gpt-oss's layout; not with {}",
                  names.moe_prefix, method->name());
     load_fused_mxfp4_params(r, names, moe, params, first);
   } else {

@@ -163,6 +163,11 @@ if [ "$(ls "$tmp/all_gptoss")" != "$(printf 'bf16\nhf_mxfp4')" ]; then
   echo "FAILED: make-fixture --scheme all --model tiny-gpt-oss wrote: $(ls "$tmp/all_gptoss")"
   failures=$((failures + 1))
 fi
+# Llama 4's layout (language_model.*, text_config, fused experts, a shared expert), TP rank 1.
+"$moekit" make-fixture --scheme bf16 --model tiny-llama4 --out "$tmp/llama4" >/dev/null || exit 1
+expect 0 "-> OK" run --checkpoint "$tmp/llama4" --layer 1 -m 9 --tp 2 --tp-rank 1
+expect 2 "fixture model tiny-llama4 stores fused experts, which load unquantized \(bf16\), not as nvfp4" \
+  make-fixture --scheme nvfp4 --model tiny-llama4 --out "$tmp/bad_llama4"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures CLI check(s) failed"

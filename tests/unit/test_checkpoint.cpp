@@ -533,6 +533,7 @@ TEST(Checkpoint, TensorParallelRanksSumToTheWholeLayer) {
   cases.push_back({"nvfp4", "tiny-deepseek", 2});
   cases.push_back({"bf16", "tiny-qwen2-moe", 2});
   cases.push_back({"fp8_per_channel", "tiny-qwen2-moe", 4});
+  cases.push_back({"bf16", "tiny-llama4", 2});  // fused gate/up concatenated: two ranges a rank
   cases.push_back({"bf16", "tiny-gpt-oss", 2});
   cases.push_back({"hf_mxfp4", "tiny-gpt-oss", 2});
   cases.push_back({"hf_mxfp4", "tiny-gpt-oss", 4});
@@ -769,7 +770,7 @@ TEST(Checkpoint, GptOssLayoutErrorsNameTheTensorOrTheConfig) {
       nlohmann::json::parse(io::fixture_quantization_config("fp8_per_channel"));
   std::ofstream(dir / "config.json") << cfg.dump();
   EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 1); }),
-                                    {"fused layout", "QuarkW8A8Fp8MoEMethod"}));
+                                    {"every expert fused", "QuarkW8A8Fp8MoEMethod"}));
   // A missing or misshapen fused tensor is named.
   cfg["quantization_config"] = quantization::HfMxfp4Config{}.to_json();
   cfg["quantization_config"]["modules_to_not_convert"] = {1};
@@ -786,6 +787,80 @@ TEST(Checkpoint, GptOssLayoutErrorsNameTheTensorOrTheConfig) {
                                     {"'model.layers.0.mlp.experts.gate_up_proj_bias' not found"}));
   EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 1); }),
                                     {"model.layers.1.mlp.experts.down_proj_scales", "shape"}));
+  fs::remove_all(dir);
+}
+
+// ---- Llama 4's fused layout
+// ----------------------------------------------------------------------
+
+// Llama 4's MoE block as HuggingFace computes it, in float64 on the file's tensors: the top-1
+// expert (by the layer's `logits`) takes x * sigmoid(its logit); its gate_up = x W (gate and up
+// concatenated), silu(gate) * up, then down; plus the shared expert on x.
+std::vector<double> llama4_reference(const fs::path& dir, int layer, const Tensor& x,
+                                     const Tensor& logits) {
+  const io::SafetensorsFile f = io::SafetensorsFile::open(dir / "model.safetensors");
+  const std::string p = fmt::format("language_model.model.layers.{}.feed_forward.", layer);
+  const std::vector<double> gu = gpt_oss_tensor(f, p + "experts.gate_up_proj");  // (E, H, 2I)
+  const std::vector<double> dn = gpt_oss_tensor(f, p + "experts.down_proj");     // (E, I, H)
+  const std::vector<double> sg = gpt_oss_tensor(f, p + "shared_expert.gate_proj.weight");
+  const std::vector<double> su = gpt_oss_tensor(f, p + "shared_expert.up_proj.weight");
+  const std::vector<double> sd = gpt_oss_tensor(f, p + "shared_expert.down_proj.weight");
+  const int64_t M = x.size(0), H = x.size(1), E = logits.size(1);
+  const int64_t I = static_cast<int64_t>(sg.size()) / H;
+  const std::vector<float> xv = x.to_float_vector(), lv = logits.to_float_vector();
+  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+  std::vector<double> out(static_cast<size_t>(M * H), 0.0);
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t e =
+        std::max_element(lv.begin() + m * E, lv.begin() + (m + 1) * E) - (lv.begin() + m * E);
+    const double score = 1.0 / (1.0 + std::exp(-double(lv[m * E + e])));
+    std::vector<double> a(static_cast<size_t>(I)), s(static_cast<size_t>(I));
+    for (int64_t i = 0; i < I; ++i) {
+      double g = 0, u = 0, g_s = 0, u_s = 0;
+      for (int64_t h = 0; h < H; ++h) {
+        const double xs = xv[m * H + h];
+        g += xs * score * gu[(e * H + h) * 2 * I + i];
+        u += xs * score * gu[(e * H + h) * 2 * I + I + i];
+        g_s += xs * sg[i * H + h];
+        u_s += xs * su[i * H + h];
+      }
+      a[i] = silu(g) * u;
+      s[i] = silu(g_s) * u_s;
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      double y = 0;
+      for (int64_t i = 0; i < I; ++i)
+        y += a[i] * dn[(e * I + i) * H + h] + s[i] * sd[h * I + i];
+      out[m * H + h] = y;
+    }
+  }
+  return out;
+}
+
+// A Llama 4 checkpoint (Llama4ForConditionalGeneration's names under language_model, the config
+// under text_config, experts fused with gate and up concatenated, a shared expert, top-1 sigmoid
+// routing on the input) loads into the layer that HuggingFace's formula computes on the file.
+TEST(Checkpoint, Llama4FusedLayoutIsHuggingFacesBlock) {
+  const fs::path dir = fixture("bf16", "tiny-llama4");
+  MoELayer layer = load_moe_layer(dir, 1);
+  EXPECT_TRUE(layer.model().llama4_top1);
+  EXPECT_TRUE(layer.has_shared_experts());
+  const int64_t M = 19, H = layer.model().hidden_size;
+  const Tensor x = testing::random_tensor({M, H}, DType::kBF16, 6);
+  const Tensor logits = layer.router_logits(x);
+  const Tensor out = layer.forward(x, logits);
+  ASSERT_FALSE(testing::has_nan(out));
+  const double err = testing::relative_l2_error(out, llama4_reference(dir, 1, x, logits));
+  EXPECT_LT(err, testing::tolerance("bf16").rel_l2) << err;
+  EXPECT_GT(err, 0.0);
+  // Maverick's dense layers (an MLP in feed_forward) are named as such.
+  const std::string l0 = "language_model.model.layers.0.feed_forward.";
+  rewrite(dir, [&](std::string& n, auto&, auto&, auto&) {
+    if (n == l0 + "shared_expert.gate_proj.weight") n = l0 + "gate_proj.weight";
+    return n != l0 + "experts.gate_up_proj";
+  });
+  EXPECT_TRUE(testing::contains_all(error_of([&] { load_moe_layer(dir, 0); }),
+                                    {"layer 0 is a dense layer", l0 + "gate_proj"}));
   fs::remove_all(dir);
 }
 

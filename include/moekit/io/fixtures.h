@@ -33,6 +33,10 @@
 //                 with a bias, every expert in one tensor per projection (gate and up rows
 //                 interleaved; bf16: mlp.experts.{gate_up,down}_proj transposed, hf_mxfp4:
 //                 their _blocks / _scales); schemes bf16 and hf_mxfp4
+//   tiny-llama4   llama4 (Llama4ForConditionalGeneration: language_model.model.layers.N.
+//                 feed_forward, config under text_config): E=8, top-1 sigmoid routing on the
+//                 input, one shared expert, experts fused (experts.gate_up_proj (E, H, 2I) with
+//                 gate and up concatenated, experts.down_proj (E, I, H)); scheme bf16
 #pragma once
 
 #include <cstdint>
@@ -54,8 +58,8 @@ struct FixtureOptions {
 const std::vector<std::string>& fixture_schemes();
 const std::vector<std::string>& fixture_models();
 
-// Whether `scheme` can be written for `model`: tiny-gpt-oss takes bf16 and hf_mxfp4, the other
-// models every scheme but hf_mxfp4. Throws moekit::Error for an unknown model.
+// Whether `scheme` can be written for `model`: tiny-gpt-oss takes bf16 and hf_mxfp4, tiny-llama4
+// bf16, the other models every scheme but hf_mxfp4. Throws moekit::Error for an unknown model.
 bool fixture_scheme_fits(const std::string& scheme, const std::string& model);
 
 // The Quark quantization_config JSON text of a scheme ("" for bf16; the hf_ schemes: their Quark
