@@ -10,13 +10,6 @@ namespace {
 
 using nlohmann::json;
 
-// A Quark QuantSpec object (quark_config.h) of an fp8 e4m3 symmetric tensor.
-json fp8_spec(const char* qscheme, bool dynamic) {
-  return json{{"dtype", "fp8_e4m3"},         {"qscheme", qscheme},   {"is_dynamic", dynamic},
-              {"symmetric", true},           {"ch_axis", nullptr},   {"group_size", nullptr},
-              {"round_method", "half_even"}, {"scale_type", "float"}};
-}
-
 void read_names(const json& qc, const char* key, std::string_view where,
                 std::vector<std::string>& out) {
   const auto it = qc.find(key);
@@ -93,23 +86,16 @@ nlohmann::json HfFp8Config::to_json() const {
 }
 
 quark::QuarkConfig HfFp8Config::to_quark_config() const {
-  json weight = fp8_spec(block ? "per_block" : "per_tensor", false);
-  json input = fp8_spec(block ? "per_group" : "per_tensor", !static_activations);
+  json weight = quark::spec_json("fp8_e4m3", block ? "per_block" : "per_tensor", false);
+  json input =
+      quark::spec_json("fp8_e4m3", block ? "per_group" : "per_tensor", !static_activations);
   if (block) {
     weight["block_size"] = json::array({128, 128});
     input["group_size"] = 128;
     input["ch_axis"] = -1;
   }
-  json q{{"quant_method", "quark"},
-         {"global_quant_config",
-          {{"weight", weight},
-           {"input_tensors", input},
-           {"output_tensors", nullptr},
-           {"bias", nullptr}}},
-         {"layer_quant_config", json::object()},
-         {"layer_type_quant_config", json::object()},
-         {"exclude", ignored}};
-  return quark::QuarkConfig::from_json(q, "quantization_config (HuggingFace fp8 as Quark)");
+  return quark::global_config(weight, input, ignored,
+                              "quantization_config (HuggingFace fp8 as Quark)");
 }
 
 }  // namespace moekit::quantization

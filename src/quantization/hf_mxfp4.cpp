@@ -37,25 +37,17 @@ nlohmann::json HfMxfp4Config::to_json() const {
 }
 
 quark::QuarkConfig HfMxfp4Config::to_quark_config() const {
-  const json weight{{"dtype", "fp4"},         {"qscheme", "per_group"},
-                    {"is_dynamic", false},    {"symmetric", true},
-                    {"ch_axis", -1},          {"group_size", 32},
-                    {"scale_format", "e8m0"}, {"round_method", "half_even"}};
+  json weight = quark::spec_json("fp4", "per_group", false);
+  weight["ch_axis"] = -1;
+  weight["group_size"] = 32;
+  weight["scale_format"] = "e8m0";
   json exclude = json::array();
   // HuggingFace skips a module when an entry, as a regular expression, matches at the start of
   // its name: Quark's "re:" entries match the same way.
   for (const std::string& m : modules_to_not_convert)
     exclude.push_back("re:" + m);
-  const json q{{"quant_method", "quark"},
-               {"global_quant_config",
-                {{"weight", weight},
-                 {"input_tensors", nullptr},
-                 {"output_tensors", nullptr},
-                 {"bias", nullptr}}},
-               {"layer_quant_config", json::object()},
-               {"layer_type_quant_config", json::object()},
-               {"exclude", exclude}};
-  return quark::QuarkConfig::from_json(q, "quantization_config (HuggingFace MXFP4 as Quark)");
+  return quark::global_config(weight, nullptr, exclude,
+                              "quantization_config (HuggingFace MXFP4 as Quark)");
 }
 
 }  // namespace moekit::quantization

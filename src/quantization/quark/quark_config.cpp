@@ -533,4 +533,29 @@ std::optional<QuantKeyMatch> is_nvfp4(const TensorHint& w, const TensorHint& a) 
   return QuantKeyMatch{qk::kNvfp4Static, qk::kNvfp4Dynamic};
 }
 
+json spec_json(std::string_view dtype, std::string_view qscheme, bool dynamic) {
+  return json{{"dtype", dtype},
+              {"qscheme", qscheme},
+              {"is_dynamic", dynamic},
+              {"symmetric", true},
+              {"ch_axis", nullptr},
+              {"group_size", nullptr},
+              {"round_method", "half_even"},
+              {"scale_type", "float"}};
+}
+
+QuarkConfig global_config(const json& weight, const json& input, const json& exclude,
+                          std::string_view where) {
+  const json q{{"quant_method", "quark"},
+               {"global_quant_config",
+                {{"weight", weight},
+                 {"input_tensors", input},
+                 {"output_tensors", nullptr},
+                 {"bias", nullptr}}},
+               {"layer_quant_config", json::object()},
+               {"layer_type_quant_config", json::object()},
+               {"exclude", exclude}};
+  return QuarkConfig::from_json(q, where);
+}
+
 }  // namespace moekit::quark

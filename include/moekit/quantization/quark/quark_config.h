@@ -118,4 +118,13 @@ std::optional<QuantKeyMatch> is_nvfp4(const TensorHint& weight, const TensorHint
 // "fp6_e2m3" -> "mxfp6_e2m3"; nullopt otherwise.
 std::optional<std::string> ocp_mx_dtype_of(std::string_view spec_dtype);
 
+// For configs of other formats translated into Quark's (HuggingFace fp8 / MXFP4,
+// compressed-tensors): the JSON of a symmetric quantizer (a QuantSpec: dtype, qscheme, is_dynamic,
+// round_method half_even; the caller adds ch_axis, group_size, block_size, scale_format), and
+// the Quark config of one global layer config (weight, input_tensors: null for none) with an
+// exclude list, parsed (errors name `where`).
+nlohmann::json spec_json(std::string_view dtype, std::string_view qscheme, bool dynamic);
+QuarkConfig global_config(const nlohmann::json& weight, const nlohmann::json& input,
+                          const nlohmann::json& exclude, std::string_view where);
+
 }  // namespace moekit::quark
