@@ -18,6 +18,7 @@
 #include "moekit/io/safetensors.h"
 #include "moekit/quant/formats.h"
 #include "moekit/quant/quantize.h"
+#include "moekit/quantization/compressed_tensors.h"
 #include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/hf_mxfp4.h"
 
@@ -171,10 +172,39 @@ std::optional<quantization::HfFp8Config> hf_fp8_of(const std::string& scheme) {
 }
 
 std::string quark_scheme_of(const std::string& scheme) {
-  if (scheme == "hf_fp8_block128") return "fp8_block128";
-  if (scheme == "hf_fp8_per_tensor") return "fp8_per_tensor";
+  if (scheme == "hf_fp8_block128" || scheme == "ct_fp8_block128") return "fp8_block128";
+  if (scheme == "hf_fp8_per_tensor" || scheme == "ct_fp8_static") return "fp8_per_tensor";
+  if (scheme == "ct_fp8_dynamic") return "fp8_per_channel";
+  if (scheme == "ct_int8_w8a8") return "int8_w8a8";
   if (scheme == "hf_mxfp4") return "mxfp4_w4a16";
   return scheme;
+}
+
+// The compressed-tensors schemes (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK and W8A8): their
+// config; their tensors are the Quark scheme's of quark_scheme_of.
+std::optional<quantization::CompressedTensorsConfig> compressed_tensors_of(
+    const std::string& scheme) {
+  using Args = quantization::CompressedTensorsArgs;
+  quantization::CompressedTensorsConfig c;
+  c.format = "float-quantized";
+  if (scheme == "ct_fp8_static") {
+    c.weights = Args{"float", "tensor", false, 0, {}};
+    c.input = Args{"float", "tensor", false, 0, {}};
+  } else if (scheme == "ct_fp8_dynamic") {
+    c.weights = Args{"float", "channel", false, 0, {}};
+    c.input = Args{"float", "token", true, 0, {}};
+  } else if (scheme == "ct_fp8_block128") {
+    c.weights = Args{"float", "block", false, 0, {128, 128}};
+    c.input = Args{"float", "group", true, 128, {}};
+  } else if (scheme == "ct_int8_w8a8") {
+    c.format = "int-quantized";
+    c.weights = Args{"int", "channel", false, 0, {}};
+    c.input = Args{"int", "token", true, 0, {}};
+  } else {
+    return std::nullopt;
+  }
+  c.ignore = {"lm_head", "re:.*mlp.gate$"};
+  return c;
 }
 
 // gpt-oss's config: MXFP4 experts, everything else of the model left unquantized.
@@ -312,6 +342,10 @@ float amax(const std::vector<float>& v) {
 // act_amax: the expected |input| bound of this projection (static activation scales).
 void emit_projection(Emitter& out, const std::string& p, const std::vector<float>& w, int64_t rows,
                      int64_t cols, const std::string& scheme, float act_amax) {
+  if (compressed_tensors_of(scheme)) {  // the Quark scheme's tensors, the same names
+    emit_projection(out, p, w, rows, cols, quark_scheme_of(scheme), act_amax);
+    return;
+  }
   if (const std::optional<quantization::HfFp8Config> hf = hf_fp8_of(scheme)) {
     // The Quark scheme's tensors under the HuggingFace names.
     emit_projection(out, p, w, rows, cols, quark_scheme_of(scheme), act_amax);
@@ -548,11 +582,12 @@ void write_checkpoint(const std::filesystem::path& dir, const std::vector<Entry>
 
 const std::vector<std::string>& fixture_schemes() {
   static const std::vector<std::string> kSchemes = {
-      "bf16",      "fp8_per_tensor",  "fp8_per_channel", "fp8_block128",
-      "w4a8_fp8",  "nvfp4",           "nvfp4_w4a16",     "mxfp4_w4a16",
-      "mxfp4_a8",  "mxfp4_a4",        "mxfp6_e3m2",      "mxfp6_e2m3",
-      "int8_w8a8", "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor",
-      "hf_mxfp4"};
+      "bf16",        "fp8_per_tensor",  "fp8_per_channel", "fp8_block128",
+      "w4a8_fp8",    "nvfp4",           "nvfp4_w4a16",     "mxfp4_w4a16",
+      "mxfp4_a8",    "mxfp4_a4",        "mxfp6_e3m2",      "mxfp6_e2m3",
+      "int8_w8a8",   "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor",
+      "hf_mxfp4",    "ct_fp8_static",   "ct_fp8_dynamic",  "ct_fp8_block128",
+      "ct_int8_w8a8"};
   return kSchemes;
 }
 
@@ -597,6 +632,8 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
   json cfg = config_json(m, scheme);
   if (const std::optional<quantization::HfFp8Config> hf = hf_fp8_of(scheme)) {
     cfg["quantization_config"] = hf->to_json();
+  } else if (const auto ct = compressed_tensors_of(scheme)) {
+    cfg["quantization_config"] = ct->to_json();
   } else if (scheme == "hf_mxfp4") {
     cfg["quantization_config"] = hf_mxfp4_config().to_json();
   } else if (scheme != "bf16") {

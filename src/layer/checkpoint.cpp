@@ -16,6 +16,7 @@
 #include "moekit/io/safetensors.h"
 #include "moekit/quant/formats.h"
 #include "moekit/quant/moe_input_quant.h"
+#include "moekit/quantization/compressed_tensors.h"
 #include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/hf_mxfp4.h"
 #include "moekit/quantization/quark/quark_moe.h"
@@ -608,16 +609,20 @@ CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
   }
   if (const auto m = it->find("quant_method"); m != it->end() && m->is_string()) {
     const std::string method = m->get<std::string>();
-    MOEKIT_CHECK(method == "quark" || method == "fp8" || method == "mxfp4",
-                 "{}.quant_method: '{}' is not supported: moekit loads Quark (\"quark\"), "
-                 "HuggingFace fp8 (\"fp8\") and MXFP4 (\"mxfp4\", gpt-oss) checkpoints",
-                 where, method);
+    MOEKIT_CHECK(
+        method == "quark" || method == "fp8" || method == "mxfp4" || method == "compressed-tensors",
+        "{}.quant_method: '{}' is not supported: moekit loads Quark (\"quark\"), "
+        "HuggingFace fp8 (\"fp8\") and MXFP4 (\"mxfp4\", gpt-oss) and "
+        "compressed-tensors (8-bit) checkpoints",
+        where, method);
   }
   CheckpointQuant q;
   if (quantization::is_hf_fp8_config(*it)) {
     const quantization::HfFp8Config hf = quantization::parse_hf_fp8_config(*it, where);
     q.quark = hf.to_quark_config();
     q.weight_scale_suffix = hf.weight_scale_suffix();
+  } else if (quantization::is_compressed_tensors_config(*it)) {
+    q.quark = quantization::parse_compressed_tensors_config(*it, where).to_quark_config();
   } else if (quantization::is_hf_mxfp4_config(*it)) {
     const quantization::HfMxfp4Config hf = quantization::parse_hf_mxfp4_config(*it, where);
     q.hf_mxfp4 = true;

@@ -163,6 +163,10 @@ if [ "$(ls "$tmp/all_gptoss")" != "$(printf 'bf16\nhf_mxfp4')" ]; then
   echo "FAILED: make-fixture --scheme all --model tiny-gpt-oss wrote: $(ls "$tmp/all_gptoss")"
   failures=$((failures + 1))
 fi
+# A compressed-tensors checkpoint (llm-compressor's FP8_DYNAMIC), on the CPU and previewed.
+"$moekit" make-fixture --scheme ct_fp8_dynamic --out "$tmp/ct" >/dev/null || exit 1
+expect 0 "QuarkW8A8Fp8MoEMethod.*|-> OK" run --checkpoint "$tmp/ct" -m 7
+expect 0 "Sm90Fp8Experts" explain --checkpoint "$tmp/ct" --device h200
 # Llama 4's layout (language_model.*, text_config, fused experts, a shared expert), TP rank 1.
 "$moekit" make-fixture --scheme bf16 --model tiny-llama4 --out "$tmp/llama4" >/dev/null || exit 1
 expect 0 "-> OK" run --checkpoint "$tmp/llama4" --layer 1 -m 9 --tp 2 --tp-rank 1

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
@@ -18,6 +19,7 @@
 #include "moekit/io/safetensors.h"
 #include "moekit/layer/checkpoint.h"
 #include "moekit/layer/reference.h"
+#include "moekit/quantization/compressed_tensors.h"
 #include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/hf_mxfp4.h"
 #include "testing.h"
@@ -94,6 +96,10 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
       {"hf_fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"hf_fp8_per_tensor", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"hf_mxfp4", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts", "tiny-gpt-oss"},
+      {"ct_fp8_static", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
+      {"ct_fp8_dynamic", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
+      {"ct_fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
+      {"ct_int8_w8a8", "QuarkW8A8Int8MoEMethod", "int8_w8a8", "CpuInt8Experts"},
   };
   ASSERT_EQ(cases.size(), io::fixture_schemes().size());
   for (const SchemeCase& c : cases) {
@@ -394,11 +400,16 @@ TEST(Checkpoint, ExcludedLayersLoadUnquantizedAndOtherMethodsAreRejected) {
   fs::remove_all(dir);
 }
 
-// A HuggingFace fp8 checkpoint (quant_method "fp8", DeepSeek-V3's weight_scale_inv) is the same
-// layer as the Quark checkpoint of the same weights: outputs bitwise equal.
+// A HuggingFace fp8 checkpoint (quant_method "fp8", DeepSeek-V3's weight_scale_inv) or a
+// compressed-tensors one is the same layer as the Quark checkpoint of the same weights: outputs
+// bitwise equal.
 TEST(Checkpoint, HuggingFaceFp8EqualsQuarkFp8) {
-  for (const auto& [hf, quark_scheme] : {std::pair{"hf_fp8_block128", "fp8_block128"},
-                                         std::pair{"hf_fp8_per_tensor", "fp8_per_tensor"}}) {
+  for (const auto& [hf, quark_scheme] :
+       {std::pair{"hf_fp8_block128", "fp8_block128"},
+        std::pair{"hf_fp8_per_tensor", "fp8_per_tensor"},
+        std::pair{"ct_fp8_static", "fp8_per_tensor"},
+        std::pair{"ct_fp8_dynamic", "fp8_per_channel"},
+        std::pair{"ct_fp8_block128", "fp8_block128"}, std::pair{"ct_int8_w8a8", "int8_w8a8"}}) {
     for (const char* model : {"tiny", "tiny-deepseek"}) {
       SCOPED_TRACE(std::string(hf) + " " + model);
       const fs::path a = fixture(hf, model), b = fixture(quark_scheme, model);
@@ -462,6 +473,64 @@ TEST(Checkpoint, HuggingFaceFp8ConfigsAreValidated) {
     const quark::QuarkConfig qc = t.to_quark_config();
     ASSERT_EQ(qc.global_quant_config.input_tensors.size(), 1u);
   }
+}
+
+// compressed-tensors configs: the served 8-bit pairs become their Quark specs; everything else is
+// refused naming the key and the value.
+TEST(Checkpoint, CompressedTensorsConfigsAreValidated) {
+  using quantization::parse_compressed_tensors_config;
+  const nlohmann::json arg = {{"num_bits", 8},       {"type", "float"},   {"strategy", "channel"},
+                              {"dynamic", false},    {"symmetric", true}, {"group_size", nullptr},
+                              {"observer", "minmax"}};
+  nlohmann::json good = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "float-quantized"},
+      {"config_groups",
+       {{"group_0",
+         {{"targets", {"Linear"}},
+          {"weights", arg},
+          {"input_activations",
+           {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}}}}}}},
+      {"ignore", {"lm_head", "re:.*mlp.gate$"}}};
+  const quantization::CompressedTensorsConfig c = parse_compressed_tensors_config(good, "q");
+  EXPECT_EQ(c.weights.strategy, "channel");
+  EXPECT_EQ(c.input->strategy, "token");
+  const quark::QuarkConfig qc = c.to_quark_config();
+  EXPECT_TRUE(qc.is_excluded("model.layers.3.mlp.gate"));
+  EXPECT_FALSE(qc.is_excluded("model.layers.3.mlp.experts"));
+  ASSERT_EQ(qc.global_quant_config.weight.size(), 1u);
+  EXPECT_EQ(qc.global_quant_config.weight[0].qscheme, "per_channel");
+  auto bad = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return error_of([&] { parse_compressed_tensors_config(j, "ckpt/config.json: q"); });
+  };
+  auto group = [](nlohmann::json& j) -> nlohmann::json& { return j["config_groups"]["group_0"]; };
+  EXPECT_TRUE(testing::contains_all(bad([](auto& j) { j["format"] = "pack-quantized"; }),
+                                    {"format=\"pack-quantized\"", "float-quantized"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["num_bits"] = 4; }),
+                                    {"group_0.weights.num_bits=4", "8-bit"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["symmetric"] = false; }),
+                                    {"symmetric=false"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["input_activations"] = nullptr; }),
+                                    {"input_activations is null", "W8A16"}));
+  EXPECT_TRUE(testing::contains_all(
+      bad([&](auto& j) { group(j)["input_activations"]["strategy"] = "tensor"; }),
+      {"float weights per channel with float activations per tensor", "not served"}));
+  EXPECT_TRUE(
+      testing::contains_all(bad([&](auto& j) { group(j)["input_activations"]["dynamic"] = false; }),
+                            {"strategy=\"token\" must be dynamic"}));
+  EXPECT_TRUE(testing::contains_all(
+      bad([&](auto& j) { group(j)["targets"] = {"re:.*self_attn.*"}; }), {"targets", "Linear"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { j["config_groups"]["group_1"] = group(j); }),
+                                    {"one config group"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) {
+                                      group(j)["weights"]["strategy"] = "block";
+                                      group(j)["weights"]["block_structure"] = {64, 64};
+                                    }),
+                                    {"block_structure=[64,64]", "128x128"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["type"] = "int4"; }),
+                                    {"weights.type", "int4"}));
 }
 
 TEST(Checkpoint, BenchmarkSchemeNamesAreAliases) {

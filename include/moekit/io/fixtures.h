@@ -20,6 +20,10 @@
 //   hf_fp8_block128   fp8_block128 as a HuggingFace fp8 checkpoint (DeepSeek-V3 layout:
 //                     quant_method "fp8", weight_block_size [128, 128], "weight_scale_inv")
 //   hf_fp8_per_tensor fp8_per_tensor as a HuggingFace fp8 checkpoint (activation_scheme static)
+//   ct_fp8_static     fp8_per_tensor as a compressed-tensors checkpoint (llm-compressor's FP8)
+//   ct_fp8_dynamic    fp8_per_channel as compressed-tensors (FP8_DYNAMIC: channel / token)
+//   ct_fp8_block128   fp8_block128 as compressed-tensors (FP8_BLOCK)
+//   ct_int8_w8a8      int8_w8a8 as compressed-tensors (W8A8: channel / dynamic token, int)
 //   hf_mxfp4          gpt-oss's HuggingFace MXFP4 checkpoint (quant_method "mxfp4": fused
 //                     gate_up_proj_blocks / _scales, bf16 activations); model tiny-gpt-oss only
 // Models (FixtureOptions::model), every layer an MoE layer unless noted:
