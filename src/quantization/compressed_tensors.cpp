@@ -145,6 +145,23 @@ CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& qc
           where, c.format));
     }
   }
+  // Keys that change what the tensors mean: refused rather than ignored.
+  if (const auto it = qc.find("sparsity_config"); it != qc.end() && !it->is_null()) {
+    const auto f = it->find("format");
+    const bool dense = it->is_object() && (f == it->end() || (f->is_string() && *f == "dense"));
+    if (!dense) {
+      throw Error(
+          fmt::format("{}.sparsity_config={}: sparse (2:4) compressed weights are not "
+                      "served",
+                      where, it->dump()));
+    }
+  }
+  if (const auto it = qc.find("transform_config"); it != qc.end() && !it->is_null()) {
+    throw Error(
+        fmt::format("{}.transform_config: rotated (Hadamard / SpinQuant) weights are not "
+                    "served",
+                    where));
+  }
   const json& groups = required(qc, "config_groups", where);
   if (!groups.is_object() || groups.size() != 1) {
     throw Error(

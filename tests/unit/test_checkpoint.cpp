@@ -531,6 +531,24 @@ TEST(Checkpoint, CompressedTensorsConfigsAreValidated) {
                                     {"block_structure=[64,64]", "128x128"}));
   EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["type"] = "int4"; }),
                                     {"weights.type", "int4"}));
+  // Keys that change what the tensors mean are refused, not ignored.
+  EXPECT_TRUE(testing::contains_all(bad([](auto& j) {
+                                      j["sparsity_config"] = {{"format", "sparse-24-bitmask"}};
+                                    }),
+                                    {"sparsity_config", "sparse-24-bitmask", "not served"}));
+  EXPECT_NO_THROW(parse_compressed_tensors_config(
+      [&] {
+        nlohmann::json j = good;
+        j["sparsity_config"] = {{"format", "dense"}};
+        j["kv_cache_scheme"] = nullptr;
+        return j;
+      }(),
+      "q"));
+  EXPECT_TRUE(
+      testing::contains_all(bad([](auto& j) {
+                              j["transform_config"] = {{"config_groups", nlohmann::json::object()}};
+                            }),
+                            {"transform_config", "rotated"}));
 }
 
 TEST(Checkpoint, BenchmarkSchemeNamesAreAliases) {

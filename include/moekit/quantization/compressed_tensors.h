@@ -58,7 +58,8 @@ bool is_compressed_tensors_config(const nlohmann::json& quantization_config);
 // (static or dynamic) or per token (dynamic), float 1x128 groups (dynamic) with block weights.
 // Throws moekit::Error naming the key, the value and the requirement for anything else (packed
 // 4-bit formats, NVFP4 / MXFP4 groups, weight-only schemes, asymmetric quantizers, several
-// config groups, ...). Unknown keys are ignored (llm-compressor adds its own).
+// config groups, a sparsity_config other than dense, a transform_config: rotated weights, ...).
+// Other keys are ignored (llm-compressor adds its own: quantization_status, kv_cache_scheme, ...).
 CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& quantization_config,
                                                         std::string_view where);
 
