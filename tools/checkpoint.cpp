@@ -33,15 +33,20 @@ int run_checkpoint_command(const DeploymentOptions& deployment, const std::strin
   MoELayerOptions options = deployment.layer_options();
   options.max_num_tokens = std::max<int64_t>(options.max_num_tokens, std::max<int64_t>(tokens, 1));
   options.check_finite_weights = true;  // a NaN weight would make the float64 check meaningless
+  // TP under mpirun: each rank loads its slice; the check sums the ranks' outputs.
+  const std::shared_ptr<Communicator> tp = attach_tp_communicator(deployment, options);
+  const std::string prefix = tp ? fmt::format("rank {}/{}: ", tp->rank(), tp->world_size()) : "";
   const auto t0 = std::chrono::steady_clock::now();
   CheckpointInfo info;
   MoELayer moe = load_moe_layer(dir, layer, options, &info);
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << "model    " << moe.model().summary() << "\n";
-  std::cout << fmt::format("layer    {} of {} ({}: {}), loaded in {:.2f} s\n", layer, dir,
-                           info.method, moe.scheme(), load_s);
-  std::cout << "\n" << moe.plan().to_string() << "\n";
+  if (!tp || tp->rank() == 0) {
+    std::cout << "model    " << moe.model().summary() << "\n";
+    std::cout << fmt::format("layer    {} of {} ({}: {}), loaded in {:.2f} s\n", layer, dir,
+                             info.method, moe.scheme(), load_s);
+    std::cout << "\n" << moe.plan().to_string() << "\n";
+  }
 
   const int64_t H = moe.model().hidden_size;
   Tensor x = Tensor::empty({tokens, H}, options.dtype);
@@ -65,7 +70,7 @@ int run_checkpoint_command(const DeploymentOptions& deployment, const std::strin
   const Tensor logits = has_router ? moe.router_logits(x)
                                    : make_logits(tokens, moe.model().num_experts, moe.model().top_k,
                                                  routing, seed + 29);
-  return forward_and_check(moe, x, logits, check_rows);
+  return forward_and_check(moe, x, logits, check_rows, {}, prefix, tp.get());
 }
 
 int explain_quant_command(const DeploymentOptions& deployment, const std::string& scheme,

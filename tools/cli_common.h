@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "moekit/layer/moe_layer.h"
@@ -71,15 +72,22 @@ Tensor make_logits(int64_t M, int E, int k, const std::string& dist, uint64_t se
 // CPU ranks, NCCL for GPU ranks) into options, this process's rank into options.parallel; false
 // (options untouched) for one that does not. Throws when the job's size is not the deployment's.
 bool attach_communicator(const DeploymentOptions& deployment, MoELayerOptions& options);
+// For a tensor-parallel job under mpirun (--tp N, no --ep, N processes): the job's MPI
+// communicator, this process's rank as options.parallel's tp_rank; null (options untouched) for a
+// single process, which runs the --tp-rank it was given. Throws when the job's size is not N.
+std::shared_ptr<Communicator> attach_tp_communicator(const DeploymentOptions& deployment,
+                                                     MoELayerOptions& options);
 int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t seed, int check_rows,
                 const std::string& routing_dist);
 // Forwards x (M, H) with logits (M, E) (both on the CPU; moved to the layer's device) and checks
 // `check_rows` sampled rows against layer/reference.h. Prints the result; 0 when within the
 // scheme's tolerance. `all_experts`: the reference's expert source when the layer's tokens visit
-// other ranks' experts (DP + EP); `prefix` starts the result lines ("rank 1/2: ").
+// other ranks' experts (DP + EP); `prefix` starts the result lines ("rank 1/2: "); `tp_sum`: the
+// tensor-parallel ranks' communicator: the output and the recomputation checked are their sums
+// over the ranks (what the engine's all-reduce makes of the partial outputs).
 int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logits_host,
                       int check_rows, const ExpertSource& all_experts = {},
-                      const std::string& prefix = "");
+                      const std::string& prefix = "", Communicator* tp_sum = nullptr);
 int explain_command(const DeploymentOptions& deployment);
 // tools/bench_ep.cpp: `moekit bench-ep` under mpirun (dispatch / experts / combine, all2all).
 int bench_ep_command(const DeploymentOptions& deployment, const std::vector<int64_t>& tokens,

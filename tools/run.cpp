@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -123,8 +124,31 @@ bool attach_communicator(const DeploymentOptions& deployment, MoELayerOptions& o
   return true;
 }
 
+std::shared_ptr<Communicator> attach_tp_communicator(const DeploymentOptions& deployment,
+                                                     MoELayerOptions& options) {
+  const ParallelConfig& p = options.parallel;
+  // mpirun (OpenMPI, or a PMI launcher) tells its processes the job's size.
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
+                            std::getenv("PMI_SIZE") != nullptr ||
+                            std::getenv("PMIX_RANK") != nullptr;
+  if (p.tp_size <= 1 || p.use_ep || p.dp_size > 1 || !under_mpirun) return nullptr;
+  MOEKIT_CHECK(mpi_available(), "a tensor-parallel job of {} ranks under mpirun needs MPI, but {}",
+               p.tp_size, mpi_unavailable_reason());
+  std::shared_ptr<Communicator> comm = mpi_world_communicator();
+  MOEKIT_CHECK(comm->world_size() == p.tp_size,
+               "--tp {} under mpirun needs {} processes, one per tensor-parallel rank (this job "
+               "has {}): `mpirun -np {} moekit ...`",
+               p.tp_size, p.tp_size, comm->world_size(), p.tp_size);
+  MOEKIT_CHECK(deployment.tp_rank == 0 || deployment.tp_rank == comm->rank(),
+               "--tp-rank {} under mpirun: the rank comes from MPI (this process is rank {})",
+               deployment.tp_rank, comm->rank());
+  options.parallel = ParallelConfig::make(p.tp_size, 1, 0, comm->rank(), false, p.all2all_backend);
+  return comm;
+}
+
 int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logits_host,
-                      int check_rows, const ExpertSource& all_experts, const std::string& prefix) {
+                      int check_rows, const ExpertSource& all_experts, const std::string& prefix,
+                      Communicator* tp_sum) {
   const Device device = layer.options().device.device();
   const int64_t tokens = x_host.size(0);
   const int64_t H = layer.moe_config().hidden_dim;
@@ -167,15 +191,28 @@ int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logit
   with_elapsed_display("float64 check", [&] {
     ref = reference_forward(layer, x_host, routing_host, rows, all_experts);
   });
-  const double rel = relative_error(out_host, ref, rows);
+  Tensor checked = out_host;
+  if (tp_sum != nullptr) {  // the sums over the tensor-parallel ranks, output and recomputation
+    checked = out_host.to_dtype(DType::kF32);
+    tp_sum->all_reduce(checked, Stream{});
+    Tensor r = Tensor::empty({static_cast<int64_t>(ref.size())}, DType::kF64);
+    if (!ref.empty()) std::memcpy(r.data(), ref.data(), r.nbytes());
+    tp_sum->all_reduce(r, Stream{});
+    if (!ref.empty()) std::memcpy(ref.data(), r.data(), r.nbytes());
+  }
+  const double rel = relative_error(checked, ref, rows);
   const Tolerance& tol = tolerance(layer.tolerance_name());
   const bool ok = !std::isnan(rel) && rel <= tol.rel_l2;
   std::cout << fmt::format("{}forward  {:.3f} ms for {} tokens ({})\n", prefix, forward_s * 1e3,
                            tokens, layer.kernel().fused_experts().name());
   std::cout << fmt::format(
-      "{}check    {} rows vs float64 recomputation: relative error {:.3e} (tolerance {:.1e} for "
-      "{}) -> {}\n",
-      prefix, rows.size(), rel, tol.rel_l2, tol.name, ok ? "OK" : "FAILED");
+      "{}check    {} rows{} vs float64 recomputation{}: relative error {:.3e} (tolerance {:.1e} "
+      "for {}) -> {}\n",
+      prefix, rows.size(),
+      tp_sum != nullptr ? fmt::format(" summed over {} tensor-parallel ranks", tp_sum->world_size())
+                        : std::string(),
+      tp_sum != nullptr ? " (each rank's, summed)" : "",
+      rel, tol.rel_l2, tol.name, ok ? "OK" : "FAILED");
   std::cout.flush();
   return ok ? 0 : 1;
 }
@@ -191,14 +228,17 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
   options.max_num_tokens = std::max<int64_t>(options.max_num_tokens, std::max<int64_t>(tokens, 1));
   // DP + EP: one process per rank under mpirun; this process's rank comes from MPI.
   const bool exchange = attach_communicator(deployment, options);
+  // TP under mpirun: the ranks take the same tokens, their partial outputs are summed.
+  const std::shared_ptr<Communicator> tp = attach_tp_communicator(deployment, options);
   std::string prefix;
-  uint64_t token_seed = seed;  // each rank brings its own tokens
+  uint64_t token_seed = seed;  // each DP rank brings its own tokens
   if (exchange) {
     const int rank = options.communicator->rank();
     prefix = fmt::format("rank {}/{}: ", rank, options.communicator->world_size());
     token_seed = seed + 1000 * static_cast<uint64_t>(rank);
   }
-  const bool lead = !exchange || options.parallel.ep_rank == 0;
+  if (tp) prefix = fmt::format("rank {}/{}: ", tp->rank(), tp->world_size());
+  const bool lead = (!exchange || options.parallel.ep_rank == 0) && (!tp || tp->rank() == 0);
   if (lead) {
     std::cout << "model    " << model.summary() << "\n";
     std::cout << "device   " << options.device.to_string() << ", " << tokens << " tokens"
@@ -230,7 +270,7 @@ int run_command(const DeploymentOptions& deployment, int64_t tokens, uint64_t se
   }
   const Tensor logits =
       make_logits(tokens, model.num_experts, model.top_k, routing_dist, token_seed + 29);
-  if (!exchange) return forward_and_check(*layer, x, logits, check_rows);
+  if (!exchange) return forward_and_check(*layer, x, logits, check_rows, {}, prefix, tp.get());
   // The reference reads every rank's experts (regenerated: rank r's are a slice of the seed's
   // single-rank model), so each rank checks its rows against a single-process recomputation.
   const ExpertSource all_experts = [&](int64_t e) {

@@ -38,6 +38,33 @@ if [ "$rc" -eq 0 ] || [ "$(grep -c "kernel does not support parallel config.*all
 else
   echo "ok: --all2all megakernel refused on CPU ranks"
 fi
+# Tensor parallelism under mpirun (no EP): every rank holds its slice of every expert (the shared
+# ones too), the ranks' outputs are summed as the engine's all-reduce would; random weights, and a
+# checkpoint each rank slices at load (gpt-oss's MXFP4, fused experts).
+tp_run() {  # tp_run WHAT ARGS...
+  local what=$1 out rc ok
+  shift
+  out=$("$mpiexec" -np 2 --oversubscribe "$moekit" run --tp 2 -m 9 --device cpu "$@" 2>&1)
+  rc=$?
+  ok=$(grep -cE "^rank [01]/2: check .* summed over 2 tensor-parallel ranks .* -> OK$" <<<"$out")
+  if [ "$rc" -ne 0 ] || [ "$ok" -ne 2 ]; then
+    echo "FAILED: tensor parallelism, $what (rc $rc, $ok of 2 ranks OK)"; echo "$out" | tail -n 20
+    failures=$((failures + 1))
+  else
+    echo "ok: tensor parallelism, $what"
+  fi
+}
+tp_run "small-deepseek random weights" --model small-deepseek
+fx=$(mktemp -d)
+trap 'rm -rf "$fx"' EXIT
+"$moekit" make-fixture --scheme hf_mxfp4 --model tiny-gpt-oss --out "$fx/gptoss" >/dev/null
+tp_run "gpt-oss MXFP4 checkpoint" --checkpoint "$fx/gptoss" --layer 1
+out=$("$mpiexec" -np 2 --oversubscribe "$moekit" run --model small --tp 4 -m 4 --device cpu 2>&1)
+if [ $? -eq 0 ] || [ "$(grep -c -- "--tp 4 under mpirun needs 4 processes" <<<"$out")" -lt 2 ]; then
+  echo "FAILED: --tp 4 with 2 processes"; echo "$out" | tail -n 10; failures=$((failures + 1))
+else
+  echo "ok: --tp 4 with 2 processes refused by every rank"
+fi
 # bench-ep: the stage table, one row per size, on rank 0 only.
 out=$("$mpiexec" -np 2 --oversubscribe "$moekit" bench-ep --dp 2 --device cpu --all2all nccl_all2all \
   --tokens 0 3 --reps 2 2>&1)
