@@ -516,6 +516,7 @@ void load_fused_unquantized(const Reader& r, const LayerNames& names, const MoEC
       const auto [codes, scales] = fused_mxfp4(r, names, moe, p, first);
       const auto* c = codes.data_as<const uint8_t>();
       const auto* sc = scales.data_as<const uint8_t>();
+#pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < E * p.N * p.K; ++i) {  // element k of a row: low nibble if k is even
         const uint8_t code = (c[i / 2] >> (4 * (i % 2))) & 0xF;
         store_float(dst.data(), dtype, i,
@@ -525,6 +526,8 @@ void load_fused_unquantized(const Reader& r, const LayerNames& names, const MoEC
       // Transposed: element (n, k) of expert e at [e][k][n].
       const Reader::View v =
           r.view(names.fused_name(p.name, ""), {E_total, p.K_full, p.N_full}, true);
+      // (A bf16 gpt-oss-120b layer holds 2 G elements: spread over the cores.)
+#pragma omp parallel for collapse(2) schedule(static)
       for (int64_t e = 0; e < E; ++e) {
         for (int64_t k = 0; k < p.K; ++k) {
           const int64_t row = ((first + e) * p.K_full + p.k0 + k) * p.N_full;
