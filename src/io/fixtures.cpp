@@ -21,6 +21,7 @@
 #include "moekit/quantization/compressed_tensors.h"
 #include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/hf_mxfp4.h"
+#include "moekit/quantization/modelopt.h"
 
 namespace moekit::io {
 namespace {
@@ -177,7 +178,19 @@ std::string quark_scheme_of(const std::string& scheme) {
   if (scheme == "ct_fp8_dynamic") return "fp8_per_channel";
   if (scheme == "ct_int8_w8a8") return "int8_w8a8";
   if (scheme == "hf_mxfp4") return "mxfp4_w4a16";
+  if (scheme == "mo_fp8") return "fp8_per_tensor";
+  if (scheme == "mo_nvfp4") return "nvfp4";
   return scheme;
+}
+
+// The ModelOpt schemes (NVIDIA's FP8 and NVFP4 checkpoints): their config; their tensors are the
+// Quark scheme's of quark_scheme_of, NVFP4's activation scale named input_scale.
+std::optional<quantization::ModelOptConfig> modelopt_of(const std::string& scheme) {
+  if (scheme != "mo_fp8" && scheme != "mo_nvfp4") return std::nullopt;
+  quantization::ModelOptConfig c;
+  c.quant_algo = scheme == "mo_fp8" ? "FP8" : "NVFP4";
+  c.exclude_modules = {"lm_head", "model.layers.*.mlp.gate"};
+  return c;
 }
 
 // The compressed-tensors schemes (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK and W8A8): their
@@ -342,7 +355,7 @@ float amax(const std::vector<float>& v) {
 // act_amax: the expected |input| bound of this projection (static activation scales).
 void emit_projection(Emitter& out, const std::string& p, const std::vector<float>& w, int64_t rows,
                      int64_t cols, const std::string& scheme, float act_amax) {
-  if (compressed_tensors_of(scheme)) {  // the Quark scheme's tensors, the same names
+  if (compressed_tensors_of(scheme) || modelopt_of(scheme)) {  // the Quark scheme's names
     emit_projection(out, p, w, rows, cols, quark_scheme_of(scheme), act_amax);
     return;
   }
@@ -582,12 +595,12 @@ void write_checkpoint(const std::filesystem::path& dir, const std::vector<Entry>
 
 const std::vector<std::string>& fixture_schemes() {
   static const std::vector<std::string> kSchemes = {
-      "bf16",        "fp8_per_tensor",  "fp8_per_channel", "fp8_block128",
-      "w4a8_fp8",    "nvfp4",           "nvfp4_w4a16",     "mxfp4_w4a16",
-      "mxfp4_a8",    "mxfp4_a4",        "mxfp6_e3m2",      "mxfp6_e2m3",
-      "int8_w8a8",   "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor",
-      "hf_mxfp4",    "ct_fp8_static",   "ct_fp8_dynamic",  "ct_fp8_block128",
-      "ct_int8_w8a8"};
+      "bf16",         "fp8_per_tensor",  "fp8_per_channel", "fp8_block128",
+      "w4a8_fp8",     "nvfp4",           "nvfp4_w4a16",     "mxfp4_w4a16",
+      "mxfp4_a8",     "mxfp4_a4",        "mxfp6_e3m2",      "mxfp6_e2m3",
+      "int8_w8a8",    "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor",
+      "hf_mxfp4",     "ct_fp8_static",   "ct_fp8_dynamic",  "ct_fp8_block128",
+      "ct_int8_w8a8", "mo_fp8",          "mo_nvfp4"};
   return kSchemes;
 }
 
@@ -634,6 +647,8 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
     cfg["quantization_config"] = hf->to_json();
   } else if (const auto ct = compressed_tensors_of(scheme)) {
     cfg["quantization_config"] = ct->to_json();
+  } else if (const auto mo = modelopt_of(scheme)) {
+    cfg["quantization_config"] = mo->to_json();
   } else if (scheme == "hf_mxfp4") {
     cfg["quantization_config"] = hf_mxfp4_config().to_json();
   } else if (scheme != "bf16") {
@@ -697,8 +712,8 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
       const std::vector<float> wd = uniform(rng, H * I, s2);
       // Static activation bounds differ a little per expert (exercises the max reduction).
       const float vary = 1.0f + 0.02f * static_cast<float>(e);
-      if (scheme == "nvfp4" || scheme == "nvfp4_w4a16") {
-        const bool w4a4 = scheme == "nvfp4";  // W4A16: no input scales
+      if (scheme == "nvfp4" || scheme == "nvfp4_w4a16" || scheme == "mo_nvfp4") {
+        const bool w4a4 = scheme != "nvfp4_w4a16";  // W4A16: no input scales
         emit_nvfp4(out, {p + g, p + u}, {&wg, &wu}, I, H,
                    w4a4 ? std::optional<float>(a13 * vary) : std::nullopt);
         emit_nvfp4(out, {p + d}, {&wd}, H, I,
@@ -716,6 +731,14 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
         "fixture checkpoint: num_shards={} must be in [1, {}]: every shard file holds at least "
         "one of the {} tensors of the {} {} checkpoint",
         options.num_shards, num_tensors, num_tensors, options.model, scheme));
+  }
+  if (const auto mo = modelopt_of(scheme)) {  // ModelOpt's names of the Quark suffixes
+    const std::string from = ".input_scale_2", to = "." + mo->file_suffix("input_scale_2");
+    for (Entry& e : out.entries) {
+      if (e.name.size() > from.size() && e.name.ends_with(from)) {
+        e.name = e.name.substr(0, e.name.size() - from.size()) + to;
+      }
+    }
   }
   write_checkpoint(dir, out.entries, options.num_shards, cfg);
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -19,6 +20,7 @@
 #include "moekit/quantization/compressed_tensors.h"
 #include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/hf_mxfp4.h"
+#include "moekit/quantization/modelopt.h"
 #include "moekit/quantization/quark/quark_moe.h"
 
 namespace moekit {
@@ -162,9 +164,9 @@ struct LayerNames {
   // [language_model.]model.layers.N.feed_forward
   std::string moe_prefix;
   std::string gate, up, down;
-  // The file's suffix of the Quark parameters' "weight_scale" (HuggingFace fp8 blocks:
-  // "weight_scale_inv").
-  std::string weight_scale = "weight_scale";
+  // The file's suffixes of Quark parameter suffixes a format names differently (HuggingFace fp8
+  // blocks: weight_scale -> weight_scale_inv; ModelOpt NVFP4: input_scale_2 -> input_scale).
+  std::map<std::string, std::string> file_suffixes = {};
   ExpertStorage storage = ExpertStorage::kPerExpert;
   std::string router = "gate";  // gpt-oss and Llama 4: "router" (gpt-oss's with a bias)
   bool fused() const { return storage != ExpertStorage::kPerExpert; }
@@ -309,7 +311,8 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
   const quark::ParamSpec spec = params.spec(param);
   const bool w13 = param.rfind("w13_", 0) == 0;
   const std::string param_suffix = param.substr(w13 ? 4 : 3);
-  const std::string suffix = param_suffix == "weight_scale" ? names.weight_scale : param_suffix;
+  const auto renamed = names.file_suffixes.find(param_suffix);
+  const std::string suffix = renamed != names.file_suffixes.end() ? renamed->second : param_suffix;
   std::vector<std::string> projs =
       w13 ? std::vector<std::string>{names.gate, names.up} : std::vector<std::string>{names.down};
   projs.resize(w13 ? static_cast<size_t>(shards) : 1);
@@ -593,11 +596,11 @@ MoELayer quark_layer(const ModelPreset& model, const quark::QuarkMoEMethod& meth
   return MoELayer(model, std::move(quant), std::move(w), options, method.plan());
 }
 
-// The checkpoint's quantization: its Quark config (a HuggingFace fp8 config translated) and the
-// file suffix of the weight scales.
+// The checkpoint's quantization: its Quark config (other formats' configs translated) and the
+// file suffixes that differ from Quark's (LayerNames::file_suffixes).
 struct CheckpointQuant {
   std::optional<quark::QuarkConfig> quark;
-  std::string weight_scale_suffix = "weight_scale";
+  std::map<std::string, std::string> file_suffixes = {};
   bool hf_mxfp4 = false;          // quant_method "mxfp4" (gpt-oss's fused layout)
   bool dequantize_mxfp4 = false;  // ... with "dequantize": the experts decoded, run unquantized
 };
@@ -612,18 +615,22 @@ CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
   }
   if (const auto m = it->find("quant_method"); m != it->end() && m->is_string()) {
     const std::string method = m->get<std::string>();
-    MOEKIT_CHECK(
-        method == "quark" || method == "fp8" || method == "mxfp4" || method == "compressed-tensors",
-        "{}.quant_method: '{}' is not supported: moekit loads Quark (\"quark\"), "
-        "HuggingFace fp8 (\"fp8\") and MXFP4 (\"mxfp4\", gpt-oss) and "
-        "compressed-tensors (8-bit) checkpoints",
-        where, method);
+    MOEKIT_CHECK(method == "quark" || method == "fp8" || method == "mxfp4" ||
+                     method == "compressed-tensors" || method == "modelopt",
+                 "{}.quant_method: '{}' is not supported: moekit loads Quark (\"quark\"), "
+                 "HuggingFace fp8 (\"fp8\") and MXFP4 (\"mxfp4\", gpt-oss), compressed-tensors "
+                 "(8-bit) and ModelOpt (FP8, NVFP4) checkpoints",
+                 where, method);
   }
   CheckpointQuant q;
   if (quantization::is_hf_fp8_config(*it)) {
     const quantization::HfFp8Config hf = quantization::parse_hf_fp8_config(*it, where);
     q.quark = hf.to_quark_config();
-    q.weight_scale_suffix = hf.weight_scale_suffix();
+    q.file_suffixes["weight_scale"] = hf.weight_scale_suffix();
+  } else if (quantization::is_modelopt_config(*it)) {
+    const quantization::ModelOptConfig mo = quantization::parse_modelopt_config(*it, where);
+    q.quark = mo.to_quark_config();
+    q.file_suffixes["input_scale_2"] = mo.file_suffix("input_scale_2");
   } else if (quantization::is_compressed_tensors_config(*it)) {
     q.quark = quantization::parse_compressed_tensors_config(*it, where).to_quark_config();
   } else if (quantization::is_hf_mxfp4_config(*it)) {
@@ -652,7 +659,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
 
   const Reader r(dir);
   LayerNames names = find_names(r, layer_index, model);
-  names.weight_scale = quant.weight_scale_suffix;
+  names.file_suffixes = quant.file_suffixes;
   const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t first = moe.parallel.ep_rank * E;  // this rank's experts

@@ -120,9 +120,7 @@ json args_json(const CompressedTensorsArgs& a) {
 }  // namespace
 
 bool is_compressed_tensors_config(const nlohmann::json& qc) {
-  const auto it = qc.find("quant_method");
-  return qc.is_object() && it != qc.end() && it->is_string() &&
-         it->get<std::string>() == "compressed-tensors";
+  return quark::quant_method_is(qc, "compressed-tensors");
 }
 
 CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& qc,

@@ -22,8 +22,7 @@ void read_names(const json& qc, const char* key, std::string_view where,
 }  // namespace
 
 bool is_hf_fp8_config(const nlohmann::json& qc) {
-  const auto it = qc.find("quant_method");
-  return qc.is_object() && it != qc.end() && it->is_string() && it->get<std::string>() == "fp8";
+  return quark::quant_method_is(qc, "fp8");
 }
 
 HfFp8Config parse_hf_fp8_config(const nlohmann::json& qc, std::string_view where) {

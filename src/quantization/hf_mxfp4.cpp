@@ -10,8 +10,7 @@ namespace moekit::quantization {
 using nlohmann::json;
 
 bool is_hf_mxfp4_config(const nlohmann::json& qc) {
-  const auto it = qc.find("quant_method");
-  return qc.is_object() && it != qc.end() && it->is_string() && it->get<std::string>() == "mxfp4";
+  return quark::quant_method_is(qc, "mxfp4");
 }
 
 HfMxfp4Config parse_hf_mxfp4_config(const nlohmann::json& qc, std::string_view where) {

@@ -167,6 +167,10 @@ fi
 "$moekit" make-fixture --scheme ct_fp8_dynamic --out "$tmp/ct" >/dev/null || exit 1
 expect 0 "QuarkW8A8Fp8MoEMethod.*|-> OK" run --checkpoint "$tmp/ct" -m 7
 expect 0 "Sm90Fp8Experts" explain --checkpoint "$tmp/ct" --device h200
+# An NVIDIA ModelOpt NVFP4 checkpoint: weight-only NVFP4 experts on an H200 (previewed).
+"$moekit" make-fixture --scheme mo_nvfp4 --out "$tmp/mo" >/dev/null || exit 1
+expect 0 "-> OK" run --checkpoint "$tmp/mo" -m 7
+expect 0 "Sm90Nvfp4Experts" explain --checkpoint "$tmp/mo" --device h200
 # Llama 4's layout (language_model.*, text_config, fused experts, a shared expert), TP rank 1.
 "$moekit" make-fixture --scheme bf16 --model tiny-llama4 --out "$tmp/llama4" >/dev/null || exit 1
 expect 0 "-> OK" run --checkpoint "$tmp/llama4" --layer 1 -m 9 --tp 2 --tp-rank 1

@@ -1,8 +1,8 @@
 // libFuzzer target: the Quark quantization_config parser on arbitrary text, then everything a
 // parsed config is used for: layer matching (fnmatch patterns, layer types, fused-shard
 // agreement), exclusion (exact, fnmatch and "re:" patterns), the scheme predicates and
-// QuantSpec::to_string. The same text as a HuggingFace fp8 / MXFP4 or compressed-tensors config
-// (by its quant_method), translated into Quark's and used alike. Every failure must be a
+// QuantSpec::to_string. The same text as a HuggingFace fp8 / MXFP4, compressed-tensors or ModelOpt
+// config (by its quant_method), translated into Quark's and used alike. Every failure must be a
 // moekit::Error; a crash, a sanitizer report or another exception is a finding.
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include "moekit/quantization/compressed_tensors.h"
 #include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/hf_mxfp4.h"
+#include "moekit/quantization/modelopt.h"
 #include "moekit/quantization/quark/quark_config.h"
 
 namespace {
@@ -65,6 +66,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     const nlohmann::json j = moekit::io::parse_json(text, "fuzz");
     if (q::is_hf_fp8_config(j)) use(q::parse_hf_fp8_config(j, "fuzz").to_quark_config());
     if (q::is_hf_mxfp4_config(j)) use(q::parse_hf_mxfp4_config(j, "fuzz").to_quark_config());
+    if (q::is_modelopt_config(j)) {
+      const q::ModelOptConfig c = q::parse_modelopt_config(j, "fuzz");
+      (void)c.to_json();
+      use(c.to_quark_config());
+    }
     if (q::is_compressed_tensors_config(j)) {
       const q::CompressedTensorsConfig c = q::parse_compressed_tensors_config(j, "fuzz");
       (void)c.to_json();

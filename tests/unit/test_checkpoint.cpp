@@ -22,6 +22,7 @@
 #include "moekit/quantization/compressed_tensors.h"
 #include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/hf_mxfp4.h"
+#include "moekit/quantization/modelopt.h"
 #include "testing.h"
 
 namespace moekit {
@@ -100,6 +101,8 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
       {"ct_fp8_dynamic", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"ct_fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"ct_int8_w8a8", "QuarkW8A8Int8MoEMethod", "int8_w8a8", "CpuInt8Experts"},
+      {"mo_fp8", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
+      {"mo_nvfp4", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
   };
   ASSERT_EQ(cases.size(), io::fixture_schemes().size());
   for (const SchemeCase& c : cases) {
@@ -549,6 +552,31 @@ TEST(Checkpoint, CompressedTensorsConfigsAreValidated) {
                               j["transform_config"] = {{"config_groups", nlohmann::json::object()}};
                             }),
                             {"transform_config", "rotated"}));
+}
+
+TEST(Checkpoint, ModelOptConfigsAreValidated) {
+  using quantization::parse_modelopt_config;
+  const quantization::ModelOptConfig nested = parse_modelopt_config(
+      {{"quant_method", "modelopt"},
+       {"quantization",
+        {{"quant_algo", "NVFP4"}, {"group_size", 16}, {"exclude_modules", {"lm_head"}}}}},
+      "q");
+  EXPECT_EQ(nested.quant_algo, "NVFP4");
+  EXPECT_EQ(nested.file_suffix("input_scale_2"), "input_scale");
+  EXPECT_EQ(nested.file_suffix("weight_scale_2"), "weight_scale_2");
+  EXPECT_TRUE(nested.to_quark_config().is_excluded("lm_head"));
+  auto bad = [](const nlohmann::json& j) {
+    return error_of([&] { parse_modelopt_config(j, "q"); });
+  };
+  EXPECT_TRUE(testing::contains_all(bad({{"quant_method", "modelopt"}, {"quant_algo", "W4A8_AWQ"}}),
+                                    {"q.quant_algo=\"W4A8_AWQ\"", "FP8", "NVFP4"}));
+  EXPECT_TRUE(testing::contains_all(bad({{"quant_method", "modelopt"}}), {"quant_algo"}));
+  EXPECT_TRUE(testing::contains_all(
+      bad({{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"group_size", 32}}),
+      {"group_size=32", "16"}));
+  EXPECT_TRUE(testing::contains_all(
+      bad({{"quant_method", "modelopt"}, {"quant_algo", "FP8"}, {"exclude_modules", "lm_head"}}),
+      {"exclude_modules"}));
 }
 
 TEST(Checkpoint, BenchmarkSchemeNamesAreAliases) {

@@ -24,6 +24,9 @@
 //   ct_fp8_dynamic    fp8_per_channel as compressed-tensors (FP8_DYNAMIC: channel / token)
 //   ct_fp8_block128   fp8_block128 as compressed-tensors (FP8_BLOCK)
 //   ct_int8_w8a8      int8_w8a8 as compressed-tensors (W8A8: channel / dynamic token, int)
+//   mo_fp8            fp8_per_tensor as an NVIDIA ModelOpt checkpoint (quant_algo FP8)
+//   mo_nvfp4          nvfp4 as ModelOpt (quant_algo NVFP4: the activations' global scale named
+//                     input_scale)
 //   hf_mxfp4          gpt-oss's HuggingFace MXFP4 checkpoint (quant_method "mxfp4": fused
 //                     gate_up_proj_blocks / _scales, bf16 activations); model tiny-gpt-oss only
 // Models (FixtureOptions::model), every layer an MoE layer unless noted:

@@ -544,6 +544,12 @@ json spec_json(std::string_view dtype, std::string_view qscheme, bool dynamic) {
               {"scale_type", "float"}};
 }
 
+bool quant_method_is(const json& qc, std::string_view method) {
+  if (!qc.is_object()) return false;
+  const auto it = qc.find("quant_method");
+  return it != qc.end() && it->is_string() && it->get<std::string>() == method;
+}
+
 QuarkConfig global_config(const json& weight, const json& input, const json& exclude,
                           std::string_view where) {
   const json q{{"quant_method", "quark"},

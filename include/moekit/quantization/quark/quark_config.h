@@ -124,6 +124,8 @@ std::optional<std::string> ocp_mx_dtype_of(std::string_view spec_dtype);
 // the Quark config of one global layer config (weight, input_tensors: null for none) with an
 // exclude list, parsed (errors name `where`).
 nlohmann::json spec_json(std::string_view dtype, std::string_view qscheme, bool dynamic);
+// Whether a quantization_config object's quant_method is `method` (false for a non-object).
+bool quant_method_is(const nlohmann::json& quantization_config, std::string_view method);
 QuarkConfig global_config(const nlohmann::json& weight, const nlohmann::json& input,
                           const nlohmann::json& exclude, std::string_view where);
 
