@@ -10,9 +10,11 @@
 # Parts (arguments, in order):
 #   smoke     one GPU layer test; the call stops when it fails
 #   fixtures  every fixture scheme through `moekit run --checkpoint --device auto` (hf_mxfp4 on
-#             tiny-gpt-oss among them: Sm90Mxfp4Experts with gpt-oss's biases and router bias)
-#   tp        tensor-parallel ranks on the GPU: hf_mxfp4 (tiny-gpt-oss) and bf16 tiny-deepseek
-#             (its shared expert sliced) at --tp 2, each rank checked against float64 by `run`
+#             tiny-gpt-oss among them: Sm90Mxfp4Experts with gpt-oss's biases and router bias;
+#             the compressed-tensors and ModelOpt schemes on the fp8 / int8 / NVFP4 kernels)
+#   tp        tensor-parallel ranks on the GPU: hf_mxfp4 (tiny-gpt-oss), bf16 tiny-deepseek (its
+#             shared expert sliced) and tiny-llama4 (fused, concatenated gate/up) at --tp 2, each
+#             rank checked against float64 by `run`
 #   sharedtp  deepseek-v3 --tp 8 at decode and prefill sizes, shared experts auto / folded /
 #             separate: the fold decision re-measured now that a rank holds I_s / 8 (one chunk)
 #   probe     the weight-streaming probe (prints its markdown table)
@@ -30,7 +32,7 @@ part_fixtures() { bash bench/fixtures_gpu.sh; }
 part_tp() {
   local fx model scheme rank
   fx=$(mktemp -d)
-  for c in "tiny-gpt-oss hf_mxfp4" "tiny-deepseek bf16"; do
+  for c in "tiny-gpt-oss hf_mxfp4" "tiny-deepseek bf16" "tiny-llama4 bf16"; do
     read -r model scheme <<<"$c"
     build/moekit make-fixture --scheme "$scheme" --model "$model" --out "$fx/$model" >/dev/null
     for rank in 0 1; do
