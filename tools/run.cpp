@@ -211,8 +211,8 @@ int forward_and_check(MoELayer& layer, const Tensor& x_host, const Tensor& logit
       prefix, rows.size(),
       tp_sum != nullptr ? fmt::format(" summed over {} tensor-parallel ranks", tp_sum->world_size())
                         : std::string(),
-      tp_sum != nullptr ? " (each rank's, summed)" : "",
-      rel, tol.rel_l2, tol.name, ok ? "OK" : "FAILED");
+      tp_sum != nullptr ? " (each rank's, summed)" : "", rel, tol.rel_l2, tol.name,
+      ok ? "OK" : "FAILED");
   std::cout.flush();
   return ok ? 0 : 1;
 }
