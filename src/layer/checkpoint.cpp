@@ -103,6 +103,10 @@ class Reader {
   struct View {
     const void* data;
     DType dtype;
+    // A read-only CPU tensor over the file's bytes (views and clones of it only read).
+    Tensor tensor(const Shape& shape) const {
+      return Tensor::from_blob(const_cast<void*>(data), shape, dtype, Device::cpu());
+    }
   };
   View view(const std::string& name, const Shape& want, bool floats) const {
     const io::TensorInfo& info = find(name);
@@ -227,33 +231,12 @@ bool byte_compatible(DType want, DType got) {
   return want_bytes && got_bytes;
 }
 
-// The box [begin, begin + extent) of a row-major tensor of shape `full` at `data`, copied into a
-// contiguous `dtype` tensor of shape `extent` (elements move as bytes).
-Tensor copy_box(const void* data, DType dtype, const Shape& full, const Shape& begin,
-                const Shape& extent) {
-  Tensor out = Tensor::empty(extent, dtype);
-  const auto nd = static_cast<int64_t>(full.size());
-  const size_t esz = element_size(dtype);
-  if (out.numel() == 0) return out;
-  if (nd == 0) {
-    std::memcpy(out.data(), data, esz);
-    return out;
+// The box [begin, begin + extent) of `t`, copied into a contiguous tensor.
+Tensor box(Tensor t, const Shape& begin, const Shape& extent) {
+  for (int d = 0; d < t.dim(); ++d) {
+    if (begin[d] != 0 || extent[d] != t.size(d)) t = t.slice(d, begin[d], begin[d] + extent[d]);
   }
-  std::vector<int64_t> stride(static_cast<size_t>(nd), 1);
-  for (int64_t d = nd - 2; d >= 0; --d)
-    stride[d] = stride[d + 1] * full[d + 1];
-  const int64_t run = extent[nd - 1];
-  const auto* src = static_cast<const char*>(data);
-  auto* dst = static_cast<char*>(out.data());
-  for (int64_t row = 0; row < out.numel() / run; ++row) {
-    int64_t rest = row, offset = begin[nd - 1];
-    for (int64_t d = nd - 2; d >= 0; --d) {
-      offset += (begin[d] + rest % extent[d]) * stride[d];
-      rest /= extent[d];
-    }
-    std::memcpy(dst + row * run * esz, src + offset * esz, static_cast<size_t>(run) * esz);
-  }
-  return out;
+  return t.clone();
 }
 
 // A tensor-parallel rank's part of a checkpoint tensor `t` (named `name`) that `what` (e.g.
@@ -286,7 +269,7 @@ Tensor tp_part(const Tensor& t, const Shape& want, const ParallelConfig& p, cons
   }
   Shape begin(need.size(), 0);
   begin[static_cast<size_t>(dim)] = p.tp_rank * need[static_cast<size_t>(dim)];
-  return copy_box(t.data(), t.dtype(), got, begin, need).view(want);
+  return box(t.view(got), begin, need).view(want);
 }
 
 // Reads a per-expert piece (this tensor-parallel rank's part of it), validating shape and dtype
@@ -463,10 +446,9 @@ std::pair<Tensor, Tensor> fused_mxfp4(const Reader& r, const LayerNames& names,
   const Reader::View b = r.view(names.fused_name(p.name, "_blocks"), blocks, false);
   const Reader::View s = r.view(names.fused_name(p.name, "_scales"), scales, false);
   const int64_t n0 = p.file_output(0);
-  Tensor codes =
-      copy_box(b.data, DType::kUInt8, blocks, {first, n0, p.k0 / 32, 0}, {E, p.N, p.K / 32, 16});
+  Tensor codes = box(b.tensor(blocks), {first, n0, p.k0 / 32, 0}, {E, p.N, p.K / 32, 16});
   return {codes.view({E, p.N, p.K / 2}),
-          copy_box(s.data, DType::kUInt8, scales, {first, n0, p.k0 / 32}, {E, p.N, p.K / 32})};
+          box(s.tensor(scales), {first, n0, p.k0 / 32}, {E, p.N, p.K / 32})};
 }
 
 // The (E, N) biases of experts [first, first + E) in `dtype`, this rank's part (zeros where the
