@@ -130,6 +130,8 @@ typedef struct moekit_layer_tensors {
   DLManagedTensor* shared_w2;               /* (H, I_s) */
   DLManagedTensor* router_weight;           /* (E, H) f32 on the CPU, optional gate */
   DLManagedTensor* shared_gate; /* (1, H), models whose shared experts have a per-token gate */
+  DLManagedTensor* router_bias; /* (E,) f32 on the CPU, with router_weight: the gate's bias
+                                   (gpt-oss), added by moekit_layer_router_logits */
 } moekit_layer_tensors;
 
 /* A layer over caller tensors. The layer takes every non-NULL tensor over (also on failure) and

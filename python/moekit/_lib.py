@@ -111,6 +111,7 @@ class LayerTensors(ctypes.Structure):
             "shared_w2",
             "router_weight",
             "shared_gate",
+            "router_bias",
         )
     ]
 

@@ -101,6 +101,7 @@ class MoELayer(torch.nn.Module):
         shared_w2: Optional[torch.Tensor] = None,
         router_weight: Optional[torch.Tensor] = None,
         shared_gate: Optional[torch.Tensor] = None,
+        router_bias: Optional[torch.Tensor] = None,
         **options,  # noqa: ANN003
     ) -> "MoELayer":
         """A layer over your tensors (unquantized): w13 (E, N1, H) with N1 = 2I ([gate; up]) for
@@ -109,7 +110,9 @@ class MoELayer(torch.nn.Module):
         NOTE: zero-copy: the layer shares the tensors' memory and rewrites w13 (and w13_bias) in
         place into its kernel's layout; pass clones to keep the originals. Shared experts
         (shared_w13 (2 I_s, H), shared_w2 (H, I_s), shared_gate (1, H) for Qwen2-MoE's per-token
-        gate) that fold into the routed experts make the layer copy w13 / w2 once instead."""
+        gate) that fold into the routed experts make the layer copy w13 / w2 once instead.
+        router_weight (E, H) and router_bias (E,) (gpt-oss's gate has one), f32 on the CPU, make
+        router_logits(x) work."""
         options.setdefault("dtype", w13.dtype)
         options.setdefault("device", w13.device)
         self = cls.__new__(cls)
@@ -127,6 +130,7 @@ class MoELayer(torch.nn.Module):
             shared_w2=shared_w2,
             router_weight=router_weight,
             shared_gate=shared_gate,
+            router_bias=router_bias,
         )
         for name, tensor in given.items():
             setattr(t, name, managed(tensor))

@@ -70,6 +70,31 @@ def test_random_weights_layer_matches_its_experts() -> None:
     assert rel_l2(out, layer_reference(layer, x, weights, ids)) <= layer.tolerance
 
 
+def test_router_weight_and_bias_from_weights() -> None:
+    """The gate given with the experts (gpt-oss's has a bias): router_logits(x) is
+    x @ router_weight^T + router_bias in float; a bias without its weight is refused by name."""
+    w13, w2 = tiny_weights(torch.float32)
+    g = torch.Generator().manual_seed(5)
+    gate = torch.randn(TINY["E"], TINY["H"], generator=g)
+    bias = torch.randn(TINY["E"], generator=g)
+    layer = moekit.MoELayer.from_weights(
+        "tiny", w13.clone(), w2.clone(), router_weight=gate, router_bias=bias, dtype=torch.float32, device="cpu"
+    )
+    assert layer.has_router_weight
+    x, _ = inputs(13, torch.float32)
+    expected = (x.double() @ gate.double().T + bias.double()).float()
+    logits = layer.router_logits(x)
+    assert torch.allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    unbiased = moekit.MoELayer.from_weights(
+        "tiny", w13.clone(), w2.clone(), router_weight=gate, dtype=torch.float32, device="cpu"
+    )
+    assert torch.allclose(logits - unbiased.router_logits(x), bias.expand(13, -1), atol=1e-5)
+    expect_error("router_bias", moekit.MoELayer.from_weights, "tiny", w13.clone(), w2.clone(),
+                 router_bias=bias, dtype=torch.float32, device="cpu")  # fmt: skip
+    expect_error("router_bias", moekit.MoELayer.from_weights, "tiny", w13.clone(), w2.clone(),
+                 router_weight=gate, router_bias=bias[:5].clone(), dtype=torch.float32, device="cpu")  # fmt: skip
+
+
 def test_zero_copy_in_and_out() -> None:
     w13, w2 = tiny_weights(torch.float32)
     layer = moekit.MoELayer.from_weights("tiny", w13, w2, dtype=torch.float32, device="cpu")

@@ -334,10 +334,11 @@ moekit_status moekit_layer_create_from_tensors(const char* model,
                             given.shared_w13,
                             given.shared_w2,
                             given.router_weight,
-                            given.shared_gate};
+                            given.shared_gate,
+                            given.router_bias};
   const char* names[] = {
-      "w13",        "w2",        "w13_bias",      "w2_bias",    "e_score_correction_bias",
-      "shared_w13", "shared_w2", "router_weight", "shared_gate"};
+      "w13",        "w2",        "w13_bias",      "w2_bias",     "e_score_correction_bias",
+      "shared_w13", "shared_w2", "router_weight", "shared_gate", "router_bias"};
   return guarded([&] {
     constexpr size_t n = sizeof(raw) / sizeof(raw[0]);
     Tensor t[n];
@@ -368,6 +369,7 @@ moekit_status moekit_layer_create_from_tensors(const char* model,
     w.shared_w2 = t[6];
     w.router_weight = t[7];
     w.shared_gate = t[8];
+    w.router_bias = t[9];
     publish(&out, MoELayer(preset, std::move(w), layer_options(options)));
   });
 }
