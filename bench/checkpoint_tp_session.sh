@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device call for the work of 2026-12-05, written without a device (none was lent that session):
+# Device call for the work of 2026-12-05 (parts smoke fixtures tp probe ran that day,
+# bench/results/2026-12-05-h200-checkpoint-probe; sharedtp, tests and bench did not):
 # gpt-oss's checkpoint layout (HuggingFace MXFP4, fused experts, router bias), tensor-parallel
 # ranks loading their slice of every expert (shared experts included), and the decode
 # weight-streaming probe (bench/probes/weight_stream_probe.cu).
