@@ -179,7 +179,8 @@ std::string quark_scheme_of(const std::string& scheme) {
   if (scheme == "ct_int8_w8a8") return "int8_w8a8";
   if (scheme == "hf_mxfp4") return "mxfp4_w4a16";
   if (scheme == "mo_fp8") return "fp8_per_tensor";
-  if (scheme == "mo_nvfp4") return "nvfp4";
+  if (scheme == "mo_nvfp4" || scheme == "ct_nvfp4") return "nvfp4";
+  if (scheme == "ct_nvfp4a16") return "nvfp4_w4a16";
   return scheme;
 }
 
@@ -193,8 +194,9 @@ std::optional<quantization::ModelOptConfig> modelopt_of(const std::string& schem
   return c;
 }
 
-// The compressed-tensors schemes (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK and W8A8): their
-// config; their tensors are the Quark scheme's of quark_scheme_of.
+// The compressed-tensors schemes (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK, W8A8, NVFP4 and
+// NVFP4A16): their config; their tensors are the Quark scheme's of quark_scheme_of (NVFP4's
+// renamed, the global scales as reciprocals: CompressedTensorsConfig::file_suffix).
 std::optional<quantization::CompressedTensorsConfig> compressed_tensors_of(
     const std::string& scheme) {
   using Args = quantization::CompressedTensorsArgs;
@@ -213,6 +215,10 @@ std::optional<quantization::CompressedTensorsConfig> compressed_tensors_of(
     c.format = "int-quantized";
     c.weights = Args{"int", "channel", false, 0, {}};
     c.input = Args{"int", "token", true, 0, {}};
+  } else if (scheme == "ct_nvfp4" || scheme == "ct_nvfp4a16") {  // NVFP4 / NVFP4A16
+    c.format = "nvfp4-pack-quantized";
+    c.weights = Args{"float", "tensor_group", false, 16, {}, 4};
+    if (scheme == "ct_nvfp4") c.input = Args{"float", "tensor_group", true, 16, {}, 4};
   } else {
     return std::nullopt;
   }
@@ -435,10 +441,19 @@ void emit_projection(Emitter& out, const std::string& p, const std::vector<float
   throw Error(fmt::format("unknown fixture scheme '{}'", scheme));
 }
 
-// NVFP4: the projections in `rows_of` quantized as one tensor (one global scale), emitted apart.
+// NVFP4: the projections in `rows_of` quantized as one tensor (one global scale), emitted apart:
+// Quark's tensors, or compressed-tensors' (`ct`: its names, the global scales g themselves where
+// Quark stores 1 / g; Quark's input_scale_2 is 1 / g_a too, so that both load bitwise alike).
 void emit_nvfp4(Emitter& out, const std::vector<std::string>& names,
                 const std::vector<const std::vector<float>*>& parts, int64_t rows, int64_t cols,
-                std::optional<float> act_amax) {
+                std::optional<float> act_amax,
+                const std::optional<quantization::CompressedTensorsConfig>& ct) {
+  auto suffix = [&](const char* quark_suffix) {
+    return "." + (ct ? ct->file_suffix(quark_suffix) : std::string(quark_suffix));
+  };
+  auto global = [&](const char* quark_suffix, float g) {  // the file's value of 1 / g
+    return ct && ct->reciprocal_in_file(quark_suffix) ? g : 1.0f / g;
+  };
   std::vector<float> all;
   for (const auto* p : parts)
     all.insert(all.end(), p->begin(), p->end());
@@ -447,12 +462,15 @@ void emit_nvfp4(Emitter& out, const std::vector<std::string>& names,
   const int64_t rb = (cols + 1) / 2, sc = q.scale_cols;
   for (size_t i = 0; i < names.size(); ++i) {
     const int64_t r0 = static_cast<int64_t>(i) * rows;
-    out.bytes(names[i] + ".weight", "U8", {rows, rb}, q.codes.data() + r0 * rb,
+    out.bytes(names[i] + suffix("weight"), "U8", {rows, rb}, q.codes.data() + r0 * rb,
               static_cast<size_t>(rows * rb));
-    out.bytes(names[i] + ".weight_scale", "F8_E4M3", {rows, sc}, q.scale_codes.data() + r0 * sc,
-              static_cast<size_t>(rows * sc));
-    out.scalar(names[i] + ".weight_scale_2", 1.0f / q.global_scale);
-    if (act_amax) out.scalar(names[i] + ".input_scale_2", *act_amax / (448.0f * 6.0f));
+    out.bytes(names[i] + suffix("weight_scale"), "F8_E4M3", {rows, sc},
+              q.scale_codes.data() + r0 * sc, static_cast<size_t>(rows * sc));
+    out.scalar(names[i] + suffix("weight_scale_2"), global("weight_scale_2", q.global_scale));
+    if (act_amax) {
+      out.scalar(names[i] + suffix("input_scale_2"),
+                 global("input_scale_2", 448.0f * 6.0f / *act_amax));
+    }
   }
 }
 
@@ -600,7 +618,8 @@ const std::vector<std::string>& fixture_schemes() {
       "mxfp4_a8",     "mxfp4_a4",        "mxfp6_e3m2",      "mxfp6_e2m3",
       "int8_w8a8",    "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor",
       "hf_mxfp4",     "ct_fp8_static",   "ct_fp8_dynamic",  "ct_fp8_block128",
-      "ct_int8_w8a8", "mo_fp8",          "mo_nvfp4"};
+      "ct_int8_w8a8", "ct_nvfp4",        "ct_nvfp4a16",     "mo_fp8",
+      "mo_nvfp4"};
   return kSchemes;
 }
 
@@ -712,12 +731,13 @@ void write_fixture_checkpoint(const std::filesystem::path& dir, const FixtureOpt
       const std::vector<float> wd = uniform(rng, H * I, s2);
       // Static activation bounds differ a little per expert (exercises the max reduction).
       const float vary = 1.0f + 0.02f * static_cast<float>(e);
-      if (scheme == "nvfp4" || scheme == "nvfp4_w4a16" || scheme == "mo_nvfp4") {
-        const bool w4a4 = scheme != "nvfp4_w4a16";  // W4A16: no input scales
+      if (quark_scheme_of(scheme) == "nvfp4" || quark_scheme_of(scheme) == "nvfp4_w4a16") {
+        const bool w4a4 = quark_scheme_of(scheme) == "nvfp4";  // W4A16: no input scales
+        const auto ct = compressed_tensors_of(scheme);
         emit_nvfp4(out, {p + g, p + u}, {&wg, &wu}, I, H,
-                   w4a4 ? std::optional<float>(a13 * vary) : std::nullopt);
-        emit_nvfp4(out, {p + d}, {&wd}, H, I,
-                   w4a4 ? std::optional<float>(a2 * vary) : std::nullopt);
+                   w4a4 ? std::optional<float>(a13 * vary) : std::nullopt, ct);
+        emit_nvfp4(out, {p + d}, {&wd}, H, I, w4a4 ? std::optional<float>(a2 * vary) : std::nullopt,
+                   ct);
         continue;
       }
       emit_projection(out, p + g, wg, I, H, scheme, a13 * vary);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "moekit/core/error.h"
@@ -171,6 +172,9 @@ struct LayerNames {
   // The file's suffixes of Quark parameter suffixes a format names differently (HuggingFace fp8
   // blocks: weight_scale -> weight_scale_inv; ModelOpt NVFP4: input_scale_2 -> input_scale).
   std::map<std::string, std::string> file_suffixes = {};
+  // Quark parameter suffixes whose file tensors hold the parameter's reciprocal
+  // (compressed-tensors NVFP4's global scales).
+  std::set<std::string> reciprocal_suffixes = {};
   ExpertStorage storage = ExpertStorage::kPerExpert;
   std::string router = "gate";  // gpt-oss and Llama 4: "router" (gpt-oss's with a bias)
   bool fused() const { return storage != ExpertStorage::kPerExpert; }
@@ -207,11 +211,14 @@ LayerNames find_names(const Reader& r, int n, const ModelPreset& model) {
                  "layer",
                  n, prefix);
   }
-  if (r.contains(qwen + ".experts.0.gate_proj.weight") ||
-      r.contains(qwen + ".experts.0.up_proj.weight")) {
+  // A projection's weight: "weight", or compressed-tensors NVFP4's packed "weight_packed".
+  auto has_weight = [&](const std::string& proj) {
+    return r.contains(proj + ".weight") || r.contains(proj + ".weight_packed");
+  };
+  if (has_weight(qwen + ".experts.0.gate_proj") || has_weight(qwen + ".experts.0.up_proj")) {
     return {qwen, "gate_proj", "up_proj", "down_proj"};
   }
-  if (r.contains(mixtral + ".experts.0.w1.weight")) return {mixtral, "w1", "w3", "w2"};
+  if (has_weight(mixtral + ".experts.0.w1")) return {mixtral, "w1", "w3", "w2"};
   MOEKIT_CHECK(n >= 0 && (model.num_layers == 0 || n < model.num_layers),
                "layer {} is out of range: the model has num_hidden_layers={}", n, model.num_layers);
   MOEKIT_CHECK(n >= model.first_moe_layer,
@@ -286,6 +293,20 @@ Tensor read_piece(const Reader& r, const std::string& name, const Shape& want, D
   return t;
 }
 
+// 1 / x of every element of a float32 scale tensor read from `name` (the file holds the
+// reciprocal of the parameter); each element must be finite and > 0.
+Tensor reciprocal_scales(const Tensor& t, const std::string& name, const std::string& param) {
+  std::vector<float> v = t.to_float_vector();
+  for (size_t i = 0; i < v.size(); ++i) {
+    MOEKIT_CHECK(std::isfinite(v[i]) && v[i] > 0.0f,
+                 "tensor '{}' ({}, stored as its reciprocal) holds {} at element {}: scales must "
+                 "be finite and > 0",
+                 name, param, v[i], i);
+    v[i] = 1.0f / v[i];
+  }
+  return Tensor::from_floats(v, t.shape(), DType::kF32);
+}
+
 // Fills one Quark parameter from the per-expert checkpoint tensors (this tensor-parallel rank's
 // part; down's bias on rank 0 only, so that the ranks' partial outputs sum to one bias).
 void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& params,
@@ -296,6 +317,7 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
   const std::string param_suffix = param.substr(w13 ? 4 : 3);
   const auto renamed = names.file_suffixes.find(param_suffix);
   const std::string suffix = renamed != names.file_suffixes.end() ? renamed->second : param_suffix;
+  const bool reciprocal = names.reciprocal_suffixes.count(param_suffix) > 0;
   std::vector<std::string> projs =
       w13 ? std::vector<std::string>{names.gate, names.up} : std::vector<std::string>{names.down};
   projs.resize(w13 ? static_cast<size_t>(shards) : 1);
@@ -316,7 +338,7 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
         // Checked one by one: a NaN or negative shard would vanish in the max over the shards.
         MOEKIT_CHECK(std::isfinite(v) && v > 0.0f,
                      "tensor '{}' ({}) is {}: scales must be finite and > 0", name, param, v);
-        m = std::max(m, v);
+        m = std::max(m, reciprocal ? 1.0f / v : v);
       }
       v[e] = m;
     }
@@ -334,9 +356,10 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
   auto* dst = static_cast<char*>(staged.data());
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t s = 0; s < S; ++s) {
-      const Tensor t =
-          read_piece(r, names.expert(first_expert + e, projs[static_cast<size_t>(s)], suffix),
-                     piece, spec.dtype, param, parallel);
+      const std::string name =
+          names.expert(first_expert + e, projs[static_cast<size_t>(s)], suffix);
+      Tensor t = read_piece(r, name, piece, spec.dtype, param, parallel);
+      if (reciprocal) t = reciprocal_scales(t, name, param);
       std::memcpy(dst + (e * per_expert + s * piece_numel) * esz, t.data(),
                   static_cast<size_t>(piece_numel) * esz);
     }
@@ -583,7 +606,8 @@ MoELayer quark_layer(const ModelPreset& model, const quark::QuarkMoEMethod& meth
 struct CheckpointQuant {
   std::optional<quark::QuarkConfig> quark;
   std::map<std::string, std::string> file_suffixes = {};
-  bool hf_mxfp4 = false;          // quant_method "mxfp4" (gpt-oss's fused layout)
+  std::set<std::string> reciprocal_suffixes = {};  // LayerNames::reciprocal_suffixes
+  bool hf_mxfp4 = false;                           // quant_method "mxfp4" (gpt-oss's fused layout)
   bool dequantize_mxfp4 = false;  // ... with "dequantize": the experts decoded, run unquantized
 };
 
@@ -601,7 +625,7 @@ CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
                      method == "compressed-tensors" || method == "modelopt",
                  "{}.quant_method: '{}' is not supported: moekit loads Quark (\"quark\"), "
                  "HuggingFace fp8 (\"fp8\") and MXFP4 (\"mxfp4\", gpt-oss), compressed-tensors "
-                 "(8-bit) and ModelOpt (FP8, NVFP4) checkpoints",
+                 "(8-bit, NVFP4) and ModelOpt (FP8, NVFP4) checkpoints",
                  where, method);
   }
   CheckpointQuant q;
@@ -614,7 +638,13 @@ CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
     q.quark = mo.to_quark_config();
     q.file_suffixes["input_scale_2"] = mo.file_suffix("input_scale_2");
   } else if (quantization::is_compressed_tensors_config(*it)) {
-    q.quark = quantization::parse_compressed_tensors_config(*it, where).to_quark_config();
+    const quantization::CompressedTensorsConfig ct =
+        quantization::parse_compressed_tensors_config(*it, where);
+    q.quark = ct.to_quark_config();
+    for (const char* suffix : {"weight", "weight_scale_2", "input_scale_2"}) {
+      if (ct.file_suffix(suffix) != suffix) q.file_suffixes[suffix] = ct.file_suffix(suffix);
+      if (ct.reciprocal_in_file(suffix)) q.reciprocal_suffixes.insert(suffix);
+    }
   } else if (quantization::is_hf_mxfp4_config(*it)) {
     const quantization::HfMxfp4Config hf = quantization::parse_hf_mxfp4_config(*it, where);
     q.hf_mxfp4 = true;
@@ -642,6 +672,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   const Reader r(dir);
   LayerNames names = find_names(r, layer_index, model);
   names.file_suffixes = quant.file_suffixes;
+  names.reciprocal_suffixes = quant.reciprocal_suffixes;
   const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t first = moe.parallel.ep_rank * E;  // this rank's experts

@@ -24,19 +24,27 @@ CompressedTensorsArgs parse_args(const json& a, const std::string& where, bool w
   if (!a.is_object()) {
     throw Error(fmt::format("{}={} must be an object (a quantizer)", where, io::describe_json(a)));
   }
-  const int64_t bits = io::json_integer(required(a, "num_bits", where), where + ".num_bits", 1, 64);
-  if (bits != 8) {
-    throw Error(fmt::format(
-        "{}.num_bits={}: moekit serves 8-bit compressed-tensors quantizers (fp8 e4m3 or int8); "
-        "packed 4-bit, NVFP4 and MXFP4 checkpoints are not read in this format",
-        where, bits));
-  }
   CompressedTensorsArgs c;
+  c.num_bits = static_cast<int>(
+      io::json_integer(required(a, "num_bits", where), where + ".num_bits", 1, 64));
+  if (c.num_bits != 8 && c.num_bits != 4) {
+    throw Error(fmt::format(
+        "{}.num_bits={}: moekit serves 8-bit compressed-tensors quantizers (fp8 e4m3 or int8) "
+        "and NVFP4 (4-bit float, strategy \"tensor_group\", group_size 16)",
+        where, c.num_bits));
+  }
   c.type = io::json_choice(required(a, "type", where), where + ".type", {"float", "int"});
   c.strategy = weights ? io::json_choice(required(a, "strategy", where), where + ".strategy",
-                                         {"tensor", "channel", "block"})
+                                         {"tensor", "channel", "block", "tensor_group"})
                        : io::json_choice(required(a, "strategy", where), where + ".strategy",
-                                         {"tensor", "token", "group"});
+                                         {"tensor", "token", "group", "tensor_group"});
+  const bool nvfp4 = c.strategy == "tensor_group";
+  if ((c.num_bits == 4) != nvfp4 || (nvfp4 && c.type != "float")) {
+    throw Error(fmt::format(
+        "{}: num_bits {} with type \"{}\" and strategy \"{}\" is not served: 4 bits are NVFP4 "
+        "(type float, strategy tensor_group), the other strategies take 8 bits",
+        where, c.num_bits, c.type, c.strategy));
+  }
   if (const auto it = a.find("symmetric"); it != a.end() && !it->is_null()) {
     if (!io::json_bool(*it, where + ".symmetric")) {
       throw Error(fmt::format(
@@ -44,10 +52,25 @@ CompressedTensorsArgs parse_args(const json& a, const std::string& where, bool w
     }
   }
   if (const auto it = a.find("dynamic"); it != a.end() && !it->is_null()) {
-    c.dynamic = io::json_bool(*it, where + ".dynamic");
+    // NVFP4 activations: "local" (each group's scale computed on the fly, the global scale stored).
+    if (it->is_string() && nvfp4 && !weights) {
+      c.dynamic = io::json_choice(*it, where + ".dynamic", {"local"}) == "local";
+    } else {
+      c.dynamic = io::json_bool(*it, where + ".dynamic");
+    }
   }
   if (weights && c.dynamic) {
     throw Error(fmt::format("{}.dynamic=true: weights are quantized in the checkpoint", where));
+  }
+  if (nvfp4) {
+    c.group_size =
+        io::json_integer(required(a, "group_size", where), where + ".group_size", 1, 1 << 20);
+    if (c.group_size != 16 || (!weights && !c.dynamic)) {
+      throw Error(fmt::format(
+          "{}: NVFP4 scales groups of 16 (got group_size {}), activations' groups dynamically "
+          "(\"local\")",
+          where, c.group_size));
+    }
   }
   if (c.strategy == "block" || c.strategy == "group") {
     if (c.type != "float") {
@@ -86,6 +109,7 @@ CompressedTensorsArgs parse_args(const json& a, const std::string& where, bool w
 
 // The Quark spec of one quantizer (quark::spec_json plus its axis, group or block).
 json quark_spec(const CompressedTensorsArgs& a) {
+  if (a.strategy == "tensor_group") return quark::nvfp4_spec_json(a.dynamic);
   static const std::pair<const char*, const char*> kQschemes[] = {{"tensor", "per_tensor"},
                                                                   {"channel", "per_channel"},
                                                                   {"token", "per_channel"},
@@ -107,11 +131,12 @@ json quark_spec(const CompressedTensorsArgs& a) {
 }
 
 json args_json(const CompressedTensorsArgs& a) {
-  json j{{"num_bits", 8},
+  json j{{"num_bits", a.num_bits},
          {"type", a.type},
          {"strategy", a.strategy},
          {"dynamic", a.dynamic},
          {"symmetric", true}};
+  if (a.strategy == "tensor_group" && a.dynamic) j["dynamic"] = "local";
   j["group_size"] = a.group_size > 0 ? json(a.group_size) : json(nullptr);
   j["block_structure"] = a.block_structure.empty() ? json(nullptr) : json(a.block_structure);
   return j;
@@ -136,10 +161,11 @@ CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& qc
   if (const auto it = qc.find("format"); it != qc.end() && !it->is_null()) {
     c.format = io::json_string(*it, where + ".format");
     if (c.format != "float-quantized" && c.format != "int-quantized" &&
-        c.format != "naive-quantized") {
+        c.format != "naive-quantized" && c.format != "nvfp4-pack-quantized") {
       throw Error(fmt::format(
           "{}.format=\"{}\" is not served: moekit reads the 8-bit formats float-quantized, "
-          "int-quantized and naive-quantized (packed and sparse formats are not read)",
+          "int-quantized and naive-quantized and NVFP4's nvfp4-pack-quantized (the int4 "
+          "pack-quantized, marlin-24 and sparse formats are not read)",
           where, c.format));
     }
   }
@@ -181,36 +207,74 @@ CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& qc
                     gw, fmt::join(targets, ", ")));
   }
   c.weights = parse_args(required(g, "weights", gw), gw + ".weights", true);
+  if ((c.format == "nvfp4-pack-quantized") != c.nvfp4()) {
+    throw Error(fmt::format(
+        "{}.format=\"{}\" with {}-bit {} weights: NVFP4 weights (strategy tensor_group) are "
+        "stored as nvfp4-pack-quantized, 8-bit ones in the other formats",
+        where, c.format, c.weights.num_bits, c.weights.strategy));
+  }
   if (const auto it = g.find("output_activations"); it != g.end() && !it->is_null()) {
     throw Error(fmt::format("{}.output_activations: quantized outputs are not served", gw));
   }
   const auto in = g.find("input_activations");
   if (in == g.end() || in->is_null()) {
-    throw Error(
-        fmt::format("{}.input_activations is null: weight-only 8-bit experts (W8A16) are "
-                    "not served; moekit reads W8A8 schemes",
-                    gw));
+    if (!c.nvfp4()) {
+      throw Error(
+          fmt::format("{}.input_activations is null: weight-only 8-bit experts (W8A16) are "
+                      "not served; moekit reads W8A8 schemes and NVFP4 with or without "
+                      "activation quantization",
+                      gw));
+    }
+  } else {
+    c.input = parse_args(*in, gw + ".input_activations", false);
   }
-  c.input = parse_args(*in, gw + ".input_activations", false);
   const CompressedTensorsArgs& w = c.weights;
-  const CompressedTensorsArgs& a = *c.input;
-  // The pairs the W8A8 methods serve (vLLM's compressed-tensors MoE methods take the same).
-  const bool ok =
-      w.type == a.type &&
-      ((w.strategy == "tensor" && a.strategy == "tensor" && (w.type == "float" || !a.dynamic)) ||
-       (w.strategy == "channel" && a.strategy == "token") ||
-       (w.strategy == "block" && a.strategy == "group"));
+  // The pairs the W8A8 methods serve (vLLM's compressed-tensors MoE methods take the same), and
+  // NVFP4 weights with NVFP4 activations or none (NVFP4A16).
+  const bool ok = c.input
+                      ? w.type == c.input->type &&
+                            ((w.strategy == "tensor" && c.input->strategy == "tensor" &&
+                              (w.type == "float" || !c.input->dynamic)) ||
+                             (w.strategy == "channel" && c.input->strategy == "token") ||
+                             (w.strategy == "block" && c.input->strategy == "group") ||
+                             (w.strategy == "tensor_group" && c.input->strategy == "tensor_group"))
+                      : w.strategy == "tensor_group";
+  const CompressedTensorsArgs none;
+  const CompressedTensorsArgs& a = c.input ? *c.input : none;
   if (!ok) {
     throw Error(fmt::format(
         "{}: {} weights per {} with {} activations per {} ({}) are not served: the pairs are "
         "per-tensor weights with per-tensor activations (int8: static), per-channel weights "
-        "with dynamic per-token activations, 128x128 float blocks with dynamic 1x128 groups",
-        gw, w.type, w.strategy, a.type, a.strategy, a.dynamic ? "dynamic" : "static"));
+        "with dynamic per-token activations, 128x128 float blocks with dynamic 1x128 groups, "
+        "NVFP4 (tensor_group) weights with NVFP4 activations or none",
+        gw, w.type, w.strategy, c.input ? a.type : "no", c.input ? a.strategy : "-",
+        a.dynamic ? "dynamic" : "static"));
   }
   if (const auto it = qc.find("ignore"); it != qc.end() && !it->is_null()) {
     c.ignore = io::json_string_array(*it, where + ".ignore", "module names");
   }
   return c;
+}
+
+namespace {
+// NVFP4's file names of the Quark suffixes; the global scales are stored as reciprocals.
+constexpr std::pair<const char*, const char*> kNvfp4Suffixes[] = {
+    {"weight", "weight_packed"},
+    {"weight_scale_2", "weight_global_scale"},
+    {"input_scale_2", "input_global_scale"}};
+}  // namespace
+
+std::string CompressedTensorsConfig::file_suffix(const std::string& quark_suffix) const {
+  if (nvfp4()) {
+    for (const auto& [quark_name, file_name] : kNvfp4Suffixes) {
+      if (quark_suffix == quark_name) return file_name;
+    }
+  }
+  return quark_suffix;
+}
+
+bool CompressedTensorsConfig::reciprocal_in_file(const std::string& quark_suffix) const {
+  return nvfp4() && (quark_suffix == "weight_scale_2" || quark_suffix == "input_scale_2");
 }
 
 nlohmann::json CompressedTensorsConfig::to_json() const {

@@ -71,14 +71,7 @@ quark::QuarkConfig ModelOptConfig::to_quark_config() const {
                                 where);
   }
   // NVFP4: e2m1 codes in groups of 16 under an fp8 per-tensor global scale, activations alike.
-  auto fp4 = [](bool dynamic) {
-    json s = quark::spec_json("fp4", "per_group", dynamic);
-    s["group_size"] = 16;
-    s["ch_axis"] = -1;
-    return s;
-  };
-  const json global = quark::spec_json("fp8_e4m3", "per_tensor", false);
-  return quark::global_config(json::array({fp4(false), global}), json::array({fp4(true), global}),
+  return quark::global_config(quark::nvfp4_spec_json(false), quark::nvfp4_spec_json(true),
                               exclude_modules, where);
 }
 

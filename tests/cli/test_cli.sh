@@ -171,6 +171,12 @@ expect 0 "Sm90Fp8Experts" explain --checkpoint "$tmp/ct" --device h200
 "$moekit" make-fixture --scheme mo_nvfp4 --out "$tmp/mo" >/dev/null || exit 1
 expect 0 "-> OK" run --checkpoint "$tmp/mo" -m 7
 expect 0 "Sm90Nvfp4Experts" explain --checkpoint "$tmp/mo" --device h200
+# A compressed-tensors NVFP4 checkpoint (llm-compressor's NVFP4: weight_packed, reciprocal global
+# scales), run on the CPU, tensor-parallel rank 1, and previewed on an H200.
+"$moekit" make-fixture --scheme ct_nvfp4 --model tiny-deepseek --out "$tmp/ctfp4" >/dev/null || exit 1
+expect 0 "QuarkNvfp4MoEMethod.*|-> OK" run --checkpoint "$tmp/ctfp4" --layer 1 -m 7
+expect 0 "-> OK" run --checkpoint "$tmp/ctfp4" --layer 1 -m 5 --tp 2 --tp-rank 1
+expect 0 "Sm90Nvfp4Experts" explain --checkpoint "$tmp/ctfp4" --device h200
 # Llama 4's layout (language_model.*, text_config, fused experts, a shared expert), TP rank 1.
 "$moekit" make-fixture --scheme bf16 --model tiny-llama4 --out "$tmp/llama4" >/dev/null || exit 1
 expect 0 "-> OK" run --checkpoint "$tmp/llama4" --layer 1 -m 9 --tp 2 --tp-rank 1

@@ -101,6 +101,8 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
       {"ct_fp8_dynamic", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"ct_fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"ct_int8_w8a8", "QuarkW8A8Int8MoEMethod", "int8_w8a8", "CpuInt8Experts"},
+      {"ct_nvfp4", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
+      {"ct_nvfp4a16", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
       {"mo_fp8", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"mo_nvfp4", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
   };
@@ -403,8 +405,9 @@ TEST(Checkpoint, ExcludedLayersLoadUnquantizedAndOtherMethodsAreRejected) {
   fs::remove_all(dir);
 }
 
-// A HuggingFace fp8 checkpoint (quant_method "fp8", DeepSeek-V3's weight_scale_inv) or a
-// compressed-tensors one is the same layer as the Quark checkpoint of the same weights: outputs
+// A HuggingFace fp8 checkpoint (quant_method "fp8", DeepSeek-V3's weight_scale_inv), a
+// compressed-tensors one (NVFP4's renamed tensors and reciprocal global scales included) or a
+// ModelOpt NVFP4 one is the same layer as the Quark checkpoint of the same weights: outputs
 // bitwise equal.
 TEST(Checkpoint, HuggingFaceFp8EqualsQuarkFp8) {
   for (const auto& [hf, quark_scheme] :
@@ -412,7 +415,9 @@ TEST(Checkpoint, HuggingFaceFp8EqualsQuarkFp8) {
         std::pair{"hf_fp8_per_tensor", "fp8_per_tensor"},
         std::pair{"ct_fp8_static", "fp8_per_tensor"},
         std::pair{"ct_fp8_dynamic", "fp8_per_channel"},
-        std::pair{"ct_fp8_block128", "fp8_block128"}, std::pair{"ct_int8_w8a8", "int8_w8a8"}}) {
+        std::pair{"ct_fp8_block128", "fp8_block128"}, std::pair{"ct_int8_w8a8", "int8_w8a8"},
+        std::pair{"ct_nvfp4", "nvfp4"}, std::pair{"ct_nvfp4a16", "nvfp4_w4a16"},
+        std::pair{"mo_nvfp4", "nvfp4"}}) {
     for (const char* model : {"tiny", "tiny-deepseek"}) {
       SCOPED_TRACE(std::string(hf) + " " + model);
       const fs::path a = fixture(hf, model), b = fixture(quark_scheme, model);
@@ -426,6 +431,26 @@ TEST(Checkpoint, HuggingFaceFp8EqualsQuarkFp8) {
         const std::string p = fmt::format("model.layers.{}.mlp.experts.0.gate_proj.", layer);
         EXPECT_TRUE(f.contains(p + "weight_scale_inv"));
         EXPECT_FALSE(f.contains(p + "weight_scale"));
+      }
+      if (std::string(hf) == "ct_nvfp4") {  // compressed-tensors' names, its global scales g
+        const io::SafetensorsFile f = io::SafetensorsFile::open(a / "model.safetensors");
+        const io::SafetensorsFile q = io::SafetensorsFile::open(b / "model.safetensors");
+        const std::string p = fmt::format("model.layers.{}.mlp.experts.0.down_proj.", layer);
+        for (const char* name :
+             {"weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"}) {
+          EXPECT_TRUE(f.contains(p + name)) << name;
+        }
+        EXPECT_FALSE(f.contains(p + "weight"));
+        EXPECT_FALSE(f.contains(p + "weight_scale_2"));
+        auto scalar = [](const io::SafetensorsFile& file, const std::string& name) {
+          float v = 0.0f;
+          EXPECT_EQ(file.info(name).dtype, "F32") << name;
+          std::memcpy(&v, file.info(name).bytes.data(), sizeof v);
+          return v;
+        };
+        const float g = scalar(f, p + "weight_global_scale");
+        EXPECT_EQ(scalar(q, p + "weight_scale_2"), 1.0f / g);
+        EXPECT_GT(g, 1.0f);  // (448 * 6) / amax: the scale that quantizes
       }
       fs::remove_all(a);
       fs::remove_all(b);
@@ -512,7 +537,9 @@ TEST(Checkpoint, CompressedTensorsConfigsAreValidated) {
   EXPECT_TRUE(testing::contains_all(bad([](auto& j) { j["format"] = "pack-quantized"; }),
                                     {"format=\"pack-quantized\"", "float-quantized"}));
   EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["num_bits"] = 4; }),
-                                    {"group_0.weights.num_bits=4", "8-bit"}));
+                                    {"group_0.weights", "num_bits 4", "NVFP4", "tensor_group"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["num_bits"] = 6; }),
+                                    {"group_0.weights.num_bits=6", "8-bit", "NVFP4"}));
   EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["symmetric"] = false; }),
                                     {"symmetric=false"}));
   EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["input_activations"] = nullptr; }),
@@ -552,6 +579,71 @@ TEST(Checkpoint, CompressedTensorsConfigsAreValidated) {
                               j["transform_config"] = {{"config_groups", nlohmann::json::object()}};
                             }),
                             {"transform_config", "rotated"}));
+}
+
+// llm-compressor's NVFP4 (W4A4) and NVFP4A16 configs: their Quark equivalent, the file names,
+// and the refusals.
+TEST(Checkpoint, CompressedTensorsNvfp4ConfigsAreValidated) {
+  using quantization::parse_compressed_tensors_config;
+  const nlohmann::json fp4 = {{"num_bits", 4},    {"type", "float"},  {"strategy", "tensor_group"},
+                              {"group_size", 16}, {"dynamic", false}, {"symmetric", true}};
+  nlohmann::json act = fp4;
+  act["dynamic"] = "local";
+  const nlohmann::json good = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "nvfp4-pack-quantized"},
+      {"config_groups",
+       {{"group_0", {{"targets", {"Linear"}}, {"weights", fp4}, {"input_activations", act}}}}},
+      {"ignore", {"lm_head"}}};
+  const quantization::CompressedTensorsConfig c = parse_compressed_tensors_config(good, "q");
+  EXPECT_TRUE(c.nvfp4());
+  ASSERT_TRUE(c.input.has_value());
+  EXPECT_TRUE(c.input->dynamic);
+  EXPECT_EQ(c.file_suffix("weight"), "weight_packed");
+  EXPECT_EQ(c.file_suffix("weight_scale"), "weight_scale");
+  EXPECT_EQ(c.file_suffix("weight_scale_2"), "weight_global_scale");
+  EXPECT_EQ(c.file_suffix("input_scale_2"), "input_global_scale");
+  EXPECT_TRUE(c.reciprocal_in_file("weight_scale_2"));
+  EXPECT_FALSE(c.reciprocal_in_file("weight_scale"));
+  // The Quark config ModelOpt's NVFP4 gives (same method, same numerics).
+  const quark::QuarkConfig qc = c.to_quark_config();
+  ASSERT_EQ(qc.global_quant_config.weight.size(), 2u);
+  EXPECT_EQ(qc.global_quant_config.weight[0].group_size, 16);
+  EXPECT_EQ(qc.global_quant_config.weight[1].qscheme, "per_tensor");
+  ASSERT_EQ(qc.global_quant_config.input_tensors.size(), 2u);
+  EXPECT_TRUE(qc.global_quant_config.input_tensors[0].dynamic());
+  // Round trip through to_json (what a fixture writes).
+  EXPECT_EQ(parse_compressed_tensors_config(c.to_json(), "q").to_json(), c.to_json());
+  // NVFP4A16: no input_activations.
+  nlohmann::json a16 = good;
+  a16["config_groups"]["group_0"]["input_activations"] = nullptr;
+  EXPECT_FALSE(parse_compressed_tensors_config(a16, "q").input.has_value());
+  // 8-bit configs keep their names.
+  EXPECT_EQ(quantization::CompressedTensorsConfig{}.file_suffix("weight"), "weight");
+  auto bad = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return error_of([&] { parse_compressed_tensors_config(j, "ckpt/config.json: q"); });
+  };
+  auto group = [](nlohmann::json& j) -> nlohmann::json& { return j["config_groups"]["group_0"]; };
+  EXPECT_TRUE(testing::contains_all(bad([](auto& j) { j["format"] = "float-quantized"; }),
+                                    {"format=\"float-quantized\"", "nvfp4-pack-quantized"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["group_size"] = 32; }),
+                                    {"weights", "groups of 16", "32"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["type"] = "int"; }),
+                                    {"num_bits 4", "\"int\"", "NVFP4"}));
+  EXPECT_TRUE(
+      testing::contains_all(bad([&](auto& j) { group(j)["input_activations"]["dynamic"] = false; }),
+                            {"input_activations", "dynamically"}));
+  EXPECT_TRUE(testing::contains_all(
+      bad([&](auto& j) { group(j)["input_activations"]["dynamic"] = "global"; }),
+      {"input_activations.dynamic", "global", "local"}));
+  EXPECT_TRUE(testing::contains_all(
+      bad([&](auto& j) {
+        group(j)["input_activations"] = {
+            {"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}};
+      }),
+      {"float weights per tensor_group with float activations per token", "not served"}));
 }
 
 TEST(Checkpoint, ModelOptConfigsAreValidated) {

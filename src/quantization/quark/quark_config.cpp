@@ -544,6 +544,13 @@ json spec_json(std::string_view dtype, std::string_view qscheme, bool dynamic) {
               {"scale_type", "float"}};
 }
 
+json nvfp4_spec_json(bool dynamic) {
+  json fp4 = spec_json("fp4", "per_group", dynamic);
+  fp4["group_size"] = 16;
+  fp4["ch_axis"] = -1;
+  return json::array({fp4, spec_json("fp8_e4m3", "per_tensor", false)});
+}
+
 bool quant_method_is(const json& qc, std::string_view method) {
   if (!qc.is_object()) return false;
   const auto it = qc.find("quant_method");

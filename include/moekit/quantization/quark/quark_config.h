@@ -124,6 +124,10 @@ std::optional<std::string> ocp_mx_dtype_of(std::string_view spec_dtype);
 // the Quark config of one global layer config (weight, input_tensors: null for none) with an
 // exclude list, parsed (errors name `where`).
 nlohmann::json spec_json(std::string_view dtype, std::string_view qscheme, bool dynamic);
+// NVFP4's pair of quantizers for a tensor (ModelOpt NVFP4, compressed-tensors
+// nvfp4-pack-quantized): e2m1 codes in groups of 16 along the last axis (dynamic for activations)
+// and the static fp8 per-tensor global scale.
+nlohmann::json nvfp4_spec_json(bool dynamic);
 // Whether a quantization_config object's quant_method is `method` (false for a non-object).
 bool quant_method_is(const nlohmann::json& quantization_config, std::string_view method);
 QuarkConfig global_config(const nlohmann::json& weight, const nlohmann::json& input,
