@@ -304,11 +304,12 @@ std::string MoELayer::shared_fold_reason_for(const ModelPreset& model, const MoE
   }
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t chunks = shared_width(model, moe.parallel) / I;
-  if (mode == SharedExpertsMode::kAuto && chunks < 2) {
+  if (mode == SharedExpertsMode::kAuto && chunks < 2 && I >= kAutoFoldMinWidth) {
     return fmt::format(
-        "auto: {} chunk of I={}; folding pays for two or more chunks (H200: deepseek-v3's one "
-        "chunk 0.96x-1.04x the separate pass, qwen1.5-moe-a2.7b's four 0.98x-1.55x)",
-        chunks, I);
+        "auto: {} chunk of I={}; folding pays for two or more chunks or chunks of I < {} (H200: "
+        "deepseek-v3's one chunk 0.96x-1.04x the separate pass, qwen1.5-moe-a2.7b's four "
+        "0.98x-1.55x; H100: deepseek-v3 --tp 8's one chunk of 256 1.04x-1.46x)",
+        chunks, I, kAutoFoldMinWidth);
   }
   return "";
 }

@@ -71,13 +71,13 @@ TEST_P(SharedFold, FoldedMatchesTheSeparatePassAndFloat64) {
   EXPECT_EQ(folded.kernel_weights().w13.size(0), model.num_experts + c.chunks);
   EXPECT_EQ(folded.kernel_weights().w2.size(0), model.num_experts + c.chunks);
   EXPECT_EQ(separate.shared_fold_reason(), "MoELayerOptions::shared_experts is separate");
-  // auto: one chunk keeps the separate pass; two narrow chunks (I = 128) fold up to 256 tokens.
+  // auto: narrow chunks (I = 128 < kAutoFoldMinWidth), one or several, fold up to 256 tokens.
+  ASSERT_LT(model.intermediate_size, kAutoFoldMinWidth);
   MoELayerOptions auto_options = options;
   auto_options.shared_experts = SharedExpertsMode::kAuto;
   const MoELayer automatic(model, w, auto_options);
-  EXPECT_EQ(automatic.shared_chunks(), c.chunks >= 2 ? c.chunks : 0)
-      << automatic.shared_fold_reason();
-  EXPECT_EQ(automatic.shared_fold_max_tokens(), c.chunks >= 2 ? kAutoFoldMaxTokensNarrow : 0);
+  EXPECT_EQ(automatic.shared_chunks(), c.chunks) << automatic.shared_fold_reason();
+  EXPECT_EQ(automatic.shared_fold_max_tokens(), kAutoFoldMaxTokensNarrow);
   EXPECT_EQ(folded.shared_fold_max_tokens(), std::numeric_limits<int64_t>::max());
   EXPECT_EQ(separate.shared_chunks(), 0);
   EXPECT_TRUE(separate.kernel().has_shared_experts());
@@ -193,7 +193,10 @@ TEST(SharedFoldReasons, EachIsNamed) {
   MoELayerOptions fold;
   fold.shared_experts = SharedExpertsMode::kFolded;
   EXPECT_EQ(reason(ds, fold), "");
-  EXPECT_TRUE(contains(reason(ds, {}), "auto: 1 chunk of I=128")) << reason(ds, {});
+  EXPECT_EQ(reason(ds, {}), "");  // one narrow chunk folds (up to 256 tokens)
+  // One chunk of I >= kAutoFoldMinWidth keeps the separate pass.
+  const std::string wide_one = reason(find_preset("deepseek-v3"), {});
+  EXPECT_TRUE(contains(wide_one, "auto: 1 chunk of I=2048")) << wide_one;
   EXPECT_EQ(reason(find_preset("small-qwen2-moe"), {}), "");  // 2 chunks fold (up to 256 tokens)
   MoEConfig narrow = MoELayer::make_moe_config(ds, {}), wide_i = narrow;
   wide_i.intermediate_size = kAutoFoldMinWidth;
@@ -278,12 +281,17 @@ TEST(SharedFoldReasons, ExplainNote) {
             "folded into the routed experts: 1 extra expert(s) of I=2048 (experts 256..256) that "
             "every token visits with weight 1");
   // Under TP the routed and the shared experts are both I / tp wide on a rank: deepseek-v3's
-  // shared expert stays one chunk (auto: its own pass).
+  // shared expert stays one chunk, a narrow one at --tp 8: auto folds it up to 256 tokens.
   EXPECT_TRUE(contains(note("deepseek-v3", 8, SharedExpertsMode::kFolded),
                        "1 extra expert(s) of I=256 (experts 256..256)"))
       << note("deepseek-v3", 8, SharedExpertsMode::kFolded);
-  EXPECT_TRUE(contains(note("deepseek-v3", 8), "separate pass (auto: 1 chunk of I=256"))
+  EXPECT_TRUE(contains(note("deepseek-v3", 8),
+                       "folded into the routed experts: 1 extra expert(s) of I=256 (experts "
+                       "256..256) that every token visits with weight 1; forwards of more than "
+                       "256 tokens run them as their own pass"))
       << note("deepseek-v3", 8);
+  EXPECT_TRUE(contains(note("deepseek-v3", 2), "separate pass (auto: 1 chunk of I=1024"))
+      << note("deepseek-v3", 2);
   EXPECT_TRUE(contains(note("qwen1.5-moe-a2.7b", 4), "4 extra expert(s) of I=352 (experts 60..63)"))
       << note("qwen1.5-moe-a2.7b", 4);
   EXPECT_TRUE(contains(note("qwen1.5-moe-a2.7b", 1),

@@ -37,14 +37,17 @@ namespace moekit {
 // input, I_s a multiple of I. NOTE: folding copies the routed experts once, at construction, into
 // tensors with room for the chunks; the device holds both copies for that moment.
 enum class SharedExpertsMode {
-  // Fold where possible and the shared experts span at least two chunks; chunks of
+  // Fold where possible and the shared experts span at least two chunks or chunks of
+  // I < kAutoFoldMinWidth (one narrow chunk: a tensor-parallel shard's); chunks of
   // I < kAutoFoldMinWidth only for forwards of up to kAutoFoldMaxTokensNarrow tokens (larger ones
   // run the separate pass, from the shared tensors the layer then also keeps). Measured on the
   // H200 (bench/results/2026-12-02-h200-shared-fold), folded / separate: qwen1.5-moe-a2.7b (4
   // chunks of 1408) 1.06x-1.55x at M <= 4096, 0.98x-1.17x at 16384; deepseek-v3 (1 chunk, whose
   // own pass overlaps the routed experts) 0.96x-1.04x. (deepseek-v3 --tp 8 was measured with
   // 8 chunks of 256, when every TP rank held the whole shared expert: 1.01x-1.26x at M <= 256,
-  // 0.83x-0.88x at M >= 1024. Since 2026-12-05 a rank holds its I_s / tp slice, one chunk there.)
+  // 0.83x-0.88x at M >= 1024. Since 2026-12-05 a rank holds its I_s / tp slice, one chunk there:
+  // on an H100, bench/results/2026-12-05-h100-load-groups, folded / separate 91.9 -> 62.9 us at
+  // M = 1, 914 -> 817 at 64, 1.04x-1.07x at 1024 and 16384, which still run the separate pass.)
   kAuto,
   kFolded,    // fold; a layer that cannot throws moekit::UnsupportedError with the reason
   kSeparate,  // the shared experts' own pass, added after the routed experts
