@@ -304,11 +304,14 @@ std::string MoELayer::shared_fold_reason_for(const ModelPreset& model, const MoE
   }
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t chunks = shared_width(model, moe.parallel) / I;
-  if (mode == SharedExpertsMode::kAuto && chunks < 2 && I >= kAutoFoldMinWidth) {
+  // One chunk folds only as a tensor-parallel rank's narrow slice (the case measured).
+  if (mode == SharedExpertsMode::kAuto && chunks < 2 &&
+      (I >= kAutoFoldMinWidth || moe.parallel.tp_size == 1)) {
     return fmt::format(
-        "auto: {} chunk of I={}; folding pays for two or more chunks or chunks of I < {} (H200: "
-        "deepseek-v3's one chunk 0.96x-1.04x the separate pass, qwen1.5-moe-a2.7b's four "
-        "0.98x-1.55x; H100: deepseek-v3 --tp 8's one chunk of 256 1.04x-1.46x)",
+        "auto: {} chunk of I={}; folding pays for two or more chunks or a tensor-parallel "
+        "rank's one chunk of I < {} (H200: deepseek-v3's one chunk 0.96x-1.04x the separate "
+        "pass, qwen1.5-moe-a2.7b's four 0.98x-1.55x; H100: deepseek-v3 --tp 8's one chunk of "
+        "256 1.04x-1.46x)",
         chunks, I, kAutoFoldMinWidth);
   }
   return "";

@@ -37,8 +37,8 @@ namespace moekit {
 // input, I_s a multiple of I. NOTE: folding copies the routed experts once, at construction, into
 // tensors with room for the chunks; the device holds both copies for that moment.
 enum class SharedExpertsMode {
-  // Fold where possible and the shared experts span at least two chunks or chunks of
-  // I < kAutoFoldMinWidth (one narrow chunk: a tensor-parallel shard's); chunks of
+  // Fold where possible and the shared experts span at least two chunks, or one chunk of
+  // I < kAutoFoldMinWidth on a tensor-parallel rank (tp_size > 1); chunks of
   // I < kAutoFoldMinWidth only for forwards of up to kAutoFoldMaxTokensNarrow tokens (larger ones
   // run the separate pass, from the shared tensors the layer then also keeps). Measured on the
   // H200 (bench/results/2026-12-02-h200-shared-fold), folded / separate: qwen1.5-moe-a2.7b (4
