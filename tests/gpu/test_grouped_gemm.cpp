@@ -546,6 +546,106 @@ TEST(GroupedGemm, FewCtasManyItemsPerCta) {
   }
 }
 
+// ---- stream-K (GroupedGemmParams::stream_k)
+// ------------------------------------------------------
+
+// A zeroed stream-K workspace; every launch must leave its counters zero.
+DeviceBuffer stream_k_workspace() {
+  DeviceBuffer ws(moekit::cuda::stream_k_workspace_bytes());
+  EXPECT_EQ(cudaMemset(ws.get(), 0, ws.bytes()), cudaSuccess);
+  return ws;
+}
+void expect_counters_zero(const DeviceBuffer& ws, const std::string& label) {
+  std::vector<int32_t> counters(moekit::cuda::stream_k_counter_words());
+  ASSERT_EQ(cudaMemcpy(counters.data(), ws.get(), counters.size() * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_TRUE(std::all_of(counters.begin(), counters.end(), [](int32_t v) { return v == 0; }))
+      << label << ": counters left nonzero";
+}
+
+// One stream-K launch of row `tile` (kAlways) with a grid of max_ctas (0: the default), C poisoned.
+std::vector<uint16_t> run_stream_k(Problem& p, int tile, int max_ctas, const DeviceBuffer& ws) {
+  std::vector<uint16_t> c(p.num_rows * p.ldc);
+  EXPECT_EQ(cudaMemset(p.d_c.get(), 0xFF, p.d_c.bytes()), cudaSuccess);
+  GroupedGemmParams params;
+  params.tile = tile;
+  params.max_ctas = max_ctas;
+  params.stream_k = moekit::cuda::StreamK::kAlways;
+  EXPECT_EQ(moekit::cuda::get_workspace_size(p.args, params), ws.bytes());
+  EXPECT_EQ(moekit::cuda::run_grouped_gemm(p.args, nullptr, params, ws.get()), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(c.data(), p.d_c.get(), c.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  return c;
+}
+
+// Every stream-K row of the 16-bit family, forced on, with grids of 1, 3, 7, 100 CTAs and the
+// default (2 per SM: more CTAs than K steps in the short-K case, so some shares are empty and
+// most items are split): against float64, bitwise the same on a second launch, the counters left
+// zero; decode-like schedules (1-3 rows on most experts, one of 40), plain and fused GEMM1, a
+// partial last n-tile, K of 3 steps (the last partial) and of 32.
+TEST(GroupedGemmStreamK, SplitItemsMatchFloat64AndRepeatBitwise) {
+  REQUIRE_GPU();
+  const DeviceBuffer ws = stream_k_workspace();
+  for (int variant = 0; variant < 4; ++variant) {
+    Case cs;
+    cs.dtype = variant == 3 ? ElemType::kF16 : ElemType::kBF16;
+    cs.counts = {1, 0, 3, 1, 2, 40, 1, 0, 2, 1};
+    cs.gather = true;
+    cs.bias = variant % 2 == 0 ? BiasKind::kFp32 : BiasKind::kNone;
+    cs.act = variant >= 2 ? FusedActivation::kSiluMul : FusedActivation::kNone;
+    cs.n = variant >= 2 ? 320 : 200;
+    cs.k = variant % 2 == 0 ? 136 : 2048;
+    cs.seed = 40 + variant;
+    Problem p;
+    build(p, cs);
+    for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+      const sm90::TileConfig& t = sm90::kTileTable[tile];
+      if (t.family != sm90::TileFamily::k16Bit || !sm90::stream_k_capable(t)) continue;
+      for (int ctas : {0, 1, 3, 7, 100}) {
+        const std::string label = "stream-K variant " + std::to_string(variant) + " tile " +
+                                  t.name + " ctas " + std::to_string(ctas);
+        const auto first = run_stream_k(p, tile, ctas, ws);
+        check(p, first, label);
+        expect_counters_zero(ws, label);
+        const auto again = run_stream_k(p, tile, ctas, ws);
+        EXPECT_EQ(0, std::memcmp(first.data(), again.data(), first.size() * 2)) << label;
+      }
+    }
+  }
+}
+
+// kBalance takes stream-K only where the SMs' shares are uneven (stream_k_pays), and only with a
+// workspace; get_workspace_size is 0 for rows that cannot use one and under kOff (the default).
+TEST(GroupedGemmStreamK, AutoPolicyAndWorkspaceSize) {
+  EXPECT_TRUE(moekit::cuda::stream_k_pays(192, 132));   // qwen3-30b-a3b GEMM1 at M = 1
+  EXPECT_TRUE(moekit::cuda::stream_k_pays(180, 132));   // gpt-oss-120b GEMM2 at M = 1
+  EXPECT_FALSE(moekit::cuda::stream_k_pays(256, 132));  // qwen3-30b-a3b GEMM2: 1.03x
+  EXPECT_FALSE(moekit::cuda::stream_k_pays(360, 132));  // gpt-oss-120b GEMM1: 1.10x
+  EXPECT_FALSE(moekit::cuda::stream_k_pays(128, 132));  // one item per SM at most
+  EXPECT_FALSE(moekit::cuda::stream_k_pays(600, 132));  // more than 4 per SM
+  EXPECT_FALSE(moekit::cuda::stream_k_pays(0, 132));
+  GroupedGemmArgs args;  // never launched: host pointers, 16-byte aligned
+  alignas(16) static int32_t dummy[4] = {};
+  args.a = args.w = args.c = dummy;
+  args.expert_offsets = dummy;
+  args.num_experts = 8;
+  args.num_rows_upper_bound = 8;
+  args.n = 128;
+  args.k = 64;
+  args.lda = 64;
+  args.ldc = 128;
+  GroupedGemmParams params;
+  params.tile = sm90::find_tile("16x64");
+  ASSERT_GE(params.tile, 0);
+  EXPECT_EQ(moekit::cuda::get_workspace_size(args, params), 0u);  // kOff, the default
+  params.stream_k = moekit::cuda::StreamK::kBalance;
+  EXPECT_EQ(moekit::cuda::get_workspace_size(args, params),
+            moekit::cuda::stream_k_workspace_bytes());
+  params.tile = sm90::find_tile("64x64");
+  ASSERT_GE(params.tile, 0);
+  EXPECT_EQ(moekit::cuda::get_workspace_size(args, params), 0u);
+}
+
 TEST(GroupedGemm, EmptyScheduleWritesNothing) {
   REQUIRE_GPU();
   Case cs;
@@ -638,7 +738,12 @@ TEST(GroupedGemm, CanImplementGivesReasons) {
   g.lda = 64;
   g.ldc = 64;
   EXPECT_EQ(moekit::cuda::can_implement(g), "");
+  // 0 rows select the swap-AB row, which may use the stream-K workspace (not under the
+  // default, kOff).
   EXPECT_EQ(moekit::cuda::get_workspace_size(g), 0u);
+  GroupedGemmParams balance;
+  balance.stream_k = moekit::cuda::StreamK::kBalance;
+  EXPECT_EQ(moekit::cuda::get_workspace_size(g, balance), moekit::cuda::stream_k_workspace_bytes());
   auto bad = g;
   bad.k = 12;
   bad.lda = 16;
@@ -1177,15 +1282,20 @@ TEST(GroupedGemmFp8, LongKBothFamiliesMatchFloat64) {
     const std::vector<double>& ref = promoted ? ref_codes : ref_scaled;
     // max_ctas 3: every CTA walks several work items, so the rings of the rows that load across
     // items (single-role, swap-AB) wrap at a different slot in each item (56 K steps).
-    for (int run = 0; run < 2 * sm90::kNumTiles; ++run) {
-      const int tile = run / 2;
+    // Runs 2 and 3 of a stream-K row: stream-K forced on (items split over 264 and 3 CTAs).
+    const DeviceBuffer ws = stream_k_workspace();
+    for (int run = 0; run < 4 * sm90::kNumTiles; ++run) {
+      const int tile = run / 4;
       if (sm90::kTileTable[tile].family != family) continue;
+      const bool stream_k = run % 4 >= 2;
+      if (stream_k && !sm90::stream_k_capable(sm90::kTileTable[tile])) continue;
       GroupedGemmParams params;
       params.tile = tile;
       params.max_ctas = run % 2 == 0 ? 0 : 3;
+      params.stream_k = stream_k ? moekit::cuda::StreamK::kAlways : moekit::cuda::StreamK::kOff;
       ASSERT_EQ(moekit::cuda::can_implement(g, params), "");
       CUDA_OK(cudaMemset(d_c.get(), 0xFF, d_c.bytes()));
-      CUDA_OK(moekit::cuda::run_grouped_gemm(g, nullptr, params));
+      CUDA_OK(moekit::cuda::run_grouped_gemm(g, nullptr, params, stream_k ? ws.get() : nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       std::vector<uint16_t> c(static_cast<size_t>(rows) * n);
       CUDA_OK(cudaMemcpy(c.data(), d_c.get(), c.size() * 2, cudaMemcpyDeviceToHost));
@@ -1204,9 +1314,11 @@ TEST(GroupedGemmFp8, LongKBothFamiliesMatchFloat64) {
       }
       EXPECT_EQ(bad, 0);
       const double rel_l2 = std::sqrt(err2 / ref2);
+      if (stream_k) expect_counters_zero(ws, sm90::kTileTable[tile].name);
       std::cout << "[fp8 accumulation] " << (promoted ? "promoted " : "direct ")
-                << sm90::kTileTable[tile].name << " ctas " << params.max_ctas << " k=" << k
-                << ": rel_l2 " << rel_l2 << ", max rel " << max_rel << "\n";
+                << sm90::kTileTable[tile].name << (stream_k ? " stream-K" : "") << " ctas "
+                << params.max_ctas << " k=" << k << ": rel_l2 " << rel_l2 << ", max rel " << max_rel
+                << "\n";
       // Measured on an H200: promoted 1.69e-3 (bf16's rounding of C), direct 2.80e-3 (the
       // tensor cores' accumulator adds ~2.2e-3 in quadrature over k = 7168).
       EXPECT_LE(rel_l2, promoted ? 2e-3 : 3.5e-3) << sm90::kTileTable[tile].name;

@@ -187,6 +187,8 @@ __global__ void __launch_bounds__(kThreads)
     p.expert_counts[e] = sm.count[e];
     if (p.expert_done != nullptr) p.expert_done[e] = 0;
   }
+  for (int i = e; i < p.zero_words; i += kThreads)
+    p.zero[i] = 0;
   if (e <= E) p.expert_offsets[e] = sm.offset[e];
   if (e == 0 && p.total_rows != nullptr) *p.total_rows = sm.offset[E];
 }
@@ -324,6 +326,8 @@ __global__ void __launch_bounds__(kThreads) align_chunked_kernel(const MoeAlignP
       p.expert_offsets[tid] = excl;
       if (p.expert_done != nullptr) p.expert_done[tid] = 0;
     }
+    for (int i = tid; i < p.zero_words; i += static_cast<int>(blockDim.x))
+      p.zero[i] = 0;
     if (tid == E - 1) {
       p.expert_offsets[E] = total;
       if (p.total_rows != nullptr) *p.total_rows = total;
@@ -519,6 +523,8 @@ const char* moe_align_unsupported_reason(const MoeAlignParams& p) {
   if (moe_align_capacity(p.num_tokens, p.top_k, p.num_local_experts, p.row_align) > 0x7fffffff)
     return "capacity exceeds int32 row indices";
   if (p.expert_counts == nullptr || p.expert_offsets == nullptr) return "null counts / offsets";
+  if (p.zero_words < 0 || (p.zero_words > 0 && p.zero == nullptr))
+    return "zero_words < 0, or zero_words > 0 with a null zero";
   const int64_t n = p.num_tokens * p.top_k;
   if (n > 0 && (p.topk_ids == nullptr || p.slot_to_row == nullptr))
     return "null topk_ids / slot_to_row";

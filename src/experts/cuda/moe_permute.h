@@ -47,6 +47,10 @@ struct MoeAlignParams {
   // (E_local,) out, optional: zeroed (the counters of the experts' decode pair, which its GEMM1
   // work raises: run_grouped_gemm_pair).
   int32_t* expert_done = nullptr;
+  // (zero_words,) out, optional: zeroed (the stream-K counters of the experts' grouped GEMMs,
+  // which every launch leaves zero: cuda::stream_k_counter_words()).
+  int32_t* zero = nullptr;
+  int zero_words = 0;
 
   void* workspace = nullptr;  // moe_align_workspace_bytes(...) bytes, 4-byte aligned
   size_t workspace_bytes = 0;

@@ -44,11 +44,12 @@ cudaError_t prepare_16bit(const GroupedGemmArgs& args, sm90::WeightLaunchCache* 
 }
 
 cudaError_t run_16bit(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, void* workspace) {
   return with_type(args.dtype, [&](auto tag) {
     using T = decltype(tag);
-    return with_tile<TileFamily::k16Bit>(
-        row, [&](auto tile) { return launch<T, T, decltype(tile)::value>(args, params, stream); });
+    return with_tile<TileFamily::k16Bit>(row, [&](auto tile) {
+      return launch<T, T, decltype(tile)::value>(args, params, stream, workspace);
+    });
   });
 }
 

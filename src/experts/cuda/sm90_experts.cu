@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/moe_activation.h"
@@ -29,6 +30,13 @@ size_t align_up(size_t v) {
   return (v + kAlign - 1) / kAlign * kAlign;
 }
 
+// MOEKIT_STREAM_K=1: the layers' swap-AB GEMMs take stream-K where it evens out the SMs' work
+// (cuda::StreamK::kBalance; measured slower so far, so off by default).
+bool stream_k_enabled() {
+  static const bool enabled = env::get_bool("MOEKIT_STREAM_K", false);
+  return enabled;
+}
+
 // Byte layout of workspace2: the activation output, the GEMM2 output (expert-sorted rows), then
 // the int32 routing tables of the align step.
 // With a quantized a2 (fp8 / int8): its codes, its scales and the amax word of a dynamic
@@ -36,7 +44,7 @@ size_t align_up(size_t v) {
 struct Ws2Layout {
   size_t act = 0, gemm2 = 0, counts = 0, offsets = 0, permuted = 0, slot_to_row = 0, total = 0,
          token_rows = 0, align_ws = 0, align_ws_bytes = 0, a2q = 0, a2_scale = 0, amax = 0,
-         a1_mx = 0, expert_done = 0, bytes = 0;
+         a1_mx = 0, expert_done = 0, stream_k = 0, bytes = 0;
 };
 
 // The OCP MX element format of an activation descriptor with (1, 32) groups (MXFP4, MXFP6), if
@@ -114,6 +122,8 @@ Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, A
       cuda::moe_align_workspace_bytes(M, static_cast<int>(topk), static_cast<int>(E));
   l.align_ws = take(l.align_ws_bytes);
   l.expert_done = take(static_cast<size_t>(E) * 4);  // the decode pair's counters (align zeroes)
+  // The grouped GEMMs' stream-K counters (align zeroes them) and partial sums.
+  if (stream_k_enabled()) l.stream_k = take(cuda::stream_k_workspace_bytes());
   if (mx_activation(a1) || bf16_codes) {
     l.a1_mx = take(static_cast<size_t>(M * K) * es);  // x, MX-rounded or its fp8 codes
   }
@@ -221,14 +231,17 @@ void set_scaled_operands(cuda::GroupedGemmArgs& g, const sm90::LaunchState& stat
 
 // Launches one grouped GEMM with the experts' tile (-1: by rows per expert) and W's prepared
 // launch state (used when it describes args.w); throws with can_implement's reason.
+// stream_k: the workspace of stream-K launches (its counters zeroed by the align launch), or null.
 void run_gemm(const cuda::GroupedGemmArgs& args, int tile,
-              const cuda::sm90::WeightLaunchCache& cache, Stream stream, const char* what) {
+              const cuda::sm90::WeightLaunchCache& cache, Stream stream, const char* what,
+              void* stream_k = nullptr) {
   cuda::GroupedGemmParams params;
   params.tile = tile;
   params.cache = &cache;
+  if (stream_k != nullptr) params.stream_k = cuda::StreamK::kBalance;
   const std::string why = cuda::can_implement(args, params);
   MOEKIT_CHECK(why.empty(), "{}: the grouped GEMM cannot run this problem: {}", what, why);
-  MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream), params));
+  MOEKIT_CUDA_CHECK(cuda::run_grouped_gemm(args, to_cuda(stream), params, stream_k));
 }
 
 // The row GEMM `gemm` of grouped_apply launches with at M tokens (sm90::tile_for); a tuned row
@@ -403,6 +416,14 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   align.workspace = at<void>(ws2, l.align_ws);
   align.workspace_bytes = l.align_ws_bytes;
   align.expert_done = at<int32_t>(ws2, l.expert_done);
+  // Stream-K splits the K sums by the batch's work items: never in batch-invariant layers.
+  void* const stream_k = stream_k_enabled() && !experts.moe_config().batch_invariant
+                             ? at<void>(ws2, l.stream_k)
+                             : nullptr;
+  if (stream_k != nullptr) {
+    align.zero = static_cast<int32_t*>(stream_k);
+    align.zero_words = static_cast<int>(cuda::stream_k_counter_words());
+  }
   if (const char* why = cuda::moe_align_unsupported_reason(align)) {
     MOEKIT_CHECK(false, "moe align: {}", why);
   }
@@ -500,10 +521,10 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     ctx.stage_done("gemm1+gemm2");
   } else {
     if (fused) {  // 2+3.
-      run_gemm(g1, row1, state.w1, ctx.stream, "GEMM1 + activation");
+      run_gemm(g1, row1, state.w1, ctx.stream, "GEMM1 + activation", stream_k);
       ctx.stage_done("gemm1");
     } else {
-      run_gemm(g1, row1, state.w1, ctx.stream, "GEMM1");
+      run_gemm(g1, row1, state.w1, ctx.stream, "GEMM1", stream_k);
       ctx.stage_done("gemm1");
       // 3. activation on the valid rows.
       cuda::run_activation(args.activation, experts.moe_config().activation_params(),
@@ -542,7 +563,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
       launch_fp8_codes_as_bf16(act, act, capacity, d, quant.a2, total, stream);
       ctx.stage_done("quantize a2");
     }
-    run_gemm(g2, launch_tile(state, 1, tile_M, g2), state.w2, ctx.stream, "GEMM2");
+    run_gemm(g2, launch_tile(state, 1, tile_M, g2), state.w2, ctx.stream, "GEMM2", stream_k);
     ctx.stage_done("gemm2");
   }
 
@@ -729,6 +750,13 @@ std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<Qua
     if (t2 < 0) {
       t2 = cuda::select_grouped_gemm_tile(g2, &heuristic);
       why2 += heuristic;
+    }
+    // Stream-K where the layer would take it (MOEKIT_STREAM_K=1, not batch-invariant).
+    if (stream_k_enabled() && !moe.batch_invariant) {
+      for (auto [row, args, why] : {std::tuple{t1, &g1, &why1}, std::tuple{t2, &g2, &why2}}) {
+        const std::string sk = cuda::stream_k_note(*args, row, moe.device.num_sms);
+        if (!sk.empty()) *why += "; " + sk;
+      }
     }
     // 16-bit, both on one CUDA-core row, the activation fused: one launch.
     const bool pair = family == cuda::sm90::TileFamily::k16Bit && t1 == t2 &&

@@ -55,12 +55,12 @@ cudaError_t prepare_fp8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* ca
 }
 
 cudaError_t run_fp8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, void* workspace) {
   return with_out_type(args.out_dtype, [&](auto tag) {
     using OutT = decltype(tag);
     return with_fp8_family(args, [&](auto family) {
       return with_tile<decltype(family)::value>(row, [&](auto tile) {
-        return launch<__nv_fp8_e4m3, OutT, decltype(tile)::value>(args, params, stream);
+        return launch<__nv_fp8_e4m3, OutT, decltype(tile)::value>(args, params, stream, workspace);
       });
     });
   });

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "core/elementwise.h"
@@ -216,13 +217,13 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
 }
 
 cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
-                             const GroupedGemmParams& params, void* /*workspace*/) {
+                             const GroupedGemmParams& params, void* workspace) {
   if (!can_implement(args, params).empty()) return cudaErrorInvalidValue;
   const int row = params.tile >= 0 ? params.tile : select_grouped_gemm_tile(args);
   switch (tile_family_of(args)) {
     case sm90::TileFamily::kFp8:
     case sm90::TileFamily::kFp8Direct:
-      return detail::run_fp8(args, row, params, stream);
+      return detail::run_fp8(args, row, params, stream, workspace);
     case sm90::TileFamily::kInt8:
       return detail::run_int8(args, row, params, stream);
     case sm90::TileFamily::kW4A16:
@@ -230,7 +231,7 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
     case sm90::TileFamily::kW4A8:
       return detail::run_w4a8(args, row, params, stream);
     default:
-      return detail::run_16bit(args, row, params, stream);
+      return detail::run_16bit(args, row, params, stream, workspace);
   }
 }
 
@@ -279,8 +280,36 @@ cudaError_t run_grouped_gemm_pair(const GroupedGemmArgs& g1, const GroupedGemmAr
   return detail::run_16bit_pair(g1, g2, row, expert_done, cache, stream);
 }
 
-size_t get_workspace_size(const GroupedGemmArgs&, const GroupedGemmParams&) {
-  return 0;
+size_t stream_k_workspace_bytes() {
+  // Counters, then two partial-sum slots per CTA (16-byte aligned: the counters are 4-byte words).
+  return stream_k_counter_words() * 4 + static_cast<size_t>(kStreamKMaxSms) *
+                                            sm90::stream_k_max_blocks() * 2 *
+                                            sm90::stream_k_slot_floats() * 4;
+}
+
+bool stream_k_pays(int64_t items, int sms) {
+  if (items <= 0 || sms <= 0 || items > 4 * static_cast<int64_t>(sms)) return false;
+  const int64_t busiest = (items + sms - 1) / sms;  // items of the busiest SM, round-robin
+  return busiest * sms * 5 >= items * 6;            // >= 1.2x the mean
+}
+
+std::string stream_k_note(const GroupedGemmArgs& args, int row, int sms) {
+  if (row < 0 || row >= sm90::kNumTiles) return "";
+  const sm90::TileConfig& t = sm90::kTileTable[row];
+  if (!sm90::stream_k_capable(t) || sms <= 0 || sms > kStreamKMaxSms) return "";
+  const int64_t items = sm90::items_upper_bound(args, t, sm90::div_up(args.n, t.bn));
+  if (!stream_k_pays(items, sms)) return "";
+  char mean[32];
+  std::snprintf(mean, sizeof(mean), "%.2f", static_cast<double>(items) / sms);
+  return "stream-K: " + std::to_string(items) + " items over " + std::to_string(sms) +
+         " SMs, round-robin " + std::to_string((items + sms - 1) / sms) + " on the busiest, " +
+         mean + " on average";
+}
+
+size_t get_workspace_size(const GroupedGemmArgs& args, const GroupedGemmParams& params) {
+  if (params.stream_k == StreamK::kOff || !can_implement(args, params).empty()) return 0;
+  const int row = params.tile >= 0 ? params.tile : select_grouped_gemm_tile(args);
+  return sm90::stream_k_capable(sm90::kTileTable[row]) ? stream_k_workspace_bytes() : 0;
 }
 
 int select_grouped_gemm_tile(const GroupedGemmArgs& args, std::string* why) {

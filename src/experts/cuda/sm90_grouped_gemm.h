@@ -134,6 +134,44 @@ struct GroupedGemmArgs {
   float alpha = 1.702f;          // kSwigluOai sigmoid slope
 };
 
+// Stream-K scheduling of the swap-AB rows (kSwapAB, 16-bit and fp8; sm90/grouped_kernels.cuh,
+// swapab_kernel): instead of walking whole work items round-robin, each CTA of a grid of
+// min_blocks x multiprocessors takes an equal contiguous share of the (work item, K step) units, so
+// that every SM streams the same number of weight bytes when the items do not divide evenly over
+// the SMs (qwen3-30b-a3b GEMM1 at one token: 192 items over 132 SMs, 60 SMs streaming two). An
+// item split between CTAs is summed by the last of them to finish (fp32 partials in the
+// workspace, added in CTA order: the result does not depend on which CTA finishes, so a launch is
+// deterministic, but it is not bitwise the round-robin launch). Measured slower than round-robin
+// where it should pay most (bench/results/2026-12-06-h100-stream-k, H100: qwen3-30b-a3b M = 1
+// GEMM1 26.7 -> 29.2-34.6 us, gpt-oss-120b GEMM2 31.2 -> 37.0): off unless asked for.
+enum class StreamK : uint8_t {
+  kOff,      // work items round-robin
+  kBalance,  // where the round-robin walk leaves the busiest SM >= 1.2x the mean (stream_k_pays)
+  kAlways,   // every launch of a swap-AB row with a workspace: for tests and experiments
+};
+
+// Largest work-item count (m-tiles x n-tiles, as bounded from num_rows_upper_bound) a stream-K
+// launch takes: its counters in the workspace. Larger problems walk the items round-robin.
+inline constexpr int64_t kStreamKMaxItems = 8192;
+// Multiprocessors the stream-K workspace is sized for (a larger device walks round-robin).
+inline constexpr int kStreamKMaxSms = 160;
+
+// The stream-K workspace: kStreamKMaxItems int32 counters, which must be zero when a launch
+// starts (every launch leaves them zero), then the fp32 partial sums (two slots per CTA).
+size_t stream_k_workspace_bytes();
+inline constexpr size_t stream_k_counter_words() {
+  return static_cast<size_t>(kStreamKMaxItems);
+}
+
+// Whether stream-K evens out the SMs' work for `items` work items over `sms` multiprocessors: up
+// to 4 items per SM, when the round-robin walk gives the busiest SM >= 1.2x the mean.
+bool stream_k_pays(int64_t items, int sms);
+
+// For `moekit explain`: "" where a launch of table row `row` on `sms` multiprocessors with a
+// workspace walks its items round-robin under StreamK::kBalance, else why it takes stream-K
+// ("stream-K: 192 items over 132 SMs, round-robin 2 on the busiest, 1.45 on average").
+std::string stream_k_note(const GroupedGemmArgs& args, int row, int sms);
+
 // Tuning knobs and prepared state, kept apart from the problem.
 struct GroupedGemmParams {
   // Row of sm90::kTileTable of the problem's family; -1: select_grouped_gemm_tile (rows per expert)
@@ -143,12 +181,16 @@ struct GroupedGemmParams {
   // shape and dtype), otherwise the launch queries the device, sets the kernel attribute and
   // encodes W's tensor map itself.
   const sm90::WeightLaunchCache* cache = nullptr;
+  // Stream-K for the swap-AB rows; only with a workspace of get_workspace_size bytes.
+  StreamK stream_k = StreamK::kOff;
 };
 
 // "" when the problem can run, else a one-line reason ("k=12 is not a positive multiple of 8").
 std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& params = {});
 
-// Device workspace the launch needs, in bytes (always 0 for this kernel).
+// Device workspace a launch may use, in bytes: stream_k_workspace_bytes() for a problem whose
+// tile (params.tile, or the selected row) is a stream-K capable swap-AB row and params.stream_k is
+// not kOff, else 0. A launch without it (workspace null) walks its items round-robin.
 size_t get_workspace_size(const GroupedGemmArgs& args, const GroupedGemmParams& params = {});
 
 // The table row auto-selection picks (by the rows per expert), with the reason in *why.
@@ -162,6 +204,8 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
 
 // Launches on stream. Returns cudaErrorInvalidValue when can_implement fails, else the launch's
 // status. An empty schedule (every expert with 0 rows) launches a grid that writes nothing.
+// workspace: null, or get_workspace_size bytes, 16-byte aligned, whose first
+// stream_k_counter_words() int32 are zero (left zero by the launch).
 cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
                              const GroupedGemmParams& params = {}, void* workspace = nullptr);
 
@@ -224,11 +268,11 @@ std::string check_grouped_gemm_args(const GroupedGemmArgs& args, const GroupedGe
 std::string can_implement_16bit(const GroupedGemmArgs& args);
 cudaError_t prepare_16bit(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_16bit(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
-                      cudaStream_t stream);
+                      cudaStream_t stream, void* workspace);
 std::string can_implement_fp8(const GroupedGemmArgs& args);
 cudaError_t prepare_fp8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_fp8(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
-                    cudaStream_t stream);
+                    cudaStream_t stream, void* workspace);
 std::string can_implement_w4a16(const GroupedGemmArgs& args);
 cudaError_t prepare_w4a16(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_w4a16(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,

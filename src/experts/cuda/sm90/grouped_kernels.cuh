@@ -673,41 +673,144 @@ struct StageCopies {
   }
 };
 
+// A run of one work item's K steps [kt_begin, kt_end) that one CTA computes.
+struct Segment {
+  int item;
+  int kt_begin;
+  int kt_end;
+};
+
+// The first (item, K step) unit of CTA `cta`'s stream-K share of `units`.
+__device__ __forceinline__ int64_t stream_k_start(int64_t units, int cta) {
+  return units * cta / static_cast<int64_t>(gridDim.x);
+}
+
+// The work of a CTA as segments: whole work items round-robin (blockIdx.x, then every
+// gridDim.x-th), or under stream-K its contiguous share of the total_items x k_tiles (item, K
+// step) units, whose first and last segments may begin or end inside an item.
+struct SegmentWalk {
+  int64_t u = 0, u_end = 0;  // stream-K: the units left
+  int item = 0;              // round-robin: the next item
+  bool stream_k = false;
+
+  __device__ __forceinline__ SegmentWalk(int total_items, int k_tiles, bool sk) : stream_k(sk) {
+    if (sk) {
+      const int64_t units = static_cast<int64_t>(total_items) * k_tiles;
+      u = stream_k_start(units, static_cast<int>(blockIdx.x));
+      u_end = stream_k_start(units, static_cast<int>(blockIdx.x) + 1);
+    } else {
+      item = static_cast<int>(blockIdx.x);
+    }
+  }
+
+  __device__ __forceinline__ bool next(int total_items, int k_tiles, Segment& s) {
+    if (k_tiles <= 0) return false;
+    if (stream_k) {
+      if (u >= u_end) return false;
+      s.item = static_cast<int>(u / k_tiles);
+      s.kt_begin = static_cast<int>(u - static_cast<int64_t>(s.item) * k_tiles);
+      s.kt_end = static_cast<int>(min(static_cast<int64_t>(k_tiles), s.kt_begin + (u_end - u)));
+      u += s.kt_end - s.kt_begin;
+      return true;
+    }
+    if (item >= total_items) return false;
+    s = {item, 0, k_tiles};
+    item += static_cast<int>(gridDim.x);
+    return true;
+  }
+};
+
 // The load cursor of the rows whose every thread loads (single-role, swap-AB): it walks the CTA's
-// work items (blockIdx.x, then every gridDim.x-th) and their K steps and copies one stage per
-// next() into the next ring slot, so the copies run ahead of the compute across work items: a
-// work item of a few K steps (GEMM2 of a small expert) does not restart the pipeline, and the
-// epilogue of one item overlaps the loads of the next. One cp.async group per call (empty past
-// the CTA's last item: the wait counts stay uniform). The caller refills a slot only once every
-// wgmma reading it has completed.
+// segments (a SegmentWalk) and their K steps and copies one stage per next() into the next ring
+// slot, so the copies run ahead of the compute across work items: a work item of a few K steps
+// (GEMM2 of a small expert) does not restart the pipeline, and the epilogue of one item overlaps
+// the loads of the next. One cp.async group per call (empty past the CTA's last segment: the wait
+// counts stay uniform). The caller refills a slot only once every wgmma reading it has completed.
 template <typename T, typename Shape>
 struct RingLoadCursor {
-  int item;
+  SegmentWalk walk;
+  Segment seg{};
+  bool more;
   int kt = 0;
   int slot = 0;
   StageCopies<T, Shape> copies;
 
-  __device__ __forceinline__ explicit RingLoadCursor(int first_item) : item(first_item) {}
+  __device__ __forceinline__ RingLoadCursor(const SegmentWalk& w, int total_items, int k_tiles)
+      : walk(w) {
+    more = walk.next(total_items, k_tiles, seg);
+    kt = seg.kt_begin;
+  }
 
   __device__ __forceinline__ void next(const KernelParams& p, const int* tile_prefix,
                                        int total_m_tiles, int total_items, uint32_t ring,
                                        uint32_t swizzled, int row_in_pass, int chunk) {
-    if (item < total_items && p.k_tiles > 0) {
-      if (kt == 0) {
+    if (more) {
+      if (kt == seg.kt_begin) {
         copies = StageCopies<T, Shape>(
-            p, resolve_item<Shape::kBM, Shape::kBN>(p, tile_prefix, total_m_tiles, item),
+            p, resolve_item<Shape::kBM, Shape::kBN>(p, tile_prefix, total_m_tiles, seg.item),
             row_in_pass, chunk);
       }
       copies.copy(p, kt, ring + static_cast<uint32_t>(slot * Shape::kStageBytes) + swizzled, chunk);
-      if (++kt == p.k_tiles) {
-        kt = 0;
-        item += static_cast<int>(gridDim.x);
+      if (++kt == seg.kt_end) {
+        more = walk.next(total_items, p.k_tiles, seg);
+        kt = seg.kt_begin;
       }
     }
     cp_async_commit();
     slot = slot + 1 == Shape::kStages ? 0 : slot + 1;
   }
 };
+
+// Stream-K: the end of a segment that is not its whole item. The CTA writes its partial sums acc
+// (kF floats per thread of the 128) into its slot (0 for its first segment, 1 for its last: only
+// those can be partial) and adds its K steps to the item's counter. The CTA that completes the
+// count sums every contributor's slot in CTA order (the same sum whichever CTA finishes last),
+// resets the counter and returns true with the sum in acc (it then stores the item); the others
+// return false.
+template <int kF>
+__device__ __forceinline__ bool stream_k_fixup(const KernelParams& p, float (&acc)[kF],
+                                               const Segment& s, bool first_segment,
+                                               int total_items, int tid, int* s_done) {
+  constexpr int kThreads = 128;
+  auto slot_of = [&](int cta, int which) {
+    return p.sk_partials + (2 * static_cast<int64_t>(cta) + which) * (kF * kThreads) + tid;
+  };
+  float* mine = slot_of(static_cast<int>(blockIdx.x), first_segment ? 0 : 1);
+#pragma unroll
+  for (int j = 0; j < kF; ++j)
+    __stcg(mine + j * kThreads, acc[j]);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int steps = s.kt_end - s.kt_begin;
+    *s_done = atomicAdd(&p.sk_counters[s.item], steps) + steps == p.k_tiles ? 1 : 0;
+  }
+  __syncthreads();
+  if (*s_done == 0) return false;
+  __threadfence();
+  const int grid = static_cast<int>(gridDim.x);
+  const int64_t units = static_cast<int64_t>(total_items) * p.k_tiles;
+  const int64_t first_unit = static_cast<int64_t>(s.item) * p.k_tiles;
+  const int64_t end_unit = first_unit + p.k_tiles;
+  // The CTA holding the item's first K step: the last whose share starts at or before it.
+  int cta = static_cast<int>(first_unit * grid / units);
+  while (cta + 1 < grid && stream_k_start(units, cta + 1) <= first_unit)
+    ++cta;
+#pragma unroll
+  for (int j = 0; j < kF; ++j)
+    acc[j] = 0.0f;
+  for (; cta < grid && stream_k_start(units, cta) < end_unit; ++cta) {
+    const int64_t start = stream_k_start(units, cta);
+    if (stream_k_start(units, cta + 1) == start) continue;  // an empty share
+    // The item is this CTA's first segment when its share starts inside it, else its last.
+    const float* part = slot_of(cta, start >= first_unit ? 0 : 1);
+#pragma unroll
+    for (int j = 0; j < kF; ++j)
+      acc[j] += __ldcg(part + j * kThreads);
+  }
+  if (tid == 0) p.sk_counters[s.item] = 0;
+  return true;
+}
 
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
@@ -743,7 +846,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   Step step;
 
   // The copies run kStages - 2 steps ahead of the compute, across work items (RingLoadCursor).
-  RingLoadCursor<T, Shape> loads(static_cast<int>(blockIdx.x));
+  RingLoadCursor<T, Shape> loads(SegmentWalk(total_items, p.k_tiles, false), total_items,
+                                 p.k_tiles);
   auto load_next = [&] {
     loads.next(p, s_tile_prefix, total_m_tiles, total_items, smem_base, swizzled, row_in_pass,
                chunk);
@@ -1381,7 +1485,9 @@ struct SwapBlockScales {
 // step kt - 1's is promoted with its scales while step kt's wgmma run (as KStep's kOverlapped:
 // wgmma_wait<0> before each issue); 16-bit and kFp8Direct: the tensor cores accumulate over all of
 // K. Epilogue: store_swapped_tile, through a buffer of its own (the ring is filling with the next
-// item).
+// item). Stream-K (p.sk_counters set; GroupedGemmParams::stream_k): the CTA walks its contiguous
+// share of the (item, K step) units instead of whole items (SegmentWalk), and an item split
+// between CTAs is stored by the last to finish it (stream_k_fixup).
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     swapab_kernel(const KernelParams p) {
@@ -1399,6 +1505,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
   __shared__ float s_out[kSwappedTileFloats<kBM, kBN>];
+  __shared__ int s_done;  // stream-K: this CTA completed the item (stream_k_fixup)
   const uint32_t ring = ring_base(smem_dynamic);
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -1410,7 +1517,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int row_in_pass = tid >> 3;  // token row; W rows row_in_pass + 16 i
   const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
 
-  RingLoadCursor<T, Shape> loads(static_cast<int>(blockIdx.x));
+  // Stream-K when the host gave the workspace and the schedule's items fit its counters.
+  const SegmentWalk walk_start(total_items, p.k_tiles,
+                               p.sk_counters != nullptr && total_items <= kStreamKMaxItems);
+  RingLoadCursor<T, Shape> loads(walk_start, total_items, p.k_tiles);
   auto load_next = [&] {
     loads.next(p, s_tile_prefix, total_m_tiles, total_items, ring, swizzled, row_in_pass, chunk);
   };
@@ -1420,9 +1530,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
   SwapBlockScales<kBM> scales;
   int slot = 0;  // the ring slot of the compute's K step
-  for (int item = static_cast<int>(blockIdx.x); item < total_items;
-       item += static_cast<int>(gridDim.x)) {
-    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+  SegmentWalk walk = walk_start;
+  Segment seg;
+  for (bool first = true; walk.next(total_items, p.k_tiles, seg); first = false) {
+    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, seg.item);
     if constexpr (kPromote) scales.begin(p, w, tid);
     float acc[kBM / 2];
     float tmp[2][kBM / 2];
@@ -1432,7 +1543,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     // them), the barrier, then the refill of the slot of step g - 2, whose wgmma every thread has
     // waited for (kPromote: before issuing step g - 1; else after it, wgmma_wait<1>; an item's
     // last steps: its epilogue's wgmma_wait<0>).
-    for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
+    for_each_k_step_in(seg.kt_begin, seg.kt_end, [&](int kt, auto parity) {
       [[maybe_unused]] constexpr int kParity = decltype(parity)::value;
       cp_async_wait<kStages - 3>();
       fence_proxy_async();  // the copies, seen by the tensor cores
@@ -1447,7 +1558,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         wgmma_wait<0>();
         fence_registers(tmp[kParity ^ 1]);
         mma_stage<T, kBM, /*kOverwrite=*/true>(tmp[kParity], weights, tokens);
-        if (kt > 0) scales.promote(acc, tmp[kParity ^ 1]);  // step kt - 1, its scales
+        if (kt > seg.kt_begin) scales.promote(acc, tmp[kParity ^ 1]);  // step kt - 1's
         scales.load(kt);
       } else {
         mma_stage<T, kBM>(acc, weights, tokens);
@@ -1456,19 +1567,20 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       }
     });
     wgmma_wait<0>();
-    if constexpr (kPromote) {
-      if (p.k_tiles > 0) {
-        if (((p.k_tiles - 1) & 1) != 0) {
-          fence_registers(tmp[1]);
-          scales.promote(acc, tmp[1]);
-        } else {
-          fence_registers(tmp[0]);
-          scales.promote(acc, tmp[0]);
-        }
+    if constexpr (kPromote) {  // the segment's last step (its parity: steps - 1)
+      if (((seg.kt_end - seg.kt_begin - 1) & 1) != 0) {
+        fence_registers(tmp[1]);
+        scales.promote(acc, tmp[1]);
+      } else {
+        fence_registers(tmp[0]);
+        scales.promote(acc, tmp[0]);
       }
     }
     fence_registers(acc);
-    store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, s_out, tid, [] { __syncthreads(); });
+    if ((seg.kt_begin == 0 && seg.kt_end == p.k_tiles) ||
+        stream_k_fixup<kBM / 2>(p, acc, seg, first, total_items, tid, &s_done)) {
+      store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, s_out, tid, [] { __syncthreads(); });
+    }
   }
   cp_async_wait<0>();
 }
@@ -2160,10 +2272,12 @@ KernelParams kernel_params(const GroupedGemmArgs& args) {
 }
 
 // The launch of `kernel` (row kTile's) with the parameter block p.
+// (stream-K, for its rows, where stream_k_grid says so: its counters and partial sums in
+// `workspace`).
 template <typename T, int kTile, typename Kernel>
-cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, const KernelParams& p,
+cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, KernelParams p,
                           const WeightLaunchCache* cache, const GroupedGemmParams& params,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, void* workspace = nullptr) {
   using Shape = ShapeOf<T, kTile>;
   int sms = 0;
   if (cache != nullptr) {
@@ -2172,7 +2286,13 @@ cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, const Kern
     MOEKIT_CUDA_TRY(current_device_sms(&sms));
     MOEKIT_CUDA_TRY(set_kernel_attributes(kernel, Shape::kDynamicSmem));
   }
-  const int grid = grid_size(args, Shape::kConfig, p.n_tiles, sms, params.max_ctas);
+  int grid = grid_size(args, Shape::kConfig, p.n_tiles, sms, params.max_ctas);
+  if (const int sk = stream_k_grid(args, Shape::kConfig, p.n_tiles, sms, params, workspace);
+      sk > 0) {
+    grid = sk;
+    p.sk_counters = static_cast<int32_t*>(workspace);
+    p.sk_partials = reinterpret_cast<float*>(p.sk_counters + stream_k_counter_words());
+  }
   if constexpr (Shape::kProducer) {
     CUtensorMap w_map;
     std::memset(&w_map, 0, sizeof(w_map));  // kW4A8 rows: unused (the producer copies packed W)
@@ -2199,7 +2319,7 @@ cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, const Kern
 // args.w, else preparing it now.
 template <typename T, typename OutT, int kTile>
 cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, void* workspace = nullptr) {
   using Shape = ShapeOf<T, kTile>;
   const KernelParams p = kernel_params<T, kTile>(args);
   const WeightLaunchCache* cache = params.cache;
@@ -2213,7 +2333,8 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
                                      cache, params, stream);
     });
   }
-  return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile>(), args, p, cache, params, stream);
+  return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile>(), args, p, cache, params, stream,
+                                 workspace);
 }
 
 // ---- the decode pair's launch ---------------------------------------------------------------

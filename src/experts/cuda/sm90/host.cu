@@ -69,15 +69,31 @@ cudaError_t encode_w_map(const void* w, int64_t n, int64_t k, int64_t experts, E
   return cudaSuccess;
 }
 
-int grid_size(const GroupedGemmArgs& args, const TileConfig& tile, int n_tiles, int sms,
-              int max_ctas) {
-  // Upper bound on work items: every expert may end in a partial tile.
+int64_t items_upper_bound(const GroupedGemmArgs& args, const TileConfig& tile, int n_tiles) {
   const int64_t rows_ub =
       args.expert_counts != nullptr
           ? std::min<int64_t>(args.num_rows_upper_bound, args.batched_stride * args.num_experts)
           : args.num_rows_upper_bound;
-  const int64_t items_ub =
-      (rows_ub / tile.bm + std::min<int64_t>(args.num_experts, rows_ub)) * n_tiles;
+  return (rows_ub / tile.bm + std::min<int64_t>(args.num_experts, rows_ub)) * n_tiles;
+}
+
+int stream_k_grid(const GroupedGemmArgs& args, const TileConfig& tile, int n_tiles, int sms,
+                  const GroupedGemmParams& params, const void* workspace) {
+  if (workspace == nullptr || params.stream_k == StreamK::kOff || !stream_k_capable(tile) ||
+      sms > kStreamKMaxSms) {
+    return 0;
+  }
+  const int64_t items = items_upper_bound(args, tile, n_tiles);
+  if (items > kStreamKMaxItems || items == 0) return 0;
+  if (params.stream_k == StreamK::kBalance && !stream_k_pays(items, sms)) return 0;
+  int64_t grid = static_cast<int64_t>(sms) * tile.min_blocks;
+  if (params.max_ctas > 0) grid = std::min<int64_t>(grid, params.max_ctas);
+  return static_cast<int>(grid);
+}
+
+int grid_size(const GroupedGemmArgs& args, const TileConfig& tile, int n_tiles, int sms,
+              int max_ctas) {
+  const int64_t items_ub = items_upper_bound(args, tile, n_tiles);
   int64_t grid = static_cast<int64_t>(sms) * tile.min_blocks;
   if (max_ctas > 0) grid = std::min<int64_t>(grid, max_ctas);
   return static_cast<int>(std::max<int64_t>(1, std::min(grid, items_ub)));

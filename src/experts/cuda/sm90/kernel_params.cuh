@@ -44,6 +44,9 @@ struct KernelParams {
   const uint8_t* w_group_scale;
   int k_groups;      // scale codes per row: k / 32, or k / 16 (NVFP4)
   WPacking packing;  // the host launches the kernels' variant of this format (their kPacking)
+  // Stream-K (swapab_kernel; GroupedGemmParams::stream_k), or null: work items round-robin.
+  int32_t* sk_counters;  // (kStreamKMaxItems,) K steps done per item: zero at launch, left zero
+  float* sk_partials;    // two slots of 64 * bm floats per CTA: a split item's partial sums
 };
 
 }  // namespace moekit::cuda::sm90

@@ -160,15 +160,19 @@ __device__ __forceinline__ void mma_stage(typename MmaOperand<T>::Acc (&acc)[kBN
   wgmma_commit();
 }
 
-// for (kt = 0; kt < k_tiles; ++kt) body(kt, parity), the parity of kt a compile-time constant
-// (std::integral_constant<int, 0 or 1>): the loop unrolled by two, so that a K step can keep
-// state in one of two register sets by parity (KStep, Promotion::kOverlapped).
+// for (kt = kt_begin; kt < kt_end; ++kt) body(kt, parity), the parity of kt - kt_begin a
+// compile-time constant (std::integral_constant<int, 0 or 1>): the loop unrolled by two, so that a
+// K step can keep state in one of two register sets by parity (KStep, Promotion::kOverlapped).
+template <typename Body>
+__device__ __forceinline__ void for_each_k_step_in(int kt_begin, int kt_end, Body&& body) {
+  for (int kt = kt_begin; kt < kt_end; kt += 2) {
+    body(kt, std::integral_constant<int, 0>{});
+    if (kt + 1 < kt_end) body(kt + 1, std::integral_constant<int, 1>{});
+  }
+}
 template <typename Body>
 __device__ __forceinline__ void for_each_k_step(int k_tiles, Body&& body) {
-  for (int kt = 0; kt < k_tiles; kt += 2) {
-    body(kt, std::integral_constant<int, 0>{});
-    if (kt + 1 < k_tiles) body(kt + 1, std::integral_constant<int, 1>{});
-  }
+  for_each_k_step_in(0, k_tiles, static_cast<Body&&>(body));
 }
 
 template <typename Acc, int kCount>

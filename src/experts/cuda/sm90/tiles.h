@@ -283,6 +283,28 @@ inline constexpr int kStagedBytes = 64 * kStagedPitch;     // one warpgroup's st
 inline constexpr int kHandoffPitch = 256 * 2 + 16;
 inline constexpr int kHandoffBytes = 128 * kHandoffPitch;
 
+// Rows that can walk their work as stream-K units (GroupedGemmParams::stream_k): the swap-AB rows
+// of the 16-bit and fp8 families (swapab_kernel).
+constexpr bool stream_k_capable(const TileConfig& t) {
+  return t.kind == MainloopKind::kSwapAB && t.family != TileFamily::kW4A16;
+}
+// fp32 partial-sum floats per CTA slot of the largest such row: 128 threads x bm / 2.
+constexpr int stream_k_slot_floats() {
+  int floats = 0;
+  for (const TileConfig& t : kTileTable) {
+    if (stream_k_capable(t)) floats = floats > 64 * t.bm ? floats : 64 * t.bm;
+  }
+  return floats;
+}
+// CTAs per SM of the stream-K rows (the grid the workspace's slots are sized for).
+constexpr int stream_k_max_blocks() {
+  int blocks = 0;
+  for (const TileConfig& t : kTileTable) {
+    if (stream_k_capable(t)) blocks = blocks > t.min_blocks ? blocks : t.min_blocks;
+  }
+  return blocks;
+}
+
 // The row of `family` named `name`, or -1.
 constexpr int find_tile(std::string_view name, TileFamily family = TileFamily::k16Bit) {
   for (int i = 0; i < kNumTiles; ++i) {
