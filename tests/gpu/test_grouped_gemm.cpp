@@ -546,6 +546,22 @@ TEST(GroupedGemm, FewCtasManyItemsPerCta) {
   }
 }
 
+// A problem that is checked, never launched: host pointers (16-byte aligned), the offsets
+// schedule of `experts` empty experts, k = lda, n = ldc.
+GroupedGemmArgs host_args(int experts, int n, int k) {
+  alignas(16) static uint16_t dummy[64];
+  static int32_t offsets[moekit::cuda::kMaxExperts + 1] = {};
+  GroupedGemmArgs g;
+  g.a = g.w = g.c = dummy;
+  g.expert_offsets = offsets;
+  g.num_experts = experts;
+  g.n = n;
+  g.k = k;
+  g.lda = k;
+  g.ldc = n;
+  return g;
+}
+
 // ---- stream-K (GroupedGemmParams::stream_k)
 // ------------------------------------------------------
 
@@ -624,16 +640,8 @@ TEST(GroupedGemmStreamK, AutoPolicyAndWorkspaceSize) {
   EXPECT_FALSE(moekit::cuda::stream_k_pays(128, 132));  // one item per SM at most
   EXPECT_FALSE(moekit::cuda::stream_k_pays(600, 132));  // more than 4 per SM
   EXPECT_FALSE(moekit::cuda::stream_k_pays(0, 132));
-  GroupedGemmArgs args;  // never launched: host pointers, 16-byte aligned
-  alignas(16) static int32_t dummy[4] = {};
-  args.a = args.w = args.c = dummy;
-  args.expert_offsets = dummy;
-  args.num_experts = 8;
+  GroupedGemmArgs args = host_args(8, 128, 64);
   args.num_rows_upper_bound = 8;
-  args.n = 128;
-  args.k = 64;
-  args.lda = 64;
-  args.ldc = 128;
   GroupedGemmParams params;
   params.tile = sm90::find_tile("16x64");
   ASSERT_GE(params.tile, 0);
@@ -725,18 +733,7 @@ TEST(GroupedGemm, PreparedLaunchStateMatchesUnprepared) {
 
 // Host-only: needs no GPU.
 TEST(GroupedGemm, CanImplementGivesReasons) {
-  alignas(16) static uint16_t dummy[64];
-  static int32_t offsets[3] = {0, 0, 0};
-  GroupedGemmArgs g;
-  g.a = dummy;
-  g.w = dummy;
-  g.c = dummy;
-  g.expert_offsets = offsets;
-  g.num_experts = 2;
-  g.n = 64;
-  g.k = 64;
-  g.lda = 64;
-  g.ldc = 64;
+  const GroupedGemmArgs g = host_args(2, 64, 64);
   EXPECT_EQ(moekit::cuda::can_implement(g), "");
   // 0 rows select the swap-AB row, which may use the stream-K workspace (not under the
   // default, kOff).
@@ -755,7 +752,7 @@ TEST(GroupedGemm, CanImplementGivesReasons) {
   bad.num_experts = 0;
   EXPECT_NE(moekit::cuda::can_implement(bad).find("num_experts=0"), std::string::npos);
   bad = g;
-  bad.a = reinterpret_cast<const uint8_t*>(dummy) + 2;
+  bad.a = static_cast<const uint8_t*>(g.a) + 2;
   EXPECT_EQ(moekit::cuda::can_implement(bad), "a is not 16-byte aligned");
   bad = g;
   bad.expert_offsets = nullptr;
