@@ -686,15 +686,19 @@ __device__ __forceinline__ int64_t stream_k_start(int64_t units, int cta) {
 }
 
 // The work of a CTA as segments: whole work items round-robin (blockIdx.x, then every
-// gridDim.x-th), or under stream-K its contiguous share of the total_items x k_tiles (item, K
-// step) units, whose first and last segments may begin or end inside an item.
+// gridDim.x-th), or under stream-K (kStreamK and sk) its contiguous share of the total_items x
+// k_tiles (item, K step) units, whose first and last segments may begin or end inside an item.
+// The round-robin kernels instantiate it without kStreamK: none of stream-K's code (64-bit
+// divisions, inlined at every call) then sits in their instruction stream.
+template <bool kStreamK>
 struct SegmentWalk {
   int64_t u = 0, u_end = 0;  // stream-K: the units left
   int item = 0;              // round-robin: the next item
   bool stream_k = false;
 
-  __device__ __forceinline__ SegmentWalk(int total_items, int k_tiles, bool sk) : stream_k(sk) {
-    if (sk) {
+  __device__ __forceinline__ SegmentWalk(int total_items, int k_tiles, bool sk)
+      : stream_k(kStreamK && sk) {
+    if (stream_k) {
       const int64_t units = static_cast<int64_t>(total_items) * k_tiles;
       u = stream_k_start(units, static_cast<int>(blockIdx.x));
       u_end = stream_k_start(units, static_cast<int>(blockIdx.x) + 1);
@@ -705,7 +709,7 @@ struct SegmentWalk {
 
   __device__ __forceinline__ bool next(int total_items, int k_tiles, Segment& s) {
     if (k_tiles <= 0) return false;
-    if (stream_k) {
+    if (kStreamK && stream_k) {
       if (u >= u_end) return false;
       s.item = static_cast<int>(u / k_tiles);
       s.kt_begin = static_cast<int>(u - static_cast<int64_t>(s.item) * k_tiles);
@@ -726,16 +730,17 @@ struct SegmentWalk {
 // (GEMM2 of a small expert) does not restart the pipeline, and the epilogue of one item overlaps
 // the loads of the next. One cp.async group per call (empty past the CTA's last segment: the wait
 // counts stay uniform). The caller refills a slot only once every wgmma reading it has completed.
-template <typename T, typename Shape>
+template <typename T, typename Shape, bool kStreamK = false>
 struct RingLoadCursor {
-  SegmentWalk walk;
+  SegmentWalk<kStreamK> walk;
   Segment seg{};
   bool more;
   int kt = 0;
   int slot = 0;
   StageCopies<T, Shape> copies;
 
-  __device__ __forceinline__ RingLoadCursor(const SegmentWalk& w, int total_items, int k_tiles)
+  __device__ __forceinline__ RingLoadCursor(const SegmentWalk<kStreamK>& w, int total_items,
+                                            int k_tiles)
       : walk(w) {
     more = walk.next(total_items, k_tiles, seg);
     kt = seg.kt_begin;
@@ -846,13 +851,13 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   Step step;
 
   // The copies run kStages - 2 steps ahead of the compute, across work items (RingLoadCursor).
-  RingLoadCursor<T, Shape> loads(SegmentWalk(total_items, p.k_tiles, false), total_items,
+  RingLoadCursor<T, Shape> loads(SegmentWalk<false>(total_items, p.k_tiles, false), total_items,
                                  p.k_tiles);
   auto load_next = [&] {
     loads.next(p, s_tile_prefix, total_m_tiles, total_items, smem_base, swizzled, row_in_pass,
                chunk);
   };
-#pragma unroll
+#pragma unroll 1  // one copy of the cursor's code (cold instruction fetch: the notes, 2026-12-06)
   for (int s = 0; s < kStages - 2; ++s)
     load_next();
 
@@ -1086,7 +1091,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     };
 
     __syncthreads();  // every warpgroup is done with the ring and the converted tiles
-#pragma unroll
+#pragma unroll 1  // one copy of load_stage's code (cold instruction fetch: the notes, 2026-12-06)
     for (int s = 0; s < kStages - 2; ++s)
       load_stage(s);
     const uint32_t first_scale = load_scale(0);
@@ -1398,7 +1403,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     };
 
     __syncthreads();  // every thread is done with the ring of the previous item
-#pragma unroll
+#pragma unroll 1  // one copy of load_stage's code (cold instruction fetch: the notes, 2026-12-06)
     for (int s = 0; s < kStages - 3; ++s)
       load_stage(s);
     for (int kt = 0; kt < p.k_tiles; kt += 2) {
@@ -1485,10 +1490,11 @@ struct SwapBlockScales {
 // step kt - 1's is promoted with its scales while step kt's wgmma run (as KStep's kOverlapped:
 // wgmma_wait<0> before each issue); 16-bit and kFp8Direct: the tensor cores accumulate over all of
 // K. Epilogue: store_swapped_tile, through a buffer of its own (the ring is filling with the next
-// item). Stream-K (p.sk_counters set; GroupedGemmParams::stream_k): the CTA walks its contiguous
-// share of the (item, K step) units instead of whole items (SegmentWalk), and an item split
-// between CTAs is stored by the last to finish it (stream_k_fixup).
-template <typename T, typename OutT, int kTile>
+// item). Stream-K (the kStreamK instantiation, launched with p.sk_counters set;
+// GroupedGemmParams::stream_k): the CTA walks its contiguous share of the (item, K step) units
+// instead of whole items (SegmentWalk), and an item split between CTAs is stored by the last to
+// finish it (stream_k_fixup).
+template <typename T, typename OutT, int kTile, bool kStreamK>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     swapab_kernel(const KernelParams p) {
   pdl_wait();  // before any global memory access (core/cuda/pdl.cuh)
@@ -1505,7 +1511,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   extern __shared__ uint8_t smem_dynamic[];
   __shared__ int s_tile_prefix[kMaxExperts + 1];  // token blocks of experts [0, e)
   __shared__ float s_out[kSwappedTileFloats<kBM, kBN>];
-  __shared__ int s_done;  // stream-K: this CTA completed the item (stream_k_fixup)
+  [[maybe_unused]] __shared__ int s_done;  // stream-K: this CTA completed the item
   const uint32_t ring = ring_base(smem_dynamic);
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -1518,21 +1524,21 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
 
   // Stream-K when the host gave the workspace and the schedule's items fit its counters.
-  const SegmentWalk walk_start(total_items, p.k_tiles,
-                               p.sk_counters != nullptr && total_items <= kStreamKMaxItems);
-  RingLoadCursor<T, Shape> loads(walk_start, total_items, p.k_tiles);
+  const SegmentWalk<kStreamK> walk_start(
+      total_items, p.k_tiles, p.sk_counters != nullptr && total_items <= kStreamKMaxItems);
+  RingLoadCursor<T, Shape, kStreamK> loads(walk_start, total_items, p.k_tiles);
   auto load_next = [&] {
     loads.next(p, s_tile_prefix, total_m_tiles, total_items, ring, swizzled, row_in_pass, chunk);
   };
-#pragma unroll
+#pragma unroll 1  // one copy of the cursor's code (cold instruction fetch: the notes, 2026-12-06)
   for (int s = 0; s < kStages - 2; ++s)
     load_next();
 
   SwapBlockScales<kBM> scales;
   int slot = 0;  // the ring slot of the compute's K step
-  SegmentWalk walk = walk_start;
+  SegmentWalk<kStreamK> walk = walk_start;
   Segment seg;
-  for (bool first = true; walk.next(total_items, p.k_tiles, seg); first = false) {
+  for ([[maybe_unused]] bool first = true; walk.next(total_items, p.k_tiles, seg); first = false) {
     const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, seg.item);
     if constexpr (kPromote) scales.begin(p, w, tid);
     float acc[kBM / 2];
@@ -1577,8 +1583,12 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       }
     }
     fence_registers(acc);
-    if ((seg.kt_begin == 0 && seg.kt_end == p.k_tiles) ||
-        stream_k_fixup<kBM / 2>(p, acc, seg, first, total_items, tid, &s_done)) {
+    bool store = true;
+    if constexpr (kStreamK) {
+      if (seg.kt_begin != 0 || seg.kt_end != p.k_tiles)
+        store = stream_k_fixup<kBM / 2>(p, acc, seg, first, total_items, tid, &s_done);
+    }
+    if (store) {
       store_swapped_tile<T, OutT, kBM, kBN>(p, acc, w, s_out, tid, [] { __syncthreads(); });
     }
   }
@@ -2174,8 +2184,10 @@ cudaError_t set_kernel_attributes(Kernel kernel, int dynamic_smem) {
 
 // The kernel of table row kTile for operand T and output OutT; the packed-W4 rows' variant of
 // format kPacking (a compile-time choice: each format's mainloop keeps only its instructions;
-// the other rows ignore it).
-template <typename T, typename OutT, int kTile, WPacking kPacking = WPacking::kMxfp4>
+// the other rows ignore it); kStreamK: the stream-K instantiation of the rows that have one
+// (stream_k_capable), the round-robin kernel otherwise.
+template <typename T, typename OutT, int kTile, WPacking kPacking = WPacking::kMxfp4,
+          bool kStreamK = false>
 constexpr auto kernel_of() {
   if constexpr (ShapeOf<T, kTile>::kSimt) {
     return &simt_kernel<T, OutT, kTile, kPacking>;
@@ -2184,7 +2196,7 @@ constexpr auto kernel_of() {
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB && ShapeOf<T, kTile>::kProducer) {
     return &ws_swapab_kernel<T, OutT, kTile>;
   } else if constexpr (ShapeOf<T, kTile>::kSwapAB) {
-    return &swapab_kernel<T, OutT, kTile>;
+    return &swapab_kernel<T, OutT, kTile, kStreamK>;
   } else if constexpr (ShapeOf<T, kTile>::kPackedW4) {
     return &w4a16_kernel<T, OutT, kTile, kPacking>;
   } else if constexpr (ShapeOf<T, kTile>::kProducer) {
@@ -2271,28 +2283,32 @@ KernelParams kernel_params(const GroupedGemmArgs& args) {
   return p;
 }
 
-// The launch of `kernel` (row kTile's) with the parameter block p.
-// (stream-K, for its rows, where stream_k_grid says so: its counters and partial sums in
-// `workspace`).
+// The launch of `kernel` (row kTile's) with the parameter block p; `stream_k_kernel` (the row's
+// stream-K instantiation, or null) instead where stream_k_grid says so, with its counters and
+// partial sums in `workspace`.
 template <typename T, int kTile, typename Kernel>
 cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, KernelParams p,
                           const WeightLaunchCache* cache, const GroupedGemmParams& params,
-                          cudaStream_t stream, void* workspace = nullptr) {
+                          cudaStream_t stream, void* workspace = nullptr,
+                          Kernel stream_k_kernel = nullptr) {
   using Shape = ShapeOf<T, kTile>;
   int sms = 0;
   if (cache != nullptr) {
     sms = cache->sms;
   } else {
     MOEKIT_CUDA_TRY(current_device_sms(&sms));
-    MOEKIT_CUDA_TRY(set_kernel_attributes(kernel, Shape::kDynamicSmem));
   }
   int grid = grid_size(args, Shape::kConfig, p.n_tiles, sms, params.max_ctas);
-  if (const int sk = stream_k_grid(args, Shape::kConfig, p.n_tiles, sms, params, workspace);
+  if (const int sk = stream_k_kernel != nullptr
+                         ? stream_k_grid(args, Shape::kConfig, p.n_tiles, sms, params, workspace)
+                         : 0;
       sk > 0) {
     grid = sk;
+    kernel = stream_k_kernel;
     p.sk_counters = static_cast<int32_t*>(workspace);
     p.sk_partials = reinterpret_cast<float*>(p.sk_counters + stream_k_counter_words());
   }
+  if (cache == nullptr) MOEKIT_CUDA_TRY(set_kernel_attributes(kernel, Shape::kDynamicSmem));
   if constexpr (Shape::kProducer) {
     CUtensorMap w_map;
     std::memset(&w_map, 0, sizeof(w_map));  // kW4A8 rows: unused (the producer copies packed W)
@@ -2315,6 +2331,10 @@ cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, KernelPara
   }
 }
 
+// Whether row kTile of operand T has a stream-K instantiation (swapab_kernel's rows).
+template <typename T, int kTile>
+inline constexpr bool kHasStreamK = stream_k_capable(ShapeOf<T, kTile>::kConfig);
+
 // Launches row kTile for operand T / output OutT with W's prepared state when `cache` describes
 // args.w, else preparing it now.
 template <typename T, typename OutT, int kTile>
@@ -2332,6 +2352,10 @@ cudaError_t launch(const GroupedGemmArgs& args, const GroupedGemmParams& params,
       return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile, decltype(packing)::value>(), args, p,
                                      cache, params, stream);
     });
+  }
+  if constexpr (kHasStreamK<T, kTile>) {
+    return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile>(), args, p, cache, params, stream,
+                                   workspace, kernel_of<T, OutT, kTile, WPacking::kMxfp4, true>());
   }
   return launch_kernel<T, kTile>(kernel_of<T, OutT, kTile>(), args, p, cache, params, stream,
                                  workspace);
@@ -2414,6 +2438,10 @@ cudaError_t prepare_rows(const GroupedGemmArgs& args, WeightLaunchCache* c) {
         }));
       } else {
         MOEKIT_CUDA_TRY(set_kernel_attributes(kernel_of<T, OutT, kRow>(), Shape::kDynamicSmem));
+      }
+      if constexpr (kHasStreamK<T, kRow>) {
+        MOEKIT_CUDA_TRY(set_kernel_attributes(kernel_of<T, OutT, kRow, WPacking::kMxfp4, true>(),
+                                              Shape::kDynamicSmem));
       }
       if constexpr (Shape::kSimt && !Shape::kPackedW4) {  // and the row's decode pair
         MOEKIT_CUDA_TRY((pair_residency<T, kRow>(&simt_pair_kernel<T, OutT, kRow, WPacking::kMxfp4>,
