@@ -126,6 +126,38 @@ __device__ __forceinline__ void store_plain_groups(const KernelParams& p,
   }
 }
 
+// Calls f(std::integral_constant<act::Gated, kA>{}) with the gated kind of p's fused activation
+// (p.act != kNone), so that each kind is its own straight-line instantiation of f.
+template <typename F>
+__device__ __forceinline__ void with_gated_kind(const KernelParams& p, F&& f) {
+  using act::Gated;
+  auto call = [&](auto kind) { f(kind); };
+  switch (p.act) {
+    case FusedActivation::kSiluMul:
+      if (p.has_clamp) {
+        call(std::integral_constant<Gated, Gated::kSiluClamp>{});
+      } else {
+        call(std::integral_constant<Gated, Gated::kSilu>{});
+      }
+      break;
+    case FusedActivation::kGeluMul:
+      call(std::integral_constant<Gated, Gated::kGelu>{});
+      break;
+    case FusedActivation::kGeluTanhMul:
+      call(std::integral_constant<Gated, Gated::kGeluTanh>{});
+      break;
+    case FusedActivation::kSwigluOai:
+      call(std::integral_constant<Gated, Gated::kSwigluOai>{});
+      break;
+    case FusedActivation::kSwigluStep:
+      call(std::integral_constant<Gated, Gated::kSwigluStep>{});
+      break;
+    default:
+      call(std::integral_constant<Gated, Gated::kRelu2>{});
+      break;
+  }
+}
+
 // Stores one warpgroup's 64 x kBN accumulator fragment. The m64nN wgmma fragment gives this
 // thread rows row0 and row0 + 8 and, for every 8-column group j, columns j*8 + (lane%4)*2 + {0,1}:
 // acc[4j + 2h + {0,1}] is (row0 + 8h, n0 + 8j + (lane%4)*2 + {0,1}).
@@ -142,31 +174,61 @@ __device__ __forceinline__ void store_tile(const KernelParams& p, const float (&
                                            GlobalPairs<T>{p});
     return;
   }
-  using act::Gated;
-  switch (p.act) {
-    case FusedActivation::kSiluMul:
-      if (p.has_clamp) {
-        store_tile_fused<T, kBN, Gated::kSiluClamp>(p, acc, expert, row0, row_end, n0, lane);
-      } else {
-        store_tile_fused<T, kBN, Gated::kSilu>(p, acc, expert, row0, row_end, n0, lane);
-      }
-      break;
-    case FusedActivation::kGeluMul:
-      store_tile_fused<T, kBN, Gated::kGelu>(p, acc, expert, row0, row_end, n0, lane);
-      break;
-    case FusedActivation::kGeluTanhMul:
-      store_tile_fused<T, kBN, Gated::kGeluTanh>(p, acc, expert, row0, row_end, n0, lane);
-      break;
-    case FusedActivation::kSwigluOai:
-      store_tile_fused<T, kBN, Gated::kSwigluOai>(p, acc, expert, row0, row_end, n0, lane);
-      break;
-    case FusedActivation::kSwigluStep:
-      store_tile_fused<T, kBN, Gated::kSwigluStep>(p, acc, expert, row0, row_end, n0, lane);
-      break;
-    default:
-      store_tile_fused<T, kBN, Gated::kRelu2>(p, acc, expert, row0, row_end, n0, lane);
-      break;
+  with_gated_kind(p, [&](auto kind) {
+    store_tile_fused<T, kBN, decltype(kind)::value>(p, acc, expert, row0, row_end, n0, lane);
+  });
+}
+
+// The epilogue of a tile held transposed in shared memory (tile[t * ld + c]: token t of the
+// item, column c of its kBN; the swap-AB rows), by the kThreads threads of one warpgroup taking
+// the output pairs of the item's `tokens` valid tokens in turn: a rolled loop per activation kind
+// instead of the fragment epilogue's unrolled copy per thread. The same arithmetic as
+// store_tile: (value * scale + bias), fused: gate and up rounded to T first.
+template <typename T, int kBN, int kThreads>
+__device__ __forceinline__ void store_transposed_tile(const KernelParams& p, const float* tile,
+                                                      int ld, const WorkItem& w, int tokens,
+                                                      float scale, int tid) {
+  using P = Pair<T>;
+  static_assert(kBN == 64, "one 64-column block: gate columns [0, 32), up columns [32, 64)");
+  if (p.act == FusedActivation::kNone) {
+    constexpr int kPairs = kBN / 2;  // per token
+#pragma unroll 1
+    for (int e = tid; e < tokens * kPairs; e += kThreads) {
+      const int t = e / kPairs;
+      const int c = 2 * (e % kPairs);
+      const int col = w.n0 + c;
+      if (col >= p.n) continue;
+      const float2 b = bias_pair<T>(p, w.expert, col);
+      const float* v = tile + t * ld + c;
+      *reinterpret_cast<typename P::type*>(p.c + static_cast<int64_t>(w.m0 + t) * p.ldc_bytes +
+                                           static_cast<int64_t>(col) * 2) =
+          P::make(v[0] * scale + b.x, v[1] * scale + b.y);
+    }
+    return;
   }
+  with_gated_kind(p, [&](auto kind) {
+    constexpr act::Gated kA = decltype(kind)::value;
+    constexpr int kPairs = kBN / 4;  // output pairs per token
+#pragma unroll 1
+    for (int e = tid; e < tokens * kPairs; e += kThreads) {
+      const int t = e / kPairs;
+      const int c = 2 * (e % kPairs);  // gate column of the tile; up: c + 32
+      const int gcol = w.n0 + c;
+      if (gcol >= p.n) continue;
+      const float2 bg = bias_pair<T>(p, w.expert, gcol);
+      const float2 bu = bias_pair<T>(p, w.expert, gcol + kFusedGateUpBlock);
+      const float* v = tile + t * ld + c;
+      const float o0 =
+          act::gated<kA>(rounded<T>(v[0] * scale + bg.x),
+                         rounded<T>(v[kFusedGateUpBlock] * scale + bu.x), p.limit, p.alpha);
+      const float o1 =
+          act::gated<kA>(rounded<T>(v[1] * scale + bg.y),
+                         rounded<T>(v[kFusedGateUpBlock + 1] * scale + bu.y), p.limit, p.alpha);
+      *reinterpret_cast<typename P::type*>(p.c + static_cast<int64_t>(w.m0 + t) * p.ldc_bytes +
+                                           static_cast<int64_t>(w.n0 / 2 + c) * 2) =
+          P::make(o0, o1);
+    }
+  });
 }
 
 // The epilogue of warpgroup `warpgroup` (64 rows of the item) for thread `tid` of the CTA.

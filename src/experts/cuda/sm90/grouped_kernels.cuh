@@ -1141,9 +1141,12 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // The epilogue of the swap-AB rows (one warpgroup): acc[4j + 2h + v] is (weight row r0 + 8h, token
 // 8j + 2 (lane % 4) + v) of the item, r0 = 16 * warp + lane / 4. It is transposed through s_out
 // (kSwappedTileFloats; the ring where the caller's copies into it have landed and its wgmma
-// completed) into the 16-bit kernels' fragment, one warp per 16 tokens (warp t: token 16 t +
-// lane / 4 + 8h, weight row 8j + 2 (lane % 4) + v), scaled as every kernel's accumulator is
-// (KStep::finish: the K-invariant scales of 8-bit operands) and stored by store_tile (bias, fused
+// completed). 16-bit operands: the 128 threads store the item's valid tokens from there
+// (store_transposed_tile: a rolled loop, all threads; the unrolled per-warp fragment epilogue
+// was mostly cold instruction fetch at a few tokens per item, bench/grouped_gemm_notes.md).
+// 8-bit operands: read back into the 16-bit kernels' fragment, one warp per 16 tokens (warp t:
+// token 16 t + lane / 4 + 8h, weight row 8j + 2 (lane % 4) + v), scaled as every kernel's
+// accumulator is (KStep::finish: the K-invariant scales) and stored by store_tile (bias, fused
 // activation). The warpgroup meets at sync() (the whole CTA, or a named barrier of its 128
 // threads where a producer runs beside it).
 template <int kBM, int kBN>
@@ -1170,7 +1173,12 @@ __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
     }
   }
   sync();
-  if (tid < 32 * (kBM / 16)) {
+  if constexpr (!kIsScaled<T>) {
+    // 16-bit operands: every thread, from the transposed tile (store_transposed_tile).
+    const float scale = p.w_scale_kind == WScale::kExpert ? __ldg(&p.w_scale[w.expert]) : 1.0f;
+    store_transposed_tile<OutT, kBN, 128>(p, s_out, kOutLd, w, min(w.row_end - w.m0, kBM), scale,
+                                          tid);
+  } else if (tid < 32 * (kBM / 16)) {
     const int t0 = (tid >> 5) * 16;  // this warp's first token of the item
     float tile[kBN / 2];
 #pragma unroll
