@@ -318,7 +318,10 @@ std::string MoELayer::shared_fold_reason_for(const ModelPreset& model, const MoE
 }
 
 int64_t MoELayer::shared_fold_token_limit(const MoEConfig& moe, SharedExpertsMode mode) {
-  if (mode == SharedExpertsMode::kAuto && moe.intermediate_size_per_partition() < kAutoFoldMinWidth)
+  // A batch-invariant layer runs its shared experts one way at every batch size: folded and
+  // separate sum a token's contributions in different orders.
+  if (mode == SharedExpertsMode::kAuto && !moe.batch_invariant &&
+      moe.intermediate_size_per_partition() < kAutoFoldMinWidth)
     return kAutoFoldMaxTokensNarrow;
   return std::numeric_limits<int64_t>::max();
 }

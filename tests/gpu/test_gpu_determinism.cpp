@@ -39,7 +39,7 @@ TEST_P(GpuInvariance, DeterministicOverTwentyRunsAndBatchInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, GpuInvariance,
                          ::testing::Values("small", "small-deepseek", "small-gpt-oss",
-                                           "qwen3-30b-a3b"),
+                                           "small-qwen2-moe", "qwen3-30b-a3b"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

@@ -25,7 +25,8 @@ TEST_P(CpuInvariance, BatchInvariantAndDeterministic) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CpuInvariance,
-                         ::testing::Values("small", "small-deepseek", "small-gpt-oss"),
+                         ::testing::Values("small", "small-deepseek", "small-gpt-oss",
+                                           "small-qwen2-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)

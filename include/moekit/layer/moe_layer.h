@@ -40,7 +40,8 @@ enum class SharedExpertsMode {
   // Fold where possible and the shared experts span at least two chunks, or one chunk of
   // I < kAutoFoldMinWidth on a tensor-parallel rank (tp_size > 1); chunks of
   // I < kAutoFoldMinWidth only for forwards of up to kAutoFoldMaxTokensNarrow tokens (larger ones
-  // run the separate pass, from the shared tensors the layer then also keeps). Measured on the
+  // run the separate pass, from the shared tensors the layer then also keeps; a batch-invariant
+  // layer folds them at every size). Measured on the
   // H200 (bench/results/2026-12-02-h200-shared-fold), folded / separate: qwen1.5-moe-a2.7b (4
   // chunks of 1408) 1.06x-1.55x at M <= 4096, 0.98x-1.17x at 16384; deepseek-v3 (1 chunk, whose
   // own pass overlaps the routed experts) 0.96x-1.04x. (deepseek-v3 --tp 8 was measured with
@@ -244,7 +245,8 @@ class MoELayer {
   // or "separate pass (why)"); "" when the model has none.
   // The largest forward (tokens) that runs folded shared experts as slots; larger ones run the
   // separate pass. auto with chunks of I < kAutoFoldMinWidth: kAutoFoldMaxTokensNarrow (the
-  // layer then holds the shared experts twice: chunks and dense); otherwise no limit.
+  // layer then holds the shared experts twice: chunks and dense), except in a batch-invariant
+  // layer (one order of a token's sums at every batch size); otherwise no limit.
   static int64_t shared_fold_token_limit(const MoEConfig& moe, SharedExpertsMode mode);
   static std::string shared_experts_note(const ModelPreset& model, const MoEConfig& moe,
                                          const QuantConfig& quant, const MoEPlan& plan,
