@@ -131,29 +131,28 @@ __device__ __forceinline__ void store_plain_groups(const KernelParams& p,
 template <typename F>
 __device__ __forceinline__ void with_gated_kind(const KernelParams& p, F&& f) {
   using act::Gated;
-  auto call = [&](auto kind) { f(kind); };
   switch (p.act) {
     case FusedActivation::kSiluMul:
       if (p.has_clamp) {
-        call(std::integral_constant<Gated, Gated::kSiluClamp>{});
+        f(std::integral_constant<Gated, Gated::kSiluClamp>{});
       } else {
-        call(std::integral_constant<Gated, Gated::kSilu>{});
+        f(std::integral_constant<Gated, Gated::kSilu>{});
       }
       break;
     case FusedActivation::kGeluMul:
-      call(std::integral_constant<Gated, Gated::kGelu>{});
+      f(std::integral_constant<Gated, Gated::kGelu>{});
       break;
     case FusedActivation::kGeluTanhMul:
-      call(std::integral_constant<Gated, Gated::kGeluTanh>{});
+      f(std::integral_constant<Gated, Gated::kGeluTanh>{});
       break;
     case FusedActivation::kSwigluOai:
-      call(std::integral_constant<Gated, Gated::kSwigluOai>{});
+      f(std::integral_constant<Gated, Gated::kSwigluOai>{});
       break;
     case FusedActivation::kSwigluStep:
-      call(std::integral_constant<Gated, Gated::kSwigluStep>{});
+      f(std::integral_constant<Gated, Gated::kSwigluStep>{});
       break;
     default:
-      call(std::integral_constant<Gated, Gated::kRelu2>{});
+      f(std::integral_constant<Gated, Gated::kRelu2>{});
       break;
   }
 }
@@ -387,34 +386,13 @@ __device__ __forceinline__ void store_handoff_fused(const KernelParams& p, const
 template <typename T, int kThreads>
 __device__ __forceinline__ void store_handoff(const KernelParams& p, const WorkItem& w,
                                               uint32_t tile, int etid) {
-  using act::Gated;
-  switch (p.act) {
-    case FusedActivation::kNone:
-      store_handoff_plain<kThreads>(p, w, tile, etid);
-      break;
-    case FusedActivation::kSiluMul:
-      if (p.has_clamp) {
-        store_handoff_fused<T, kThreads, Gated::kSiluClamp>(p, w, tile, etid);
-      } else {
-        store_handoff_fused<T, kThreads, Gated::kSilu>(p, w, tile, etid);
-      }
-      break;
-    case FusedActivation::kGeluMul:
-      store_handoff_fused<T, kThreads, Gated::kGelu>(p, w, tile, etid);
-      break;
-    case FusedActivation::kGeluTanhMul:
-      store_handoff_fused<T, kThreads, Gated::kGeluTanh>(p, w, tile, etid);
-      break;
-    case FusedActivation::kSwigluOai:
-      store_handoff_fused<T, kThreads, Gated::kSwigluOai>(p, w, tile, etid);
-      break;
-    case FusedActivation::kSwigluStep:
-      store_handoff_fused<T, kThreads, Gated::kSwigluStep>(p, w, tile, etid);
-      break;
-    default:
-      store_handoff_fused<T, kThreads, Gated::kRelu2>(p, w, tile, etid);
-      break;
+  if (p.act == FusedActivation::kNone) {
+    store_handoff_plain<kThreads>(p, w, tile, etid);
+    return;
   }
+  with_gated_kind(p, [&](auto kind) {
+    store_handoff_fused<T, kThreads, decltype(kind)::value>(p, w, tile, etid);
+  });
 }
 
 }  // namespace moekit::cuda::sm90

@@ -1818,22 +1818,10 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 // The gated activation of the kernel parameters, per element (one output per lane and item here,
 // so the switch costs nothing measurable).
 __device__ __forceinline__ float simt_gated(const KernelParams& p, float g, float u) {
-  using act::Gated;
-  switch (p.act) {
-    case FusedActivation::kSiluMul:
-      return p.has_clamp ? act::gated<Gated::kSiluClamp>(g, u, p.limit, p.alpha)
-                         : act::gated<Gated::kSilu>(g, u, p.limit, p.alpha);
-    case FusedActivation::kGeluMul:
-      return act::gated<Gated::kGelu>(g, u, p.limit, p.alpha);
-    case FusedActivation::kGeluTanhMul:
-      return act::gated<Gated::kGeluTanh>(g, u, p.limit, p.alpha);
-    case FusedActivation::kSwigluOai:
-      return act::gated<Gated::kSwigluOai>(g, u, p.limit, p.alpha);
-    case FusedActivation::kSwigluStep:
-      return act::gated<Gated::kSwigluStep>(g, u, p.limit, p.alpha);
-    default:
-      return act::gated<Gated::kRelu2>(g, u, p.limit, p.alpha);
-  }
+  float out = 0.0f;
+  with_gated_kind(
+      p, [&](auto kind) { out = act::gated<decltype(kind)::value>(g, u, p.limit, p.alpha); });
+  return out;
 }
 
 // Bias of column col of expert e, or 0.
