@@ -6,13 +6,26 @@
 #include <memory>
 #include <numeric>
 
+#include "core/cuda/runtime.h"
+#include "core/cuda_seam.h"
 #include "moekit/prepare_finalize/exchange.h"
+#include "prepare_finalize/cuda/batched.h"
 #include "prepare_finalize/exchange_common.h"
 
 namespace moekit {
 namespace {
 
 constexpr const char* kWho = "PrepareFinalizeAllToAll";
+
+// Workspace slots of the GPU path (rows sized for W * max_num_tokens: a rank receives at most
+// every rank's tokens and sends each of its tokens at most once to each rank).
+constexpr detail::InputExchangeSlots kSlots{
+    "exchange.a2a_send",     "exchange.a2a_recv",         "exchange.a2a_ids_send",
+    "exchange.a2a_ids_recv", "exchange.a2a_weights_send", "exchange.a2a_weights_recv"};
+constexpr std::string_view kPartialSlot = "exchange.a2a_partial";
+constexpr std::string_view kBackSlot = "exchange.a2a_back";
+constexpr std::string_view kSendIndexSlot = "exchange.a2a_send_index";
+constexpr std::string_view kTokenRowsSlot = "exchange.a2a_token_rows";
 
 int64_t sum(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
@@ -48,24 +61,15 @@ struct CombineInFlight {
 PrepareFinalizeAllToAll::PrepareFinalizeAllToAll(Communicator* comm, int64_t num_experts)
     : PrepareFinalizeExchange(comm, num_experts, kWho) {}
 
-AsyncHandle<PrepareResult> PrepareFinalizeAllToAll::prepare_async(const PrepareArgs& args,
-                                                                  RunContext ctx) {
-  const detail::PrepareDims dims = detail::check_prepare_args(args, kWho);
-  detail::expect_host_exchange(args.a1, kWho);
-  Tensor a1 = args.a1;
-  if (args.apply_router_weight_on_input) {
-    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho);
-  }
-  // Which rows go where: for each destination rank in order, its tokens in increasing order (a
-  // token goes once to each rank that owns one of its experts).
-  M_ = dims.M;
-  const std::vector<int64_t> ids = args.topk_ids.to_int_vector();
+void PrepareFinalizeAllToAll::route(const std::vector<int64_t>& ids, int64_t topk) {
+  // For each destination rank in order, its tokens in increasing order (a token goes once to each
+  // rank that owns one of its experts).
   std::vector<std::vector<int64_t>> to_rank(static_cast<size_t>(world_));
   std::vector<bool> seen(static_cast<size_t>(world_));
   for (int64_t m = 0; m < M_; ++m) {
     std::fill(seen.begin(), seen.end(), false);
-    for (int64_t j = 0; j < dims.topk; ++j) {
-      const int64_t e = ids[static_cast<size_t>(m * dims.topk + j)];
+    for (int64_t j = 0; j < topk; ++j) {
+      const int64_t e = ids[static_cast<size_t>(m * topk + j)];
       if (e < 0 || e >= num_experts_) continue;
       seen[static_cast<size_t>(e / local_experts_)] = true;
     }
@@ -80,6 +84,119 @@ AsyncHandle<PrepareResult> PrepareFinalizeAllToAll::prepare_async(const PrepareA
     send_token_.insert(send_token_.end(), rows.begin(), rows.end());
     send_counts_[static_cast<size_t>(d)] = static_cast<int64_t>(rows.size());
   }
+}
+
+std::vector<WorkspaceRequest> PrepareFinalizeAllToAll::workspace_requests(
+    int64_t max_num_tokens, int64_t hidden, int64_t topk, DType dtype,
+    const QuantConfig& quant) const {
+  if (comm_->device().is_cpu()) return {};
+  const size_t all = static_cast<size_t>(max_num_tokens) * static_cast<size_t>(world_);
+  std::vector<WorkspaceRequest> out =
+      detail::input_exchange_requests(kSlots, kPartialSlot, all, all, hidden, topk, dtype, quant);
+  out.push_back({std::string(kBackSlot), all * static_cast<size_t>(hidden) * element_size(dtype)});
+  out.push_back({std::string(kSendIndexSlot), all * 4});
+  out.push_back({std::string(kTokenRowsSlot), all * 4});
+  return out;
+}
+
+PrepareResult PrepareFinalizeAllToAll::prepare_on_device(const PrepareArgs& args, const Tensor& a1,
+                                                         int64_t topk, RunContext ctx) {
+  MOEKIT_CHECK(ctx.workspace != nullptr && ctx.stream.handle != nullptr,
+               "{} on a GPU needs the workspace manager and a stream in RunContext", kWho);
+  if constexpr (kCudaBuild) {
+    MOEKIT_CHECK(!cuda_rt::stream_is_capturing(ctx.stream.handle),
+                 "{} (nccl_all2all) cannot be captured in a CUDA graph: its exchange sizes depend "
+                 "on the routing, which it reads back to the host in every forward; capture "
+                 "batched_low_latency instead",
+                 kWho);
+    expect_contiguous(a1, "a1");
+    expect_contiguous(args.topk_ids, "topk_ids");
+    expect_contiguous(args.topk_weights, "topk_weights");
+    WorkspaceManager& ws = *ctx.workspace;
+    // The routing, on the host: the stream has produced it once this returns.
+    synchronize(ctx.stream);
+    route(args.topk_ids.to_int_vector(), topk);
+    // What every rank sends this one, one host collective per destination (each rank's count for
+    // rank d is gathered in turn).
+    recv_counts_.assign(static_cast<size_t>(world_), 0);
+    for (int d = 0; d < world_; ++d) {
+      const std::vector<int64_t> to_d =
+          comm_->all_gather_host(send_counts_[static_cast<size_t>(d)]);
+      if (d == rank_) recv_counts_ = to_d;
+    }
+    const int64_t sent = sum(send_counts_), received = sum(recv_counts_);
+    const int64_t K = a1.size(1);
+    // The index tables, uploaded (pageable host memory: staged before the copy call returns).
+    std::vector<int32_t> index(send_token_.begin(), send_token_.end());
+    std::vector<int32_t> token_rows(static_cast<size_t>(M_ * world_), -1);
+    std::vector<int> filled(static_cast<size_t>(M_), 0);
+    for (size_t i = 0; i < send_token_.size(); ++i) {
+      const int64_t t = send_token_[i];
+      token_rows[static_cast<size_t>(t * world_ + filled[static_cast<size_t>(t)]++)] =
+          static_cast<int32_t>(i);
+    }
+    const Tensor send_index = ws.get(kSendIndexSlot, {sent}, DType::kInt32);
+    token_rows_ = ws.get(kTokenRowsSlot, {M_ * world_}, DType::kInt32);
+    cuda_rt::copy_async(send_index.data(), index.data(), index.size() * 4, ctx.stream);
+    cuda_rt::copy_async(token_rows_.data(), token_rows.data(), token_rows.size() * 4, ctx.stream);
+    auto exchange = [&](std::string_view send_slot, std::string_view recv_slot, const Tensor& src,
+                        int64_t cols) {
+      const Tensor send = ws.get(send_slot, {sent, cols}, src.dtype());
+      detail::gather_rows_device(src, send_index, send, ctx);
+      Tensor recv = ws.get(recv_slot, {received, cols}, src.dtype());
+      comm_->all_to_all_v(send, send_counts_, recv, recv_counts_, ctx.stream);
+      return recv;
+    };
+    const Tensor data = exchange(kSlots.rows_send, kSlots.rows_recv, a1, K);
+    PrepareResult result;
+    result.topk_ids = exchange(kSlots.ids_send, kSlots.ids_recv, args.topk_ids, topk);
+    result.topk_weights =
+        exchange(kSlots.weights_send, kSlots.weights_recv, args.topk_weights, topk);
+    QuantizedInput q =
+        detail::maybe_quantize_input(data, args.quant_config, args.defer_input_quant, ctx);
+    result.a1q = std::move(q.data);
+    result.a1q_scale = std::move(q.scale);
+    return result;
+  } else {
+    throw_no_cuda(std::string(kWho) + " on " + a1.device().to_string());
+  }
+}
+
+void PrepareFinalizeAllToAll::finalize_on_device(const FinalizeArgs& args, RunContext ctx) {
+  if constexpr (kCudaBuild) {
+    WorkspaceManager& ws = *ctx.workspace;
+    const int64_t K = args.output.size(1);
+    const DType dt = args.output.dtype();
+    const int64_t received = sum(recv_counts_), sent = sum(send_counts_);
+    Tensor partial = ws.get(kPartialSlot, {received, K}, dt);
+    if (received > 0) {
+      detail::resolve_weight_and_reduce(args.weight_and_reduce)
+          ->apply(partial, args.fused_expert_output, args.topk_weights, args.topk_ids,
+                  args.apply_router_weight_on_input, ctx);
+    }
+    Tensor back = ws.get(kBackSlot, {sent, K}, dt);
+    comm_->all_to_all_v(partial, recv_counts_, back, send_counts_, ctx.stream);
+    // Each token's partials in send order (destination rank order), f32, rounded once.
+    detail::sum_rows_device(args.output, back, token_rows_, world_, ctx);
+  } else {
+    throw_no_cuda(std::string(kWho) + " on " + args.output.device().to_string());
+  }
+}
+
+AsyncHandle<PrepareResult> PrepareFinalizeAllToAll::prepare_async(const PrepareArgs& args,
+                                                                  RunContext ctx) {
+  const detail::PrepareDims dims = detail::check_prepare_args(args, kWho);
+  const Tensor a1 = input_to_send(args, kWho, ctx.stream);
+  if (a1.device().is_cuda()) {
+    M_ = dims.M;
+    auto result = std::make_shared<PrepareResult>(prepare_on_device(args, a1, dims.topk, ctx));
+    AsyncHandle<PrepareResult> handle;
+    handle.hook = [] {};
+    handle.receiver = [result] { return *result; };
+    return handle;
+  }
+  M_ = dims.M;
+  route(args.topk_ids.to_int_vector(), dims.topk);
   // The counts first (one row per rank), so every rank can size what it receives.
   const std::vector<int64_t> ones(static_cast<size_t>(world_), 1);
   const Tensor counts_out = Tensor::from_ints(send_counts_, {world_, 1}, DType::kInt64);
@@ -131,6 +248,13 @@ AsyncHandle<void> PrepareFinalizeAllToAll::finalize_async(const FinalizeArgs& ar
                                                           RunContext ctx) {
   expect_defined(args.output, "output");
   expect_shape(args.output, "output", {M_, kAnyDim});
+  if (args.output.device().is_cuda()) {
+    finalize_on_device(args, ctx);
+    AsyncHandle<void> handle;
+    handle.hook = [] {};
+    handle.receiver = [] {};
+    return handle;
+  }
   const int64_t K = args.output.size(1);
   auto state = std::make_shared<CombineInFlight>();
   state->partial = detail::weighted_partials_f32(args, sum(recv_counts_), K, ctx);

@@ -17,12 +17,9 @@ namespace {
 constexpr const char* kWho = "PrepareFinalizeAllGather";
 
 // Workspace slots of the GPU path.
-constexpr std::string_view kSendSlot = "exchange.a1_send";
-constexpr std::string_view kRecvSlot = "exchange.a1_recv";
-constexpr std::string_view kIdsSendSlot = "exchange.ids_send";
-constexpr std::string_view kIdsRecvSlot = "exchange.ids_recv";
-constexpr std::string_view kWeightsSendSlot = "exchange.weights_send";
-constexpr std::string_view kWeightsRecvSlot = "exchange.weights_recv";
+constexpr detail::InputExchangeSlots kSlots{"exchange.a1_send",      "exchange.a1_recv",
+                                            "exchange.ids_send",     "exchange.ids_recv",
+                                            "exchange.weights_send", "exchange.weights_recv"};
 constexpr std::string_view kPartialSlot = "exchange.partial";
 constexpr std::string_view kMineSlot = "exchange.mine";
 
@@ -62,29 +59,16 @@ std::vector<WorkspaceRequest> PrepareFinalizeAllGather::workspace_requests(
     int64_t max_num_tokens, int64_t hidden, int64_t topk, DType dtype,
     const QuantConfig& quant) const {
   if (comm_->device().is_cpu()) return {};
-  const size_t es = element_size(dtype);
   const size_t rows = static_cast<size_t>(max_num_tokens), all = rows * static_cast<size_t>(world_);
-  const size_t K = static_cast<size_t>(hidden), k = static_cast<size_t>(topk);
-  std::vector<WorkspaceRequest> out = {
-      {std::string(kSendSlot), rows * K * es},       {std::string(kRecvSlot), all * K * es},
-      {std::string(kIdsSendSlot), rows * k * 4},     {std::string(kIdsRecvSlot), all * k * 4},
-      {std::string(kWeightsSendSlot), rows * k * 4}, {std::string(kWeightsRecvSlot), all * k * 4},
-      {std::string(kPartialSlot), all * K * es},     {std::string(kMineSlot), rows * K * es}};
-  for (WorkspaceRequest& r : detail::input_quant_requests(static_cast<int64_t>(all), hidden, quant))
-    out.push_back(std::move(r));
+  std::vector<WorkspaceRequest> out =
+      detail::input_exchange_requests(kSlots, kPartialSlot, rows, all, hidden, topk, dtype, quant);
+  out.push_back({std::string(kMineSlot), rows * static_cast<size_t>(hidden) * element_size(dtype)});
   return out;
 }
 
 PrepareResult PrepareFinalizeAllGather::prepare(const PrepareArgs& args, RunContext ctx) {
   const detail::PrepareDims dims = detail::check_prepare_args(args, kWho);
-  MOEKIT_CHECK(args.a1.device() == comm_->device(),
-               "{}: a1 is on {} but the {} communicator's buffers are on {}", kWho,
-               args.a1.device().to_string(), comm_->name(), comm_->device().to_string());
-  Tensor a1 = args.a1;
-  if (args.apply_router_weight_on_input) {
-    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho, &weighted_input_,
-                                              ctx.stream);
-  }
+  const Tensor a1 = input_to_send(args, kWho, ctx.stream);
   const std::vector<int64_t> counts = comm_->all_gather_host(dims.M);
   M_ = dims.M;
   M_max_ = *std::max_element(counts.begin(), counts.end());
@@ -126,10 +110,11 @@ PrepareResult PrepareFinalizeAllGather::prepare_on_device(const PrepareArgs& arg
     comm_->all_gather(send, recv, ctx.stream);
     return recv;
   };
-  const Tensor data = exchange(kSendSlot, kRecvSlot, a1, K, 0);
+  const Tensor data = exchange(kSlots.rows_send, kSlots.rows_recv, a1, K, 0);
   PrepareResult result;
-  result.topk_ids = exchange(kIdsSendSlot, kIdsRecvSlot, args.topk_ids, topk, 0xFF);  // -1
-  result.topk_weights = exchange(kWeightsSendSlot, kWeightsRecvSlot, args.topk_weights, topk, 0);
+  result.topk_ids = exchange(kSlots.ids_send, kSlots.ids_recv, args.topk_ids, topk, 0xFF);  // -1
+  result.topk_weights =
+      exchange(kSlots.weights_send, kSlots.weights_recv, args.topk_weights, topk, 0);
   QuantizedInput q =
       detail::maybe_quantize_input(data, args.quant_config, args.defer_input_quant, ctx);
   result.a1q = std::move(q.data);
@@ -192,7 +177,7 @@ PrepareFinalizeFactory allgather_factory(const char* name, All2AllBackend backen
   f.priority = 30;
   f.description = description;
   f.check = [](const PrepareFinalizeRequest& r) {
-    return detail::check_exchange_request(r, /*batched=*/false, /*gpu_ranks=*/true);
+    return detail::check_exchange_request(r, /*batched=*/false);
   };
   f.make = [combine](const PrepareFinalizeRequest& r) -> std::unique_ptr<PrepareFinalize> {
     return std::make_unique<PrepareFinalizeAllGather>(r.comm, r.moe->num_experts, combine);

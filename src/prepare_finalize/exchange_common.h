@@ -23,12 +23,12 @@
 namespace moekit::detail {
 
 // "" when a token-exchanging prepare/finalize can serve the request, else why not. `batched`: the
-// prepare/finalize produces the batched format (else the standard one); `gpu_ranks`: it also
-// exchanges tokens between GPU ranks (a GPU communicator).
-// `bootstrap_only`: the communicator only bootstraps experts that move the tokens themselves, so
-// where its buffers live does not matter.
+// prepare/finalize produces the batched format (else the standard one). Every one exchanges
+// between CPU ranks and GPU ranks alike; the experts must run where the communicator's buffers
+// are. `bootstrap_only`: the communicator only bootstraps experts that move the tokens
+// themselves, so where its buffers live does not matter.
 inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool batched,
-                                          bool gpu_ranks = false, bool bootstrap_only = false) {
+                                          bool bootstrap_only = false) {
   const ParallelConfig& p = r.moe->parallel;
   if (r.experts->is_monolithic()) {
     return "monolithic experts route internally; exchanging tokens needs modular experts";
@@ -59,19 +59,7 @@ inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool 
         "the {} communicator is rank {} of {} but the deployment is EP rank {} of {}",
         r.comm->name(), r.comm->rank(), r.comm->world_size(), p.ep_rank, p.ep_size);
   }
-  if (bootstrap_only) return {};
-  // Where the ranks' buffers are: the communicator's device, or (a preview without one) the
-  // deployment's, as a layer on it would hold them.
-  const Device ranks = r.comm != nullptr ? r.comm->device() : r.moe->device.device();
-  const std::string holder = r.comm != nullptr ? "the " + r.comm->name() + " communicator"
-                                               : "a layer on " + r.moe->device.name;
-  if (!ranks.is_cpu() && !gpu_ranks) {
-    return fmt::format(
-        "{} holds {} buffers: this prepare/finalize exchanges tokens between CPU ranks only (GPU "
-        "ranks: allgather_reducescatter or naive_allgather)",
-        holder, ranks.to_string());
-  }
-  if (r.comm == nullptr) return {};
+  if (bootstrap_only || r.comm == nullptr) return {};
   const DeviceType where = r.comm->device().type;
   const auto& types = r.experts->caps().device_types;
   if (std::find(types.begin(), types.end(), where) == types.end()) {
@@ -122,6 +110,32 @@ inline QuantizedInput finish_dispatch(const Tensor& data, const Tensor& scale,
                                       RunContext ctx) {
   if (sent.quantize_after) return quantize_moe_input(data, quant->a1, ctx);
   return {data, scale};
+}
+
+// The GPU workspace slots of one exchange of the layer's inputs: the rows, the top-k ids and
+// the top-k weights, each with a send side and a receive side.
+struct InputExchangeSlots {
+  std::string_view rows_send, rows_recv, ids_send, ids_recv, weights_send, weights_recv;
+};
+
+// The requests of those slots for `sent` rows sent and `received` rows received, of the
+// experts' partial output of the received rows (`partial`, the layer's dtype) and of their input
+// quantization.
+inline std::vector<WorkspaceRequest> input_exchange_requests(const InputExchangeSlots& s,
+                                                             std::string_view partial, size_t sent,
+                                                             size_t received, int64_t hidden,
+                                                             int64_t topk, DType dtype,
+                                                             const QuantConfig& quant) {
+  const size_t row = static_cast<size_t>(hidden) * element_size(dtype);
+  const size_t k = static_cast<size_t>(topk);
+  std::vector<WorkspaceRequest> out = {
+      {std::string(s.rows_send), sent * row},      {std::string(s.rows_recv), received * row},
+      {std::string(s.ids_send), sent * k * 4},     {std::string(s.ids_recv), received * k * 4},
+      {std::string(s.weights_send), sent * k * 4}, {std::string(s.weights_recv), received * k * 4},
+      {std::string(partial), received * row}};
+  for (WorkspaceRequest& r : input_quant_requests(static_cast<int64_t>(received), hidden, quant))
+    out.push_back(std::move(r));
+  return out;
 }
 
 // A host tensor of `rows` rows shaped like src's rows: row i = src row index[i], or zeros where
@@ -188,13 +202,6 @@ inline Tensor weighted_partials_f32(const FinalizeArgs& args, int64_t rows, int6
 inline void store_output(Tensor output, const Tensor& rows_f32) {  // output: a view
   if (output.numel() == 0) return;
   output.copy_from(rows_f32.to_dtype(output.dtype()));
-}
-
-// The token exchange runs on the host: refuse device tensors with the reason.
-inline void expect_host_exchange(const Tensor& a1, const char* who) {
-  MOEKIT_CHECK(a1.device().is_cpu(),
-               "{}: a1 is on {} but this build exchanges tokens between CPU ranks only", who,
-               a1.device().to_string());
 }
 
 }  // namespace moekit::detail

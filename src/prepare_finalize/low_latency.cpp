@@ -11,13 +11,23 @@
 
 #include <memory>
 
+#include "core/cuda_seam.h"
 #include "moekit/prepare_finalize/exchange.h"
+#include "prepare_finalize/cuda/batched.h"
 #include "prepare_finalize/exchange_common.h"
 
 namespace moekit {
 namespace {
 
 constexpr const char* kWho = "PrepareFinalizeLowLatency";
+
+// Workspace slots of the GPU path. The rows slot holds what prepare received, then what finalize
+// sends back; the packed slot the experts' input, then what finalize receives (each is dead by
+// the time it is reused: the experts have read the packed rows before the combine starts).
+constexpr std::string_view kRowsSlot = "exchange.ll_rows";
+constexpr std::string_view kPackedSlot = "exchange.ll_packed";
+constexpr std::string_view kCountsSlot = "exchange.ll_counts";
+constexpr std::string_view kExpertTokensSlot = "exchange.ll_expert_tokens";
 
 }  // namespace
 
@@ -28,22 +38,31 @@ PrepareFinalizeLowLatency::PrepareFinalizeLowLatency(Communicator* comm, int64_t
                max_tokens_per_rank);
 }
 
+std::vector<WorkspaceRequest> PrepareFinalizeLowLatency::workspace_requests(
+    int64_t /*max_num_tokens*/, int64_t hidden, int64_t /*topk*/, DType dtype,
+    const QuantConfig& /*quant*/) const {
+  if (comm_->device().is_cpu()) return {};
+  const size_t rows = static_cast<size_t>(num_experts_ * capacity_);  // W * E_local * C
+  const size_t bytes = rows * static_cast<size_t>(hidden) * element_size(dtype);
+  return {{std::string(kRowsSlot), bytes},
+          {std::string(kPackedSlot), bytes},
+          {std::string(kCountsSlot), static_cast<size_t>(num_experts_) * 4},
+          {std::string(kExpertTokensSlot), static_cast<size_t>(local_experts_) * 4}};
+}
+
 PrepareResult PrepareFinalizeLowLatency::prepare(const PrepareArgs& args, RunContext ctx) {
   const detail::PrepareDims dims = detail::check_prepare_args(args, kWho);
-  detail::expect_host_exchange(args.a1, kWho);
   MOEKIT_CHECK(dims.M <= capacity_,
                "{}: a1 has M = {} tokens but the low-latency buffers hold max_tokens_per_rank = {} "
                "per rank (MoELayerOptions::max_num_tokens)",
                kWho, dims.M, capacity_);
-  Tensor a1 = args.a1;
-  if (args.apply_router_weight_on_input) {
-    a1 = detail::apply_router_weight_to_input(a1, args.topk_weights, kWho);
-  }
-  const int64_t El = local_experts_, C = capacity_, W = world_;
-  const int64_t block_rows = El * C;  // rows per destination rank, fixed
   M_ = dims.M;
   topk_ = dims.topk;
   weights_on_input_ = args.apply_router_weight_on_input;
+  const Tensor a1 = input_to_send(args, kWho, ctx.stream);
+  if (a1.device().is_cuda()) return prepare_on_device(args, a1, ctx);
+  const int64_t El = local_experts_, C = capacity_, W = world_;
+  const int64_t block_rows = El * C;  // rows per destination rank, fixed
 
   // Every (token, slot) to its row of the send buffer.
   const std::vector<int64_t> ids = args.topk_ids.to_int_vector();
@@ -120,12 +139,79 @@ PrepareResult PrepareFinalizeLowLatency::prepare(const PrepareArgs& args, RunCon
   return result;
 }
 
+PrepareResult PrepareFinalizeLowLatency::prepare_on_device(const PrepareArgs& args,
+                                                           const Tensor& a1, RunContext ctx) {
+  MOEKIT_CHECK(ctx.workspace != nullptr && ctx.stream.handle != nullptr,
+               "{} on a GPU needs the workspace manager and a stream in RunContext", kWho);
+  MOEKIT_CHECK(args.defer_input_quant || args.quant_config == nullptr ||
+                   args.quant_config->a1.dtype == QuantDType::kNone,
+               "{}: quantized activations are not exchanged between GPU ranks yet (the batched "
+               "Hopper experts take unquantized ones)",
+               kWho);
+  if constexpr (kCudaBuild) {
+    WorkspaceManager& ws = *ctx.workspace;
+    const int64_t E = num_experts_, El = local_experts_, C = capacity_, W = world_;
+    const int64_t K = a1.size(1);
+    // This rank's rows in the send layout (E, C, K): the batched scatter over every expert of
+    // the model (block (d, e) = rank d's local expert e), with its counts.
+    const PrepareResult sent = detail::batched_prepare_device(
+        send_state_, a1, args.topk_ids, Tensor{}, E, static_cast<int>(E), C, /*rank=*/0, ctx);
+    const Tensor sent_counts = sent.expert_tokens_meta->expert_num_tokens.view({E, 1});
+    Tensor counts = ws.get(kCountsSlot, {E, 1}, DType::kInt32);
+    comm_->all_to_all_v(sent_counts, std::vector<int64_t>(static_cast<size_t>(W), El), counts,
+                        std::vector<int64_t>(static_cast<size_t>(W), El), ctx.stream);
+    Tensor rows = ws.get(kRowsSlot, {E * C, K}, a1.dtype());
+    const std::vector<int64_t> block(static_cast<size_t>(W), El * C);
+    comm_->all_to_all_v(sent.a1q.view({E * C, K}), block, rows, block, ctx.stream);
+    Tensor packed = ws.get(kPackedSlot, {El, W * C, K}, a1.dtype());
+    Tensor expert_tokens = ws.get(kExpertTokensSlot, {El}, DType::kInt32);
+    detail::exchange_pack_device(rows, packed, counts, expert_tokens, world_, C, /*unpack=*/false,
+                                 ctx);
+    PrepareResult result;
+    result.a1q = packed;
+    ExpertTokensMetadata meta;
+    meta.expert_num_tokens = expert_tokens;
+    result.expert_tokens_meta = meta;
+    return result;
+  } else {
+    throw_no_cuda(std::string(kWho) + " on " + a1.device().to_string());
+  }
+}
+
+void PrepareFinalizeLowLatency::finalize_on_device(const FinalizeArgs& args, RunContext ctx) {
+  if constexpr (kCudaBuild) {
+    MOEKIT_CHECK(send_state_ != nullptr, "{}: finalize before prepare on the GPU", kWho);
+    WorkspaceManager& ws = *ctx.workspace;
+    const int64_t E = num_experts_, C = capacity_;
+    const Tensor& y = args.fused_expert_output;  // (E_local, W * C, K), checked by finalize
+    const int64_t K = y.size(2);
+    expect_contiguous(y, "fused_expert_output");
+    const Tensor counts = ws.get(kCountsSlot, {E, 1}, DType::kInt32);
+    // The experts' rows back into the blocks they answer, then home.
+    Tensor back_send = ws.get(kRowsSlot, {E * C, K}, y.dtype());
+    detail::exchange_pack_device(back_send, y, counts, Tensor{}, world_, C, /*unpack=*/true, ctx);
+    Tensor back = ws.get(kPackedSlot, {E * C, K}, y.dtype());
+    const std::vector<int64_t> block(static_cast<size_t>(world_), local_experts_ * C);
+    comm_->all_to_all_v(back_send, block, back, block, ctx.stream);
+    // Row (d, e, p) of `back` answers the row this rank sent to block (d, e) at p: the send
+    // layout's combine (weighted, in slot order, f32).
+    detail::batched_finalize_device(send_state_, args.output, back.view({E, C, K}),
+                                    args.topk_weights, weights_on_input_, ctx);
+  } else {
+    throw_no_cuda(std::string(kWho) + " on " + args.output.device().to_string());
+  }
+}
+
 void PrepareFinalizeLowLatency::finalize(const FinalizeArgs& args, RunContext ctx) {
   expect_defined(args.output, "output");
   expect_shape(args.output, "output", {M_, kAnyDim});
   const int64_t El = local_experts_, C = capacity_, W = world_, T = W * C;
   const int64_t K = args.output.size(1);
   expect_shape(args.fused_expert_output, "fused_expert_output", {El, T, K});
+  if (args.output.device().is_cuda()) {
+    finalize_on_device(args, ctx);
+    return;
+  }
 
   // The experts' rows back into the fixed layout of what each source sent.
   std::vector<int64_t> back_src(static_cast<size_t>(W * El * C), -1);

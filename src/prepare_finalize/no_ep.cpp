@@ -132,8 +132,7 @@ MOEKIT_REGISTER_PREPARE_FINALIZE(passthrough, [] {
       return r.experts->name() +
              " does not exchange tokens itself (only the megakernel experts do)";
     }
-    return detail::check_exchange_request(r, /*batched=*/false, /*gpu_ranks=*/true,
-                                          /*bootstrap_only=*/true);
+    return detail::check_exchange_request(r, /*batched=*/false, /*bootstrap_only=*/true);
   };
   f.make = [](const PrepareFinalizeRequest& r) -> std::unique_ptr<PrepareFinalize> {
     return std::make_unique<PrepareFinalizePassThrough>(r.comm);

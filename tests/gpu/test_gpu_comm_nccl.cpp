@@ -2,15 +2,17 @@
 // two ranks on one device), bootstrapped over a SingleRankCommunicator (no MPI): every collective
 // on device buffers against what was sent, every dtype for data movement and the sums' dtypes,
 // uneven all_to_all_v counts, a CUDA-graph capture, and bad arguments refused before NCCL runs.
-// And the all-gather prepare/finalize on GPU ranks through it: a layer with it forced gives
-// bitwise the output of the same layer without exchange (bf16, and fp8 quantized after the
-// exchange), also at M = 0.
+// And the all-gather and all-to-all prepare/finalize on GPU ranks through it: a layer with each
+// forced gives bitwise the output of the same layer without exchange (bf16, and fp8 quantized after
+// the exchange), also at M = 0; and the low-latency one (batched experts): bitwise the same batched
+// experts behind the local scatter, also at M = 0, and captured in a CUDA graph.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
 
 #include <vector>
 
+#include "graph_replay.h"
 #include "moekit/comm/nccl.h"
 #include "moekit/layer/checkpoint.h"
 #include "moekit/layer/moe_layer.h"
@@ -45,6 +47,23 @@ Tensor poisoned_gpu(const Shape& shape, DType dtype) {
 Tensor host(const Tensor& t, Stream stream) {
   synchronize(stream);
   return t.to(Device::cpu());
+}
+
+// The two layers' outputs for the same random M tokens: bitwise equal, no NaN (a and b start
+// poisoned, so unwritten rows show).
+void expect_same_output(MoELayer& exchanged, MoELayer& local, const ModelPreset& model, int64_t M,
+                        uint64_t seed, Stream stream) {
+  SCOPED_TRACE(M);
+  const Tensor x = on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, seed));
+  const Tensor logits =
+      on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, seed + 1));
+  Tensor a = poisoned_gpu({M, model.hidden_size}, DType::kBF16);
+  Tensor b = poisoned_gpu({M, model.hidden_size}, DType::kBF16);
+  exchanged.forward_into(a, x, logits, {stream, nullptr});
+  local.forward_into(b, x, logits, {stream, nullptr});
+  const Tensor ha = host(a, stream), hb = host(b, stream);
+  EXPECT_FALSE(testing::has_nan(ha));
+  EXPECT_TRUE(testing::bitwise_equal(ha, hb));
 }
 
 TEST(NcclComm, OneRankOnTheGpu) {
@@ -138,11 +157,11 @@ TEST(NcclComm, BadArgumentsAreRefusedBeforeNccl) {
       {"the counts need 3 send rows"}));
 }
 
-TEST(NcclAllGatherLayer, BitwiseTheLayerWithoutExchange) {
+TEST(NcclExchangeLayer, BitwiseTheLayerWithoutExchange) {
   REQUIRE_NCCL();
   const ModelPreset model = find_preset("small-deepseek");
   for (const char* scheme : {"bf16", "fp8_block128"}) {
-    for (const char* pf : {"allgather_reducescatter", "naive_allgather"}) {
+    for (const char* pf : {"allgather_reducescatter", "naive_allgather", "all2all"}) {
       SCOPED_TRACE(std::string(scheme) + " " + pf);
       MoELayerOptions plain;
       plain.device = default_device_info();
@@ -156,20 +175,71 @@ TEST(NcclAllGatherLayer, BitwiseTheLayerWithoutExchange) {
       MoELayer exchanged = random_quantized_layer(model, scheme, ep, 3);
       MoELayer local = random_quantized_layer(model, scheme, plain, 3);
       EXPECT_EQ(exchanged.plan().prepare_finalize->name, pf);
-      for (const int64_t M : {int64_t{37}, int64_t{0}, int64_t{1}}) {
-        SCOPED_TRACE(M);
-        const Tensor x = on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, 7));
-        const Tensor logits =
-            on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 8));
-        Tensor a = poisoned_gpu({M, model.hidden_size}, DType::kBF16);
-        Tensor b = poisoned_gpu({M, model.hidden_size}, DType::kBF16);
-        exchanged.forward_into(a, x, logits, {stream, nullptr});
-        local.forward_into(b, x, logits, {stream, nullptr});
-        const Tensor ha = host(a, stream), hb = host(b, stream);
-        EXPECT_FALSE(testing::has_nan(ha));
-        EXPECT_TRUE(testing::bitwise_equal(ha, hb));
-      }
+      for (const int64_t M : {int64_t{37}, int64_t{0}, int64_t{1}})
+        expect_same_output(exchanged, local, model, M, 7, stream);
     }
+  }
+}
+
+// The all-to-all reads the routing back to the host: a capture is refused with the reason, and
+// the stream is usable afterwards.
+TEST(NcclExchangeLayer, AllToAllRefusesGraphCapture) {
+  REQUIRE_NCCL();
+  const ModelPreset model = find_preset("small");
+  MoELayerOptions o;
+  o.device = default_device_info();
+  o.max_num_tokens = 16;
+  o.parallel.use_ep = true;
+  o.communicator = comm;
+  o.prepare_finalize = "all2all";
+  MoELayer layer = random_quantized_layer(model, "bf16", o, 3);
+  const Tensor x = on_gpu(testing::random_tensor({16, model.hidden_size}, DType::kBF16, 7));
+  const Tensor logits = on_gpu(testing::random_tensor({16, model.num_experts}, DType::kF32, 8));
+  Tensor out = poisoned_gpu({16, model.hidden_size}, DType::kBF16);
+  layer.forward_into(out, x, logits, {stream, nullptr});
+  auto s = static_cast<cudaStream_t>(stream.handle);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const std::string error = testing::error_of([&] {
+    layer.forward_into(out, x, logits, {stream, nullptr});
+  });
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  EXPECT_TRUE(testing::contains_all(error, {"cannot be captured", "batched_low_latency"})) << error;
+  Tensor again = poisoned_gpu({16, model.hidden_size}, DType::kBF16);
+  layer.forward_into(again, x, logits, {stream, nullptr});
+  EXPECT_TRUE(testing::bitwise_equal(host(again, stream), host(out, stream)));
+}
+
+TEST(NcclLowLatencyLayer, BitwiseTheBatchedExpertsWithoutExchange) {
+  REQUIRE_NCCL();
+  for (const char* name : {"small-deepseek", "small"}) {
+    SCOPED_TRACE(name);
+    const ModelPreset model = find_preset(name);
+    MoELayerOptions plain;
+    plain.device = default_device_info();
+    plain.max_num_tokens = 48;
+    plain.backend = "sm90_batched";
+    plain.shared_experts = SharedExpertsMode::kSeparate;
+    MoELayerOptions ep = plain;
+    ep.parallel.use_ep = true;
+    ep.communicator = comm;
+    ep.prepare_finalize = "batched_low_latency";
+    MoELayer exchanged = random_quantized_layer(model, "bf16", ep, 5);
+    MoELayer local = random_quantized_layer(model, "bf16", plain, 5);
+    EXPECT_EQ(exchanged.plan().prepare_finalize->name, "batched_low_latency");
+    EXPECT_EQ(local.plan().prepare_finalize->name, "batched_local");
+    for (const int64_t M : {int64_t{48}, int64_t{0}, int64_t{1}, int64_t{17}})
+      expect_same_output(exchanged, local, model, M, 9 + static_cast<uint64_t>(M), stream);
+    testing::expect_graph_replay_bitwise(exchanged, 33);
+    // More tokens than the fixed buffers hold: refused before anything runs.
+    const Tensor x = on_gpu(testing::random_tensor({49, model.hidden_size}, DType::kBF16, 1));
+    const Tensor logits = on_gpu(testing::random_tensor({49, model.num_experts}, DType::kF32, 2));
+    Tensor out = poisoned_gpu({49, model.hidden_size}, DType::kBF16);
+    EXPECT_TRUE(testing::contains_all(testing::error_of([&] {
+                                        exchanged.forward_into(out, x, logits, {stream, nullptr});
+                                      }),
+                                      {"M=49", "max_num_tokens=48"}));
   }
 }
 

@@ -100,31 +100,28 @@ TEST(Plan, ExpertParallelDeploymentNamesEveryPrepareFinalizeCandidate) {
                            {"needs a communicator of 2 ranks", "naive"}));
 }
 
-// A preview has no communicator; the exchanges that move tokens between CPU ranks only are judged
-// by the deployment's device, so `moekit explain --device h200 --all2all nccl_all2all` says why
-// instead of choosing what the layer would refuse.
-TEST(Plan, PreviewedGpuRanksGetOnlyTheExchangesOfGpuRanks) {
+// A preview has no communicator: the exchanges are judged by the deployment's device, and every
+// one serves GPU ranks (`moekit explain --device h200 --all2all ...`), the low-latency one with the
+// batched Hopper experts.
+TEST(Plan, PreviewedGpuRanksGetEveryExchange) {
   if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA: no Hopper backends";
-  for (All2AllBackend backend : {All2AllBackend::kNcclAllToAll, All2AllBackend::kNaive}) {
-    const bool gpu_served = backend == All2AllBackend::kNaive;
+  const std::pair<All2AllBackend, const char*> cases[] = {
+      {All2AllBackend::kNcclAllToAll, "all2all"},
+      {All2AllBackend::kNaive, "naive_allgather"},
+      {All2AllBackend::kAllGatherReduceScatter, "allgather_reducescatter"},
+      {All2AllBackend::kBatchedLowLatency, "batched_low_latency"}};
+  for (const auto& [backend, name] : cases) {
+    SCOPED_TRACE(name);
     testing::PreviewedH200 h200 = testing::previewed_h200();
     MoELayerOptions o = ep_options(2, backend);
     o.device = h200.layer.device;
     const MoEPlan gpu =
         plan_moe(config_of("small-deepseek", o), QuantConfig::unquantized(), h200.plan);
-    EXPECT_EQ(gpu.ok(), gpu_served) << gpu.error();
-    if (!gpu_served) {
-      EXPECT_TRUE(contains_all(gpu.error(), {"all2all", "a layer on NVIDIA H200", "cuda:0",
-                                             "CPU ranks only", "allgather_reducescatter"}))
-          << gpu.error();
-    }
-    // The same deployment on CPU ranks is served by both.
-    PlanOptions preview;
-    preview.preview = true;
-    preview.log = false;
-    const MoEPlan cpu = plan_moe(config_of("small-deepseek", ep_options(2, backend)),
-                                 QuantConfig::unquantized(), preview);
-    EXPECT_TRUE(cpu.ok()) << cpu.error();
+    ASSERT_TRUE(gpu.ok()) << gpu.error();
+    EXPECT_EQ(gpu.prepare_finalize_report.chosen, name);
+    EXPECT_EQ(gpu.experts->name(), backend == All2AllBackend::kBatchedLowLatency
+                                       ? "Sm90BatchedExperts"
+                                       : "Sm90GroupedExperts");
   }
 }
 

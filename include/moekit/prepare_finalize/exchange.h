@@ -3,14 +3,12 @@
 // output of its tokens). They exchange through a Communicator (comm/communicator.h) and are chosen
 // by the deployment's all-to-all backend (prepare_finalize/factory.h):
 //
-//   backend                   class                           format    exchange per forward
-//   naive                     PrepareFinalizeAllGather         standard  all-gather + all-reduce
-//   allgather_reducescatter   PrepareFinalizeAllGather         standard  all-gather +
-//   reduce-scatter nccl_all2all              PrepareFinalizeAllToAll          standard  all-to-all
-//   each way, only
-//                                                                        the tokens a rank needs
-//   batched_low_latency       PrepareFinalizeLowLatency        batched   fixed-size all-to-all each
-//                                                                        way (per-expert capacity)
+//   - naive: PrepareFinalizeAllGather, standard format, all-gather + all-reduce;
+//   - allgather_reducescatter: PrepareFinalizeAllGather, standard, all-gather + reduce-scatter;
+//   - nccl_all2all: PrepareFinalizeAllToAll, standard, an all-to-all each way of only the tokens
+//     a rank needs;
+//   - batched_low_latency: PrepareFinalizeLowLatency, batched, a fixed-size all-to-all each way
+//     (per-expert capacity).
 //
 // Shared by all three:
 // - Activations travel quantized (codes + their scales) when every row carries its own scales
@@ -26,10 +24,13 @@
 // - Every rank calls prepare and finalize in every forward, also with M = 0 tokens (it still
 //   serves the others' tokens). State from prepare (who sent what) is kept for the finalize of the
 //   same forward.
-// - Ranks run on the CPU (MPI); GPU ranks (NCCL) are not served yet and the factories say so.
+// - Ranks run on the CPU (MPI) or on GPUs (NCCL): every form exchanges on both; on GPU ranks
+//   the all-to-all reads the routing back to the host (not graph-capturable) and the low-latency
+//   form is unquantized.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,9 @@
 #include "moekit/modular/prepare_finalize.h"
 
 namespace moekit {
+namespace detail {
+struct BatchedDeviceState;
+}  // namespace detail
 
 // What the three share: the communicator, this rank's place, the experts' split; the standard
 // format, where a rank's experts may receive every rank's tokens (the batched one overrides).
@@ -57,9 +61,15 @@ class PrepareFinalizeExchange : public PrepareFinalizeModular {
   }
 
  protected:
+  // a1 as it is sent: checked to be where the communicator's buffers are, and multiplied by the
+  // router weight when args apply it on the input (on a GPU into weighted_input_, allocated on
+  // the first forward).
+  Tensor input_to_send(const PrepareArgs& args, const char* who, Stream stream);
+
   Communicator* comm_;
   int world_, rank_;
   int64_t num_experts_, local_experts_;  // rank d owns [d * local_experts_, (d + 1) * ...)
+  Tensor weighted_input_;
 };
 
 // DP + EP by gathering every rank's tokens: each rank runs its experts over all W * M_max rows
@@ -94,7 +104,6 @@ class PrepareFinalizeAllGather final : public PrepareFinalizeExchange {
 
   Combine combine_;
   int64_t M_ = 0, M_max_ = 0;  // this rank's tokens and the largest rank's, of the last prepare
-  Tensor weighted_input_;      // GPU: the router-weighted input, allocated on first use
 };
 
 // DP + EP by all-to-all: a token goes once to each rank that owns one of its experts (with its
@@ -102,11 +111,22 @@ class PrepareFinalizeAllGather final : public PrepareFinalizeExchange {
 // comes back from each. Asynchronous form: prepare_async / finalize_async start the transfer and
 // return at once; the hook waits for it (the kernel runs the shared experts before calling the
 // combine's hook, so they overlap the communication); the receiver finishes.
+// On GPU ranks (a GPU communicator, e.g. NCCL): the exchange sizes depend on the routing, and the
+// communicator's all-to-all takes its counts on the host, so prepare waits for the stream and
+// reads the routing back (M * top_k ids), as DeepEP's normal mode does; the rows move by gather
+// kernels and the communicator on the stream, in workspace slots sized for W * max_num_tokens
+// rows. Not graph-capturable (refused with the reason while a stream is being captured:
+// batched_low_latency is the capturable exchange). The partials travel and are summed (in rank
+// order, f32) in the layer dtype; activations travel unquantized and the receiving rank quantizes
+// them. The async form completes the transfers before returning on a GPU.
 class PrepareFinalizeAllToAll final : public PrepareFinalizeExchange {
  public:
   PrepareFinalizeAllToAll(Communicator* comm, int64_t num_experts);
 
   std::string name() const override { return "PrepareFinalizeAllToAll"; }
+  std::vector<WorkspaceRequest> workspace_requests(int64_t max_num_tokens, int64_t hidden,
+                                                   int64_t topk, DType dtype,
+                                                   const QuantConfig& quant) const override;
 
   PrepareResult prepare(const PrepareArgs& args, RunContext ctx) override;
   void finalize(const FinalizeArgs& args, RunContext ctx) override;
@@ -115,10 +135,18 @@ class PrepareFinalizeAllToAll final : public PrepareFinalizeExchange {
   AsyncHandle<void> finalize_async(const FinalizeArgs& args, RunContext ctx) override;
 
  private:
+  PrepareResult prepare_on_device(const PrepareArgs& args, const Tensor& a1, int64_t topk,
+                                  RunContext ctx);
+  void finalize_on_device(const FinalizeArgs& args, RunContext ctx);
+  // Which local token goes to which rank (send_token_, send_counts_) from the host ids.
+  void route(const std::vector<int64_t>& ids, int64_t topk);
+
   // From the last prepare: the local token of every row sent (in send order), and the counts.
   std::vector<int64_t> send_token_;
   std::vector<int64_t> send_counts_, recv_counts_;
   int64_t M_ = 0;
+  // GPU: each token's rows of what comes back ((M, W) int32, -1: none), uploaded by prepare.
+  Tensor token_rows_;
 };
 
 // DP + EP for decode: fixed-size buffers, so every exchange has the same size whatever the
@@ -126,6 +154,12 @@ class PrepareFinalizeAllToAll final : public PrepareFinalizeExchange {
 // `max_tokens_per_rank` rows to each expert; a rank's experts receive the batched layout
 // (E_local, W * max_tokens_per_rank, H) with per-expert counts, rows of source rank 0 first. The
 // experts' unweighted rows travel back in their dtype and the token's rank weights and sums them.
+// On GPU ranks (a GPU communicator, e.g. NCCL) every step runs on the stream: the align + scatter
+// kernels build the send layout, the counts and rows travel by the communicator's all_to_all_v of
+// fixed sizes, a pack kernel orders each expert's rows by source; nothing is read back to the host
+// and the exchange buffers are workspace slots, so a forward is graph-capturable (after a first
+// forward sized the routing tables). Unquantized activations only there (the batched Hopper
+// experts are unquantized).
 class PrepareFinalizeLowLatency final : public PrepareFinalizeExchange {
  public:
   PrepareFinalizeLowLatency(Communicator* comm, int64_t num_experts, int64_t max_tokens_per_rank);
@@ -133,11 +167,21 @@ class PrepareFinalizeLowLatency final : public PrepareFinalizeExchange {
   std::string name() const override { return "PrepareFinalizeLowLatency"; }
   ActivationFormat activation_format() const override { return ActivationFormat::kBatchedExperts; }
   std::optional<int64_t> max_num_tokens_per_rank() const override { return capacity_; }
+  // On a GPU communicator: the received rows, the packed rows and the counts ("exchange.ll_*").
+  std::vector<WorkspaceRequest> workspace_requests(int64_t max_num_tokens, int64_t hidden,
+                                                   int64_t topk, DType dtype,
+                                                   const QuantConfig& quant) const override;
 
   PrepareResult prepare(const PrepareArgs& args, RunContext ctx) override;
   void finalize(const FinalizeArgs& args, RunContext ctx) override;
 
  private:
+  PrepareResult prepare_on_device(const PrepareArgs& args, const Tensor& a1, RunContext ctx);
+  void finalize_on_device(const FinalizeArgs& args, RunContext ctx);
+
+  // GPU: the send layout (E, capacity, H) and its routing tables (the batched scatter's), sized on
+  // the first forward.
+  std::shared_ptr<detail::BatchedDeviceState> send_state_;
   int64_t capacity_;
   // From the last prepare: for every (token, slot) of this rank the row of the fixed-size send
   // buffer it went to (-1: no expert); the counts received per (source rank, local expert).

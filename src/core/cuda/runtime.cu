@@ -100,4 +100,10 @@ void synchronize_stream(void* stream) {
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
+bool stream_is_capturing(void* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace moekit::cuda_rt

@@ -26,5 +26,7 @@ void memset_async(void* dst, int value, size_t bytes, Stream stream);
 void* create_stream(int device_index);
 void destroy_stream(void* stream) noexcept;
 void synchronize_stream(void* stream);
+// Whether work queued on `stream` is being captured into a CUDA graph (not run).
+bool stream_is_capturing(void* stream);
 
 }  // namespace moekit::cuda_rt

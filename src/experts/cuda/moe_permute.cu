@@ -503,6 +503,48 @@ __global__ void __launch_bounds__(kCopyWarps * 32)
   warp_zero_row(dst, row_bytes, lane);
 }
 
+__global__ void __launch_bounds__(kCopyWarps * 32)
+    exchange_pack_kernel(const ExchangePackParams p) {
+  const int lane = threadIdx.x & 31;
+  const int e = blockIdx.y, s = blockIdx.z;
+  const int El = p.num_local_experts;
+  const int t = blockIdx.x * kCopyWarps + (threadIdx.x >> 5);
+  if (p.expert_num_tokens != nullptr && !p.unpack && blockIdx.x == 0 && s == 0 &&
+      threadIdx.x == 0) {
+    int total = 0;
+    for (int r = 0; r < p.world; ++r)
+      total += p.counts[r * El + e];
+    p.expert_num_tokens[e] = total;
+  }
+  if (t >= p.counts[s * El + e]) return;
+  int offset = 0;
+  for (int r = 0; r < s; ++r)
+    offset += p.counts[r * El + e];
+  const int64_t row_bytes = p.hidden * p.elem_bytes;
+  char* ex = static_cast<char*>(p.exchanged) +
+             ((static_cast<int64_t>(s) * El + e) * p.capacity + t) * row_bytes;
+  char* pk = static_cast<char*>(p.packed) +
+             (static_cast<int64_t>(e) * p.world * p.capacity + offset + t) * row_bytes;
+  if (p.unpack) {
+    warp_copy_row(ex, pk, row_bytes, lane);
+  } else {
+    warp_copy_row(pk, ex, row_bytes, lane);
+  }
+}
+
+__global__ void __launch_bounds__(kCopyWarps * 32) gather_rows_kernel(const GatherRowsParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kCopyWarps + (threadIdx.x >> 5);
+  if (i >= p.num_rows) return;
+  char* dst = static_cast<char*>(p.out) + i * p.row_bytes;
+  const int32_t r = p.index[i];
+  if (r < 0) {
+    warp_zero_row(dst, p.row_bytes, lane);
+  } else {
+    warp_copy_row(dst, static_cast<const char*>(p.src) + r * p.row_bytes, p.row_bytes, lane);
+  }
+}
+
 }  // namespace
 
 size_t moe_align_workspace_bytes(int64_t num_tokens, int top_k, int num_local_experts) {
@@ -594,6 +636,43 @@ cudaError_t launch_batched_gather(const BatchedGatherParams& p, cudaStream_t str
   if (p.num_slots == 0) return cudaSuccess;
   const int64_t blocks = (p.num_slots + kCopyWarps - 1) / kCopyWarps;
   batched_gather_kernel<<<static_cast<unsigned>(blocks), kCopyWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+const char* exchange_pack_unsupported_reason(const ExchangePackParams& p) {
+  if (p.world < 1 || p.world > 65535) return "world must be in [1, 65535]";
+  if (p.num_local_experts < 1 || p.num_local_experts > 65535)
+    return "num_local_experts must be in [1, 65535]";
+  if (p.capacity < 0 || p.hidden < 0) return "negative capacity or hidden";
+  if (p.elem_bytes != 1 && p.elem_bytes != 2 && p.elem_bytes != 4)
+    return "elem_bytes not 1, 2 or 4";
+  if (p.counts == nullptr) return "null counts";
+  if (p.capacity > 0 && (p.exchanged == nullptr || p.packed == nullptr))
+    return "null exchanged / packed";
+  return nullptr;
+}
+
+cudaError_t launch_exchange_pack(const ExchangePackParams& p, cudaStream_t stream) {
+  if (exchange_pack_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  const int bx = (p.capacity + kCopyWarps - 1) / kCopyWarps;
+  const dim3 grid(static_cast<unsigned>(bx > 0 ? bx : 1),
+                  static_cast<unsigned>(p.num_local_experts), static_cast<unsigned>(p.world));
+  exchange_pack_kernel<<<grid, kCopyWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+const char* gather_rows_unsupported_reason(const GatherRowsParams& p) {
+  if (p.num_rows < 0 || p.row_bytes < 0) return "negative num_rows or row_bytes";
+  if (p.num_rows > 0 && (p.src == nullptr || p.index == nullptr || p.out == nullptr))
+    return "null src / index / out";
+  return nullptr;
+}
+
+cudaError_t launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream) {
+  if (gather_rows_unsupported_reason(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.num_rows == 0 || p.row_bytes == 0) return cudaSuccess;
+  const int64_t blocks = (p.num_rows + kCopyWarps - 1) / kCopyWarps;
+  gather_rows_kernel<<<static_cast<unsigned>(blocks), kCopyWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -104,4 +104,37 @@ struct BatchedGatherParams {
 const char* batched_gather_unsupported_reason(const BatchedGatherParams& p);
 cudaError_t launch_batched_gather(const BatchedGatherParams& p, cudaStream_t stream);
 
+// The low-latency exchange's receive side: W source ranks each sent this rank's E_local experts a
+// fixed block of `capacity` rows, exchanged (W, E_local, capacity, H) with the rows used per
+// block in counts (W, E_local). pack: packed[e, offset(s, e) + t, :] = exchanged[s, e, t, :] for
+// t < counts[s, e], offset(s, e) = the counts of sources before s (source 0's rows first), and
+// expert_num_tokens[e] = the sum over sources; unpack copies the same rows the other way (the
+// experts' output back into the blocks it answers). Rows past the counts are left untouched.
+struct ExchangePackParams {
+  void* exchanged = nullptr;             // (W, E_local, capacity, H) contiguous
+  void* packed = nullptr;                // (E_local, W * capacity, H) contiguous
+  const int32_t* counts = nullptr;       // (W, E_local), each in [0, capacity]
+  int32_t* expert_num_tokens = nullptr;  // pack: (E_local,) out; optional
+  int world = 0;
+  int num_local_experts = 0;
+  int capacity = 0;
+  int64_t hidden = 0;
+  int elem_bytes = 2;  // 1, 2 or 4 (the copy is bitwise)
+  bool unpack = false;
+};
+const char* exchange_pack_unsupported_reason(const ExchangePackParams& p);
+cudaError_t launch_exchange_pack(const ExchangePackParams& p, cudaStream_t stream);
+
+// out[i, :] = src[index[i], :] for i < num_rows (zeros where index[i] < 0): rows of row_bytes
+// bytes, copied bitwise.
+struct GatherRowsParams {
+  const void* src = nullptr;
+  const int32_t* index = nullptr;  // (num_rows,)
+  int64_t num_rows = 0;
+  int64_t row_bytes = 0;
+  void* out = nullptr;  // (num_rows, row_bytes) contiguous
+};
+const char* gather_rows_unsupported_reason(const GatherRowsParams& p);
+cudaError_t launch_gather_rows(const GatherRowsParams& p, cudaStream_t stream);
+
 }  // namespace moekit::cuda

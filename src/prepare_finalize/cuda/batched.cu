@@ -1,4 +1,7 @@
-// The GPU half of PrepareFinalizeBatched (see prepare_finalize/cuda/batched.h).
+// The GPU half of PrepareFinalizeBatched and the exchanges' row movers (see
+// prepare_finalize/cuda/batched.h).
+#include <algorithm>
+
 #include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/moe_permute.h"
 #include "experts/cuda/moe_unpermute.h"
@@ -138,6 +141,85 @@ void batched_finalize_device(const std::shared_ptr<BatchedDeviceState>& state, T
   u.out_row_stride = s.K;
   if (const char* why = cuda::moe_unpermute_unsupported_reason(u)) {
     MOEKIT_CHECK(false, "PrepareFinalizeBatched combine: {}", why);
+  }
+  MOEKIT_CUDA_CHECK(cuda::launch_moe_unpermute(u, to_cuda(ctx.stream)));
+}
+
+void exchange_pack_device(const Tensor& exchanged, const Tensor& packed, const Tensor& counts,
+                          const Tensor& expert_num_tokens, int world, int64_t capacity, bool unpack,
+                          RunContext ctx) {
+  expect_contiguous(exchanged, "exchanged");
+  expect_contiguous(packed, "packed");
+  MOEKIT_CHECK(exchanged.dtype() == packed.dtype() && exchanged.numel() == packed.numel(),
+               "exchange pack: exchanged {} and packed {} must hold the same rows",
+               exchanged.describe(), packed.describe());
+  MOEKIT_CHECK(counts.dtype() == DType::kInt32 && counts.numel() % world == 0,
+               "exchange pack: counts {} must be int32, world = {} blocks of the local experts",
+               counts.describe(), world);
+  cuda::ExchangePackParams p;
+  p.exchanged = exchanged.data();
+  p.packed = packed.data();
+  p.counts = counts.data_as<const int32_t>();
+  p.expert_num_tokens =
+      expert_num_tokens.defined() ? expert_num_tokens.data_as<int32_t>() : nullptr;
+  p.world = world;
+  p.num_local_experts = static_cast<int>(counts.numel() / world);
+  p.capacity = static_cast<int>(capacity);
+  p.hidden = exchanged.size(exchanged.dim() - 1);
+  p.elem_bytes = static_cast<int>(element_size(exchanged.dtype()));
+  p.unpack = unpack;
+  if (const char* why = cuda::exchange_pack_unsupported_reason(p)) {
+    MOEKIT_CHECK(false, "exchange pack: {}", why);
+  }
+  MOEKIT_CUDA_CHECK(cuda::launch_exchange_pack(p, to_cuda(ctx.stream)));
+}
+
+void gather_rows_device(const Tensor& src, const Tensor& index, const Tensor& out, RunContext ctx) {
+  expect_contiguous(src, "src");
+  expect_contiguous(out, "out");
+  MOEKIT_CHECK(index.dtype() == DType::kInt32 && index.numel() == out.size(0) &&
+                   src.dtype() == out.dtype() &&
+                   src.numel() / std::max<int64_t>(src.size(0), 1) ==
+                       out.numel() / std::max<int64_t>(out.size(0), 1),
+               "gather rows: index {} must be int32 with a row of out {} each, rows like src {}",
+               index.describe(), out.describe(), src.describe());
+  cuda::GatherRowsParams p;
+  p.src = src.data();
+  p.index = index.data_as<const int32_t>();
+  p.num_rows = out.size(0);
+  p.row_bytes = out.size(0) > 0 ? static_cast<int64_t>(out.nbytes()) / out.size(0) : 0;
+  p.out = out.data();
+  if (const char* why = cuda::gather_rows_unsupported_reason(p)) {
+    MOEKIT_CHECK(false, "gather rows: {}", why);
+  }
+  MOEKIT_CUDA_CHECK(cuda::launch_gather_rows(p, to_cuda(ctx.stream)));
+}
+
+void sum_rows_device(const Tensor& output, const Tensor& rows, const Tensor& row_of, int per_token,
+                     RunContext ctx) {
+  expect_contiguous(rows, "rows");
+  expect_contiguous(output, "output");
+  const int64_t M = output.size(0), K = output.size(1);
+  MOEKIT_CHECK(row_of.dtype() == DType::kInt32 && row_of.numel() == M * per_token &&
+                   rows.dim() == 2 && rows.size(1) == K,
+               "sum rows: row_of {} must be int32 (M * {}), rows {} of output {}'s width",
+               row_of.describe(), per_token, rows.describe(), output.describe());
+  if (M == 0) return;
+  cuda::MoeUnpermuteParams u;
+  u.layout = cuda::UnpermuteLayout::kStandard;
+  u.y = rows.data();
+  u.y_type = cuda::float_storage_of(rows.dtype());
+  u.y_row_stride = K;
+  u.slot_to_row = row_of.data_as<const int32_t>();
+  u.apply_router_weight_on_input = true;  // the partials are weighted already: w = 1
+  u.num_tokens = M;
+  u.top_k = per_token;
+  u.hidden = K;
+  u.out = output.data();
+  u.out_type = cuda::float_storage_of(output.dtype());
+  u.out_row_stride = K;
+  if (const char* why = cuda::moe_unpermute_unsupported_reason(u)) {
+    MOEKIT_CHECK(false, "sum rows: {}", why);
   }
   MOEKIT_CUDA_CHECK(cuda::launch_moe_unpermute(u, to_cuda(ctx.stream)));
 }
