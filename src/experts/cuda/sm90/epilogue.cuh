@@ -181,14 +181,17 @@ __device__ __forceinline__ void store_tile(const KernelParams& p, const float (&
 // The epilogue of a tile held transposed in shared memory (tile[t * ld + c]: token t of the
 // item, column c of its kBN; the swap-AB rows), by the kThreads threads of one warpgroup taking
 // the output pairs of the item's `tokens` valid tokens in turn: a rolled loop per activation kind
-// instead of the fragment epilogue's unrolled copy per thread. The same arithmetic as
-// store_tile: (value * scale + bias), fused: gate and up rounded to T first.
-template <typename T, int kBN, int kThreads>
+// instead of the fragment epilogue's unrolled copy per thread. scale_of(t, col) gives the scales
+// of columns col and col + 1 of token t (KStep::finish's: 1, NVFP4's per-expert global scale, or
+// the 8-bit operands' A x W scales). The same arithmetic as KStep::finish then store_tile:
+// value * scale + bias; fused: gate and up rounded to T first.
+template <typename T, int kBN, int kThreads, typename ScaleOf>
 __device__ __forceinline__ void store_transposed_tile(const KernelParams& p, const float* tile,
                                                       int ld, const WorkItem& w, int tokens,
-                                                      float scale, int tid) {
+                                                      ScaleOf&& scale_of, int tid) {
   using P = Pair<T>;
   static_assert(kBN == 64, "one 64-column block: gate columns [0, 32), up columns [32, 64)");
+  auto value = [](float v, float scale, float bias) { return v * scale + bias; };
   if (p.act == FusedActivation::kNone) {
     constexpr int kPairs = kBN / 2;  // per token
 #pragma unroll 1
@@ -198,10 +201,11 @@ __device__ __forceinline__ void store_transposed_tile(const KernelParams& p, con
       const int col = w.n0 + c;
       if (col >= p.n) continue;
       const float2 b = bias_pair<T>(p, w.expert, col);
+      const float2 f = scale_of(t, col);
       const float* v = tile + t * ld + c;
       *reinterpret_cast<typename P::type*>(p.c + static_cast<int64_t>(w.m0 + t) * p.ldc_bytes +
                                            static_cast<int64_t>(col) * 2) =
-          P::make(v[0] * scale + b.x, v[1] * scale + b.y);
+          P::make(value(v[0], f.x, b.x), value(v[1], f.y, b.y));
     }
     return;
   }
@@ -216,13 +220,15 @@ __device__ __forceinline__ void store_transposed_tile(const KernelParams& p, con
       if (gcol >= p.n) continue;
       const float2 bg = bias_pair<T>(p, w.expert, gcol);
       const float2 bu = bias_pair<T>(p, w.expert, gcol + kFusedGateUpBlock);
+      const float2 fg = scale_of(t, gcol);
+      const float2 fu = scale_of(t, gcol + kFusedGateUpBlock);
       const float* v = tile + t * ld + c;
       const float o0 =
-          act::gated<kA>(rounded<T>(v[0] * scale + bg.x),
-                         rounded<T>(v[kFusedGateUpBlock] * scale + bu.x), p.limit, p.alpha);
+          act::gated<kA>(rounded<T>(value(v[0], fg.x, bg.x)),
+                         rounded<T>(value(v[kFusedGateUpBlock], fu.x, bu.x)), p.limit, p.alpha);
       const float o1 =
-          act::gated<kA>(rounded<T>(v[1] * scale + bg.y),
-                         rounded<T>(v[kFusedGateUpBlock + 1] * scale + bu.y), p.limit, p.alpha);
+          act::gated<kA>(rounded<T>(value(v[1], fg.y, bg.y)),
+                         rounded<T>(value(v[kFusedGateUpBlock + 1], fu.y, bu.y)), p.limit, p.alpha);
       *reinterpret_cast<typename P::type*>(p.c + static_cast<int64_t>(w.m0 + t) * p.ldc_bytes +
                                            static_cast<int64_t>(w.n0 / 2 + c) * 2) =
           P::make(o0, o1);

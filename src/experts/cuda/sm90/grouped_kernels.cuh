@@ -1141,14 +1141,38 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // The epilogue of the swap-AB rows (one warpgroup): acc[4j + 2h + v] is (weight row r0 + 8h, token
 // 8j + 2 (lane % 4) + v) of the item, r0 = 16 * warp + lane / 4. It is transposed through s_out
 // (kSwappedTileFloats; the ring where the caller's copies into it have landed and its wgmma
-// completed). 16-bit operands: the 128 threads store the item's valid tokens from there
-// (store_transposed_tile: a rolled loop, all threads; the unrolled per-warp fragment epilogue
-// was mostly cold instruction fetch at a few tokens per item, bench/grouped_gemm_notes.md).
-// 8-bit operands: read back into the 16-bit kernels' fragment, one warp per 16 tokens (warp t:
-// token 16 t + lane / 4 + 8h, weight row 8j + 2 (lane % 4) + v), scaled as every kernel's
-// accumulator is (KStep::finish: the K-invariant scales) and stored by store_tile (bias, fused
-// activation). The warpgroup meets at sync() (the whole CTA, or a named barrier of its 128
-// threads where a producer runs beside it).
+// completed). The 128 threads store the item's valid tokens from there (store_transposed_tile: a
+// rolled loop, all threads; the unrolled per-warp fragment epilogue was mostly cold instruction
+// fetch at a few tokens per item, bench/grouped_gemm_notes.md), scaled as every kernel's
+// accumulator is (KStep::finish: 1 or NVFP4's global scale for 16-bit operands, the K-invariant
+// A x W scales for 8-bit ones: scale_of_8bit). The warpgroup meets at sync() (the whole CTA, or a
+// named barrier of its 128 threads where a producer runs beside it).
+
+// The scales KStep::finish applies to 8-bit operands, for columns col and col + 1 of token t of
+// the item (row w.m0 + t, a valid row): A's (per tensor / per row) times W's (per expert / per
+// channel); 1 where block-128 scales were applied in the K loop.
+__device__ __forceinline__ float2 scale_of_8bit(const KernelParams& p, const WorkItem& w, int t,
+                                                int col) {
+  const bool channel = p.w_scale_kind == WScale::kChannel;
+  if (!channel && p.a_scale_kind == AScale::kRowBlock128) return make_float2(1.0f, 1.0f);
+  float fa = 1.0f;
+  if (p.a_scale_kind == AScale::kTensor) {
+    fa = __ldg(p.a_scale);
+  } else if (p.a_scale_kind == AScale::kRow) {
+    const int row = w.m0 + t;
+    fa = __ldg(&p.a_scale[p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row]);
+  }
+  float2 fc;
+  if (channel) {
+    const float* ws = p.w_scale + static_cast<int64_t>(w.expert) * p.n;
+    fc.x = col < p.n ? __ldg(ws + col) : 0.0f;
+    fc.y = col + 1 < p.n ? __ldg(ws + col + 1) : 0.0f;
+  } else {
+    fc.x = fc.y = p.w_scale_kind == WScale::kExpert ? __ldg(&p.w_scale[w.expert]) : 1.0f;
+  }
+  return make_float2(fa * fc.x, fa * fc.y);
+}
+
 template <int kBM, int kBN>
 inline constexpr int kSwappedTileFloats = kBM*(kBN + 4);  // the transposed tile, padded rows
 
@@ -1173,31 +1197,18 @@ __device__ __forceinline__ void store_swapped_tile(const KernelParams& p,
     }
   }
   sync();
+  const int tokens = min(w.row_end - w.m0, kBM);
   if constexpr (!kIsScaled<T>) {
-    // 16-bit operands: every thread, from the transposed tile (store_transposed_tile).
-    const float scale = p.w_scale_kind == WScale::kExpert ? __ldg(&p.w_scale[w.expert]) : 1.0f;
-    store_transposed_tile<OutT, kBN, 128>(p, s_out, kOutLd, w, min(w.row_end - w.m0, kBM), scale,
-                                          tid);
-  } else if (tid < 32 * (kBM / 16)) {
-    const int t0 = (tid >> 5) * 16;  // this warp's first token of the item
-    float tile[kBN / 2];
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int v = 0; v < 2; ++v)
-          tile[4 * j + 2 * h + v] = s_out[(t0 + (lane >> 2) + 8 * h) * kOutLd + 8 * j + q2 + v];
-      }
-    }
-    FragmentRows rows{{-1, -1}};
-    if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, 0, tid);
-    float out[kBN / 2];
-    KStep<T, kBN, Promotion::kNone>{}.finish(tile, out, p, w, rows, lane);
-    store_tile<OutT, kBN>(p, out, w.expert, w.m0 + t0 + (lane >> 2), min(w.row_end, w.m0 + kBM),
-                          w.n0, lane);
+    const float fe = p.w_scale_kind == WScale::kExpert ? __ldg(&p.w_scale[w.expert]) : 1.0f;
+    store_transposed_tile<OutT, kBN, 128>(
+        p, s_out, kOutLd, w, tokens, [fe](int, int) { return make_float2(fe, fe); }, tid);
+  } else {
+    store_transposed_tile<OutT, kBN, 128>(
+        p, s_out, kOutLd, w, tokens, [&](int t, int col) { return scale_of_8bit(p, w, t, col); },
+        tid);
   }
 }
+
 // ---- kSwapAB: W4A16 with the weights as the wgmma's A operand ---------------------------------
 
 // Swap-AB mainloop of the kW4A16 decode row: one warpgroup computes D^T = W_tile . A_tile^T for a
