@@ -1,16 +1,15 @@
-// Quantized layers on the GPU (Sm90Fp8Experts, Sm90Int8Experts, Sm90W4A8Experts, Sm90Mxfp4Experts,
-// Sm90Mxfp6Experts, Sm90Nvfp4Experts) against the CPU emulation of the same quantization
-// (CpuFp8Experts / CpuInt8Experts / CpuW4A8Experts / CpuMxfp4Experts / CpuOcpMxExperts /
-// CpuNvfp4Experts, same random weights through the same Quark method) and against the float64
-// reference: fp8 (128x128 blocks with 1x128 activation groups, per-tensor static, per-channel with
-// per-token activations), int8 (per-channel weights with per-token activations, per-tensor static),
-// W4A8 (int4 per-channel weights, fp8 activations), MXFP4 weights with bf16 activations (gpt-oss
-// W4A16), MXFP6 weights with MXFP6 activations (e3m2 and e2m3)
-// and NVFP4 weights with bf16 activations (a W4A16 checkpoint, and a W4A4 one that Hopper runs
-// weight-only: it is held to its own W4A16 float64 recomputation and to the W4A4 emulation within
-// the scheme's tolerance), H and I that are not multiples of 128,
-// M = 0 .. 65537, an expert map, shared experts, every tile forced, graph replay bitwise, the
-// device quantizer bit-exact against the host one.
+// Quantized layers on the GPU (Sm90Fp8Experts, Sm90BatchedFp8Experts, Sm90Int8Experts,
+// Sm90W4A8Experts, Sm90Mxfp4Experts, Sm90Mxfp6Experts, Sm90Nvfp4Experts) against the CPU emulation
+// of the same quantization (CpuFp8Experts / CpuInt8Experts / CpuW4A8Experts / CpuMxfp4Experts /
+// CpuOcpMxExperts / CpuNvfp4Experts, same random weights through the same Quark method) and against
+// the float64 reference: fp8 (128x128 blocks with 1x128 activation groups, per-tensor static,
+// per-channel with per-token activations), int8 (per-channel weights with per-token activations,
+// per-tensor static), W4A8 (int4 per-channel weights, fp8 activations), MXFP4 weights with bf16
+// activations (gpt-oss W4A16), MXFP6 weights with MXFP6 activations (e3m2 and e2m3) and NVFP4
+// weights with bf16 activations (a W4A16 checkpoint, and a W4A4 one that Hopper runs weight-only:
+// it is held to its own W4A16 float64 recomputation and to the W4A4 emulation within the scheme's
+// tolerance), H and I that are not multiples of 128, M = 0 .. 65537, an expert map, shared experts,
+// every tile forced, graph replay bitwise, the device quantizer bit-exact against the host one.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -271,8 +270,9 @@ TEST(QuantizedGpu, ExpertMapRanksMatchEmulation) {
 #ifdef MOEKIT_WITH_CUDA
 // The device quantizer gives the host reference's codes and scales bit for bit: every scale
 // shape, static and dynamic, bf16 / f16 / f32 rows, and widths that take each chunk width of the
-// kernels (16 and 8 elements, or one: 36 columns); with a device row count, the rows past it keep
-// their poison and stay out of a dynamic per-tensor amax.
+// kernels (16 and 8 elements, or one: 36 columns); with a device row count or the batched
+// format's counts per expert, the rows that do not exist keep their poison and stay out of a
+// dynamic per-tensor amax.
 TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
   REQUIRE_SM90_GPU();
   const Device gd = default_device_info().device();
@@ -298,16 +298,28 @@ TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
   descs.push_back({"int8 dynamic per tensor", d});
   d.shape = GroupShape::per_token();
   descs.push_back({"int8 per token", d});
-  const int64_t rows = 37;
+  // Which rows exist: all 37, the first 32 (a device row count), or the batched format's 3
+  // experts x 12 rows with counts {5, 0, 15 (clamped to 12)}.
+  enum class Valid { kAll, kCounted, kBatched };
   for (const Desc& c : descs) {
     for (const DType xt : {DType::kBF16, DType::kF16, DType::kF32}) {
       for (int64_t cols : {36, 64, 200, 7168}) {
-        for (const bool counted : {false, true}) {
-          const int64_t valid = counted ? rows - 5 : rows;
+        for (const Valid mode : {Valid::kAll, Valid::kCounted, Valid::kBatched}) {
+          const int64_t rows = mode == Valid::kBatched ? 36 : 37;
+          std::vector<int64_t> valid_rows;
+          for (int64_t r = 0; r < rows; ++r) {
+            const bool valid = mode == Valid::kAll       ? true
+                               : mode == Valid::kCounted ? r < rows - 5
+                                                         : r % 12 < std::array{5, 0, 12}[r / 12];
+            if (valid) valid_rows.push_back(r);
+          }
+          const int64_t valid = static_cast<int64_t>(valid_rows.size());
           const Tensor x = testing::random_tensor({rows, cols}, xt, 3, -4.0f, 4.0f);
-          const Tensor x_valid = Tensor::from_floats(
-              std::span<const float>(x.to_float_vector()).first(static_cast<size_t>(valid * cols)),
-              {valid, cols}, xt);
+          const std::vector<float> xs = x.to_float_vector();
+          std::vector<float> valid_xs;
+          for (const int64_t r : valid_rows)
+            valid_xs.insert(valid_xs.end(), xs.begin() + r * cols, xs.begin() + (r + 1) * cols);
+          const Tensor x_valid = Tensor::from_floats(valid_xs, {valid, cols}, xt);
           const QuantizedInput ref = quantize_moe_input(x_valid, c.desc, RunContext{});
           QuantDesc on_gpu = c.desc;
           if (on_gpu.scale.defined()) on_gpu.scale = on_gpu.scale.to(gd);
@@ -319,30 +331,48 @@ TEST(QuantizedGpu, DeviceQuantizerIsBitExact) {
           Tensor data = poison_data.to(gd);
           Tensor scale = Tensor::empty(s.scale, DType::kF32, gd);
           Tensor amax = Tensor::empty({1}, DType::kInt32, gd);
-          const int64_t count_value[] = {valid};
+          const int64_t count_value[] = {rows - 5};
           const Tensor count = Tensor::from_ints(count_value, {1}, DType::kInt32).to(gd);
+          const int64_t batch_count_values[] = {5, 0, 15};
+          const Tensor batch_counts =
+              Tensor::from_ints(batch_count_values, {3}, DType::kInt32).to(gd);
+          ValidRows which;
+          if (mode == Valid::kCounted) which.num_rows = count.data_as<const int32_t>();
+          if (mode == Valid::kBatched) {
+            which.batch_counts = batch_counts.data_as<const int32_t>();
+            which.batch_rows = 12;
+          }
           CudaStream stream(gd.index);
-          quantize_on_device(x.to(gd), on_gpu, data, scale, amax.data(),
-                             counted ? count.data_as<const int32_t>() : nullptr, stream.get());
+          quantize_on_device(x.to(gd), on_gpu, data, scale, amax.data(), which, stream.get());
           synchronize(stream.get());
-          const std::string what =
-              fmt::format("{} x {} cols {} rows {}", c.name, dtype_name(xt), cols, valid);
+          const std::string what = fmt::format("{} x {} cols {} mode {} rows {}", c.name,
+                                               dtype_name(xt), cols, static_cast<int>(mode), valid);
           const Tensor got_data = data.to(Device::cpu()), got_scale = scale.to(Device::cpu());
-          const size_t valid_bytes = ref.data.nbytes();
-          ASSERT_EQ(valid_bytes, static_cast<size_t>(valid * cols)) << what;
-          EXPECT_EQ(std::memcmp(got_data.data(), ref.data.data(), valid_bytes), 0) << what;
-          EXPECT_EQ(std::memcmp(static_cast<const uint8_t*>(got_data.data()) + valid_bytes,
-                                static_cast<const uint8_t*>(poison_data.data()) + valid_bytes,
-                                got_data.nbytes() - valid_bytes),
-                    0)
-              << what << ": rows past the count were written";
+          ASSERT_EQ(ref.data.nbytes(), static_cast<size_t>(valid * cols)) << what;
+          const auto* got = static_cast<const uint8_t*>(got_data.data());
+          const auto* want = static_cast<const uint8_t*>(ref.data.data());
+          const auto* poison = static_cast<const uint8_t*>(poison_data.data());
+          for (int64_t r = 0, j = 0; r < rows; ++r) {
+            const bool is_valid = j < valid && valid_rows[static_cast<size_t>(j)] == r;
+            const uint8_t* expect = is_valid ? want + j * cols : poison + r * cols;
+            EXPECT_EQ(std::memcmp(got + r * cols, expect, static_cast<size_t>(cols)), 0)
+                << what << ": row " << r << (is_valid ? "" : " (not valid: written)");
+            j += is_valid ? 1 : 0;
+          }
           if (on_gpu.scale.defined()) continue;  // the static scale is the GEMM's scale
-          const int64_t scales = c.desc.shape.is_per_tensor() ? 1 : ref.scale.numel();
-          ASSERT_LE(scales, got_scale.numel()) << what;
-          EXPECT_EQ(std::memcmp(got_scale.data(), ref.scale.data(),
-                                static_cast<size_t>(scales) * sizeof(float)),
-                    0)
-              << what;
+          if (c.desc.shape.is_per_tensor()) {
+            EXPECT_EQ(got_scale.to_float_vector()[0], ref.scale.to_float_vector()[0]) << what;
+            continue;
+          }
+          const int64_t per_row = valid > 0 ? ref.scale.numel() / valid : 0;
+          for (int64_t j = 0; j < valid; ++j) {
+            EXPECT_EQ(std::memcmp(static_cast<const float*>(got_scale.data()) +
+                                      valid_rows[static_cast<size_t>(j)] * per_row,
+                                  static_cast<const float*>(ref.scale.data()) + j * per_row,
+                                  static_cast<size_t>(per_row) * sizeof(float)),
+                      0)
+                << what << ": scales of row " << valid_rows[static_cast<size_t>(j)];
+          }
         }
       }
     }
@@ -407,6 +437,38 @@ TEST(QuantizedGpu, DeviceMxQuantDequantIsBitExact) {
     EXPECT_EQ(wrong, 0) << quant_dtype_name(fmt);
   }
 }
+// The batched fp8 experts (Sm90BatchedFp8Experts, forced; behind the local scatter) against the
+// emulation of the same scheme: codes with per-row scales scattered beside them (block-128, per
+// channel / token), a per-tensor static scale quantizing the batch after the scatter; shared
+// experts and grouped routing (small-deepseek), M = 0 .. 257, graph replay bitwise.
+TEST(QuantizedGpu, BatchedFp8MatchesEmulation) {
+  REQUIRE_SM90_GPU();
+  for (const char* scheme : {"fp8_block128", "fp8_per_channel", "fp8_per_tensor"}) {
+    for (const char* preset : {"small", "small-deepseek"}) {
+      for (const int64_t M : {int64_t{0}, int64_t{1}, int64_t{33}, int64_t{257}}) {
+        SCOPED_TRACE(fmt::format("{} {} M={}", scheme, preset, M));
+        MoELayerOptions cpu_opt;
+        cpu_opt.max_num_tokens = std::max<int64_t>(M, 1);
+        MoELayerOptions gpu_opt = cpu_opt;
+        gpu_opt.device = default_device_info();
+        gpu_opt.backend = "sm90_fp8_batched";
+        const ModelPreset model = find_preset(preset);
+        LayerPair p{random_quantized_layer(model, scheme, cpu_opt, 9),
+                    random_quantized_layer(model, scheme, gpu_opt, 9)};
+        ASSERT_EQ(p.gpu.kernel().fused_experts().name(), "Sm90BatchedFp8Experts");
+        ASSERT_EQ(p.gpu.plan().prepare_finalize->name, "batched_local");
+        const Errors e = compare(p, M, 17);
+        if (M == 0) continue;
+        std::cout << "[batched fp8] " << scheme << " " << preset << " M=" << M << " vs emulation "
+                  << e.vs_emulation << ", vs float64 " << e.vs_float64 << "\n";
+        EXPECT_LE(e.vs_emulation, tolerance(scheme_info(scheme).vs_emulation).rel_l2);
+        EXPECT_LE(e.vs_float64, tolerance(scheme_info(scheme).vs_float64).rel_l2);
+        if (M == 33) testing::expect_graph_replay_bitwise(p.gpu, M);
+      }
+    }
+  }
+}
+
 TEST(QuantizedGpu, CudaGraphReplayIsBitwiseIdentical) {
   REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph

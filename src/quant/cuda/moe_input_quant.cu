@@ -8,7 +8,7 @@
 namespace moekit {
 
 void quantize_on_device(const Tensor& a, const QuantDesc& desc, Tensor& data, Tensor& scale,
-                        void* amax_word, const int32_t* num_rows, Stream stream) {
+                        void* amax_word, ValidRows valid, Stream stream) {
   const std::string why = device_quant_unsupported(desc);
   if (!why.empty()) throw UnsupportedError("GPU activation quantization: " + why);
   expect_dim(a, "activations", 2);
@@ -25,7 +25,9 @@ void quantize_on_device(const Tensor& a, const QuantDesc& desc, Tensor& data, Te
   q.rows = rows;
   q.cols = cols;
   q.x_ld = cols;
-  q.num_rows = num_rows;
+  q.num_rows = valid.num_rows;
+  q.batch_counts = valid.batch_counts;
+  q.batch_rows = valid.batch_rows;
   q.q = data.data();
   q.q_type = desc.dtype == QuantDType::kInt8 ? cuda::ElemType::kS8 : cuda::ElemType::kE4M3;
   q.q_ld = cols;

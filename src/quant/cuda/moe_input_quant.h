@@ -26,9 +26,16 @@ DeviceQuantShapes device_quant_shapes(int64_t rows, int64_t cols, const QuantDes
 
 // Quantizes a (rows, cols) bf16 / f16 / f32 CUDA tensor into data / scale (shaped as above, on
 // a's device) on `stream`. A static scale is read from desc.scale, which must be on a's device.
-// amax_word (4 bytes of device memory) is needed by a dynamic per-tensor scale; num_rows
-// (optional, device int32) bounds the rows quantized (and the rows a per-tensor amax covers).
+// amax_word (4 bytes of device memory) is needed by a dynamic per-tensor scale. `valid` says which
+// rows exist (default: all): only those are quantized and cover a per-tensor amax, the others
+// are left untouched — the first *num_rows, and / or in the batched format (E, T, cols) viewed as
+// (E * T, cols) the first batch_counts[e] (clamped to [0, T]) of each expert's T = batch_rows.
+struct ValidRows {
+  const int32_t* num_rows = nullptr;      // device: the first *num_rows rows
+  const int32_t* batch_counts = nullptr;  // device: the batched format's counts per block
+  int64_t batch_rows = 0;                 // rows per block (dividing a's rows)
+};
 void quantize_on_device(const Tensor& a, const QuantDesc& desc, Tensor& data, Tensor& scale,
-                        void* amax_word, const int32_t* num_rows, Stream stream);
+                        void* amax_word, ValidRows valid, Stream stream);
 
 }  // namespace moekit

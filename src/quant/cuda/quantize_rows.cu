@@ -15,7 +15,12 @@ namespace moekit::cuda {
 namespace {
 
 __device__ __forceinline__ bool row_valid(const QuantizeRowsArgs& a, int64_t r) {
-  return r < a.rows && (a.num_rows == nullptr || r < static_cast<int64_t>(*a.num_rows));
+  if (r >= a.rows || (a.num_rows != nullptr && r >= static_cast<int64_t>(*a.num_rows))) {
+    return false;
+  }
+  if (a.batch_counts == nullptr) return true;
+  const int64_t block = r / a.batch_rows;
+  return r - block * a.batch_rows < static_cast<int64_t>(__ldg(&a.batch_counts[block]));
 }
 
 // Max over the kLanes lanes of each aligned segment of the warp (every lane takes part).
@@ -257,6 +262,9 @@ const char* quantize_rows_unsupported_reason(const QuantizeRowsArgs& a) {
     return "rows >= 0, cols > 0, x_ld >= cols and q_ld >= cols are required";
   }
   if (a.rows > 0 && (a.x == nullptr || a.q == nullptr)) return "x and q are required";
+  if (a.batch_counts != nullptr && (a.batch_rows <= 0 || a.rows % a.batch_rows != 0)) {
+    return "batch_counts need batch_rows > 0 dividing rows";
+  }
   switch (a.kind) {
     case RowQuant::kTensorStatic:
       if (a.static_scale == nullptr) return "a static per-tensor scale is required";

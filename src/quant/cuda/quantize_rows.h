@@ -31,6 +31,11 @@ struct QuantizeRowsArgs {
   // Optional (device): only rows < *num_rows are quantized; the others are left untouched (and
   // left out of a dynamic per-tensor amax).
   const int32_t* num_rows = nullptr;
+  // Optional (device), the batched format: the rows in blocks of batch_rows (rows a multiple of
+  // it), block b's first batch_counts[b] valid (clamped to [0, batch_rows]); the others are left
+  // untouched and out of a dynamic per-tensor amax, as num_rows leaves them.
+  const int32_t* batch_counts = nullptr;
+  int64_t batch_rows = 0;
   void* q = nullptr;                  // (rows, cols) codes, row stride q_ld bytes
   ElemType q_type = ElemType::kE4M3;  // kE4M3 or kS8
   int64_t q_ld = 0;
