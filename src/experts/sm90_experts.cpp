@@ -54,6 +54,26 @@ ExpertsClass::Factory standard_format_factory(const char* name) {
   };
 }
 
+// The class record of a BatchedExperts-format class: `caps` (a Standard-format class's) renamed,
+// in the batched format, with a factory that needs the batched-format arguments.
+template <typename ExpertsT>
+ExpertsClass batched_format_class(const char* name, ExpertsCapabilities caps,
+                                  ExpertsClass::ShapeCheck shape_check) {
+  caps.name = name;
+  caps.format = ActivationFormat::kBatchedExperts;
+  return ExpertsClass(
+      std::move(caps),
+      [name](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
+             std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
+        MOEKIT_CHECK(max_tokens && dispatchers,
+                     "{}: max_num_tokens and num_dispatchers must be set for the BatchedExperts "
+                     "activation format",
+                     name);
+        return std::make_unique<ExpertsT>(moe, quant, *max_tokens, *dispatchers);
+      },
+      std::move(shape_check));
+}
+
 }  // namespace
 
 // NOTE: switching this changes the weight layout the sm90 experts expect (the oracle converts at
@@ -84,21 +104,8 @@ const ExpertsClass& Sm90GroupedExperts::klass() {
 }
 
 const ExpertsClass& Sm90BatchedExperts::klass() {
-  static const ExpertsClass k(
-      [] {
-        ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
-        c.name = "Sm90BatchedExperts";
-        c.format = ActivationFormat::kBatchedExperts;
-        return c;
-      }(),
-      [](const MoEConfig& moe, const QuantConfig& quant, std::optional<int64_t> max_tokens,
-         std::optional<int> dispatchers) -> std::unique_ptr<Experts> {
-        MOEKIT_CHECK(max_tokens && dispatchers,
-                     "Sm90BatchedExperts: max_num_tokens and num_dispatchers must be set for the "
-                     "BatchedExperts activation format");
-        return std::make_unique<Sm90BatchedExperts>(moe, quant, *max_tokens, *dispatchers);
-      },
-      sm90_shape_check);
+  static const ExpertsClass k = batched_format_class<Sm90BatchedExperts>(
+      "Sm90BatchedExperts", Sm90GroupedExperts::klass().caps(), sm90_shape_check);
   return k;
 }
 
@@ -147,12 +154,18 @@ void sm90::choose_tiles(LaunchState& state, const MoEConfig& moe, const char* wh
 
 Sm90BatchedExperts::Sm90BatchedExperts(const MoEConfig& moe, const QuantConfig& quant,
                                        int64_t max_num_tokens, int num_dispatchers)
-    : ExpertsModular(klass(), moe, quant, max_num_tokens, num_dispatchers),
-      state_(std::make_unique<sm90::LaunchState>()) {
-  if constexpr (!kCudaBuild) throw_no_cuda("Sm90BatchedExperts");
+    : Sm90BatchedExperts(klass(), moe, quant, max_num_tokens, num_dispatchers) {
   MOEKIT_CHECK(!quant.is_quantized(), "Sm90BatchedExperts runs unquantized layers only, got {}",
                quant.describe());
   state_->tile = sm90::tile_from_config(moe, "Sm90BatchedExperts");
+}
+
+Sm90BatchedExperts::Sm90BatchedExperts(const ExpertsClass& klass, const MoEConfig& moe,
+                                       const QuantConfig& quant, int64_t max_num_tokens,
+                                       int num_dispatchers)
+    : ExpertsModular(klass, moe, quant, max_num_tokens, num_dispatchers),
+      state_(std::make_unique<sm90::LaunchState>()) {
+  if constexpr (!kCudaBuild) throw_no_cuda(klass.name());
 }
 
 Sm90BatchedExperts::~Sm90BatchedExperts() = default;
@@ -207,7 +220,7 @@ void Sm90BatchedExperts::bind_weights(const Tensor& w1, const Tensor& w2) {
   if constexpr (kCudaBuild) {
     sm90::bind_weights(*state_, w1, w2, moe_config().in_dtype);
   } else {
-    throw_no_cuda("Sm90BatchedExperts");
+    throw_no_cuda(name());
   }
 }
 
@@ -242,8 +255,12 @@ WorkspaceShapes Sm90BatchedExperts::workspace_shapes(int64_t M, int64_t N, int64
                                                      const ExpertTokensMetadata*,
                                                      Activation activation) const {
   // M is max_num_tokens * num_dispatchers (T) in the batched format.
-  const int64_t rows = local_num_experts * M;
-  return {{rows, N}, {rows, activation_output_dim(activation, N)}, {local_num_experts, M, K}};
+  if constexpr (kCudaBuild) {
+    return sm90::batched_workspace_shapes(moe_config(), quant_config(), M, N, K, local_num_experts,
+                                          activation);
+  } else {
+    throw_no_cuda(name());
+  }
 }
 
 std::shared_ptr<const TopKWeightAndReduce> Sm90BatchedExperts::finalize_weight_and_reduce_impl()
@@ -255,7 +272,7 @@ void Sm90BatchedExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   if constexpr (kCudaBuild) {
     sm90::batched_apply(*this, *state_, args, ctx);
   } else {
-    throw_no_cuda("Sm90BatchedExperts");
+    throw_no_cuda(name());
   }
 }
 
@@ -407,6 +424,25 @@ Sm90Fp8Experts::Sm90Fp8Experts(const MoEConfig& moe, const QuantConfig& quant)
   if constexpr (kCudaBuild) {
     sm90::choose_tiles(*state_, moe, "Sm90Fp8Experts",
                        sm90::fp8_tile_family(quant.w1.shape, quant.a1.shape));
+  }
+  bind_weight_scales(*state_, moe, quant);
+}
+
+const ExpertsClass& Sm90BatchedFp8Experts::klass() {
+  static const ExpertsClass k = batched_format_class<Sm90BatchedFp8Experts>(
+      "Sm90BatchedFp8Experts", Sm90Fp8Experts::klass().caps(), sm90_8bit_shape_check);
+  return k;
+}
+
+Sm90BatchedFp8Experts::Sm90BatchedFp8Experts(const MoEConfig& moe, const QuantConfig& quant,
+                                             int64_t max_num_tokens, int num_dispatchers)
+    : Sm90BatchedExperts(klass(), moe, with_device_activation_scales(quant, moe), max_num_tokens,
+                         num_dispatchers) {
+  MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp8E4M3 && quant.a1.dtype == QuantDType::kFp8E4M3,
+               "Sm90BatchedFp8Experts runs fp8 W8A8 layers only, got {}", quant.describe());
+  if constexpr (kCudaBuild) {
+    state_->family = sm90::fp8_tile_family(quant.w1.shape, quant.a1.shape);
+    state_->tile = sm90::tile_from_config(moe, "Sm90BatchedFp8Experts", state_->family);
   }
   bind_weight_scales(*state_, moe, quant);
 }
@@ -948,12 +984,24 @@ ExpertsBackend sm90_quantized_backend(std::string name, const ExpertsClass& klas
 
 }  // namespace
 
-MOEKIT_REGISTER_EXPERTS_BACKEND(
-    sm90_fp8, sm90_quantized_backend(
-                  "sm90_fp8", Sm90Fp8Experts::klass(), QuantOracleKind::kFp8,
-                  "Hopper e4m3 wgmma grouped GEMMs: 128x128 block / per-tensor / per-channel "
-                  "weights, block scales promoted per 128 of K, the others accumulated in the "
-                  "tensor cores"));
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_fp8, [] {
+  ExpertsBackend b = sm90_quantized_backend(
+      "sm90_fp8", Sm90Fp8Experts::klass(), QuantOracleKind::kFp8,
+      "Hopper e4m3 wgmma grouped GEMMs: 128x128 block / per-tensor / per-channel weights, block "
+      "scales promoted per 128 of K, the others accumulated in the tensor cores");
+  b.batched_variant = "sm90_fp8_batched";
+  return b;
+}());
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_fp8_batched, [] {
+  ExpertsBackend b = sm90_quantized_backend(
+      "sm90_fp8_batched", Sm90BatchedFp8Experts::klass(), QuantOracleKind::kFp8,
+      "Hopper e4m3 wgmma GEMMs on the batched (E, T, H) format (the low-latency exchange's fp8 "
+      "dispatch): sm90_fp8's schemes and kernels");
+  b.aliases = {};  // the fp8 oracle's "cuda" is sm90_fp8
+  b.priority = kPriorityNativeGpu + 10;
+  return b;
+}());
 
 MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4, [] {
   ExpertsBackend b = sm90_quantized_backend(

@@ -44,6 +44,12 @@ PrepareFinalizeBatched::PrepareFinalizeBatched(int64_t max_num_tokens, int num_l
   MOEKIT_CHECK(rank >= 0, "{}: rank = {} must be >= 0", kWho, rank);
 }
 
+std::vector<WorkspaceRequest> PrepareFinalizeBatched::workspace_requests(
+    int64_t, int64_t hidden, int64_t, DType, const QuantConfig& quant) const {
+  return detail::input_quant_requests(
+      static_cast<int64_t>(num_local_experts_) * max_num_tokens_ * num_dispatchers_, hidden, quant);
+}
+
 PrepareResult PrepareFinalizeBatched::prepare(const PrepareArgs& args, RunContext ctx) {
   const detail::PrepareDims dims = detail::check_prepare_args(args, kWho);
   Tensor a1 = args.a1;
@@ -52,14 +58,21 @@ PrepareResult PrepareFinalizeBatched::prepare(const PrepareArgs& args, RunContex
                                               ctx.stream);
   }
   if (a1.device().is_cuda()) {
-    MOEKIT_CHECK(args.defer_input_quant || args.quant_config == nullptr ||
-                     args.quant_config->a1.dtype == QuantDType::kNone,
-                 "{}: quantized activations are not dispatched on the GPU yet", kWho);
     expert_map_ = args.expert_map;
     if constexpr (kCudaBuild) {
-      return detail::batched_prepare_device(device_state_, a1, args.topk_ids, args.expert_map,
-                                            args.num_experts, num_local_experts_,
-                                            max_num_tokens_ * num_dispatchers_, rank_, ctx);
+      const detail::DispatchPayload payload =
+          detail::make_dispatch_payload(a1, args.quant_config, args.defer_input_quant, ctx);
+      PrepareResult result = detail::batched_prepare_device(
+          device_state_, payload.data, payload.scale_has_rows ? payload.scale : Tensor{},
+          args.topk_ids, args.expert_map, args.num_experts, num_local_experts_,
+          max_num_tokens_ * num_dispatchers_, rank_, ctx);
+      if (payload.quantize_after) {
+        QuantizedInput q = detail::quantize_batched_input(
+            result.a1q, result.expert_tokens_meta->expert_num_tokens, args.quant_config->a1, ctx);
+        result.a1q = std::move(q.data);
+        result.a1q_scale = std::move(q.scale);
+      }
+      return result;
     } else {
       throw_no_cuda(std::string(kWho) + " on " + a1.device().to_string());
     }

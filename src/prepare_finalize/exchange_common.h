@@ -69,49 +69,6 @@ inline std::string check_exchange_request(const PrepareFinalizeRequest& r, bool 
   return {};
 }
 
-// The activations as they travel: quantized before the exchange when each row carries its own
-// (dynamic per-token or per-group) scales — then `scale` is (rows, groups) — else unquantized
-// (`quantize_after`: the receiving rank quantizes its batch). A per-tensor scale cannot travel
-// with the rows: a dynamic one depends on the batch, and a static one is the maximum over the
-// rank's own experts' calibrated scales, which differs between ranks, so the codes must be made
-// with the scale of the experts that read them.
-struct DispatchPayload {
-  Tensor data;
-  Tensor scale;
-  bool scale_has_rows = false;
-  bool quantize_after = false;
-};
-
-inline DispatchPayload make_dispatch_payload(const Tensor& a1, const QuantConfig* quant,
-                                             bool defer_input_quant, RunContext ctx) {
-  DispatchPayload out;
-  const bool quantized =
-      !defer_input_quant && quant != nullptr && quant->a1.dtype != QuantDType::kNone;
-  if (!quantized) {
-    out.data = a1;
-    return out;
-  }
-  if (has_static_scale(quant->a1) || quant->a1.shape.is_per_tensor()) {
-    out.data = a1;
-    out.quantize_after = true;
-    return out;
-  }
-  QuantizedInput q = quantize_moe_input(a1, quant->a1, ctx);
-  out.data = std::move(q.data);
-  out.scale = std::move(q.scale);
-  out.scale_has_rows = out.scale.defined();
-  return out;
-}
-
-// The received activations as the experts take them (quantizing them now when they travelled
-// unquantized).
-inline QuantizedInput finish_dispatch(const Tensor& data, const Tensor& scale,
-                                      const DispatchPayload& sent, const QuantConfig* quant,
-                                      RunContext ctx) {
-  if (sent.quantize_after) return quantize_moe_input(data, quant->a1, ctx);
-  return {data, scale};
-}
-
 // The GPU workspace slots of one exchange of the layer's inputs: the rows, the top-k ids and
 // the top-k weights, each with a send side and a receive side.
 struct InputExchangeSlots {

@@ -26,6 +26,8 @@ constexpr const char* kWho = "PrepareFinalizeLowLatency";
 // the time it is reused: the experts have read the packed rows before the combine starts).
 constexpr std::string_view kRowsSlot = "exchange.ll_rows";
 constexpr std::string_view kPackedSlot = "exchange.ll_packed";
+constexpr std::string_view kScaleRowsSlot = "exchange.ll_scale_rows";  // per-row scales: the same
+constexpr std::string_view kScalePackedSlot = "exchange.ll_scale_packed";
 constexpr std::string_view kCountsSlot = "exchange.ll_counts";
 constexpr std::string_view kExpertTokensSlot = "exchange.ll_expert_tokens";
 
@@ -40,14 +42,26 @@ PrepareFinalizeLowLatency::PrepareFinalizeLowLatency(Communicator* comm, int64_t
 
 std::vector<WorkspaceRequest> PrepareFinalizeLowLatency::workspace_requests(
     int64_t /*max_num_tokens*/, int64_t hidden, int64_t /*topk*/, DType dtype,
-    const QuantConfig& /*quant*/) const {
+    const QuantConfig& quant) const {
   if (comm_->device().is_cpu()) return {};
-  const size_t rows = static_cast<size_t>(num_experts_ * capacity_);  // W * E_local * C
-  const size_t bytes = rows * static_cast<size_t>(hidden) * element_size(dtype);
-  return {{std::string(kRowsSlot), bytes},
-          {std::string(kPackedSlot), bytes},
-          {std::string(kCountsSlot), static_cast<size_t>(num_experts_) * 4},
-          {std::string(kExpertTokensSlot), static_cast<size_t>(local_experts_) * 4}};
+  const int64_t rows = num_experts_ * capacity_;  // W * E_local * C, sent and received
+  const size_t bytes = static_cast<size_t>(rows * hidden) * element_size(dtype);
+  std::vector<WorkspaceRequest> out = {
+      {std::string(kRowsSlot), bytes},
+      {std::string(kPackedSlot), bytes},
+      {std::string(kCountsSlot), static_cast<size_t>(num_experts_) * 4},
+      {std::string(kExpertTokensSlot), static_cast<size_t>(local_experts_) * 4}};
+  // The input quantization's slots: this rank's M <= C rows (per-row scales, before the
+  // exchange) or its received batch (a per-tensor scale, after it).
+  std::vector<WorkspaceRequest> q = detail::input_quant_requests(rows, hidden, quant);
+  if (!q.empty() && !quant.a1.shape.is_per_tensor()) {
+    const size_t scales =
+        static_cast<size_t>(numel_of(device_quant_shapes(rows, hidden, quant.a1).scale) * 4);
+    out.push_back({std::string(kScaleRowsSlot), scales});
+    out.push_back({std::string(kScalePackedSlot), scales});
+  }
+  out.insert(out.end(), q.begin(), q.end());
+  return out;
 }
 
 PrepareResult PrepareFinalizeLowLatency::prepare(const PrepareArgs& args, RunContext ctx) {
@@ -143,32 +157,46 @@ PrepareResult PrepareFinalizeLowLatency::prepare_on_device(const PrepareArgs& ar
                                                            const Tensor& a1, RunContext ctx) {
   MOEKIT_CHECK(ctx.workspace != nullptr && ctx.stream.handle != nullptr,
                "{} on a GPU needs the workspace manager and a stream in RunContext", kWho);
-  MOEKIT_CHECK(args.defer_input_quant || args.quant_config == nullptr ||
-                   args.quant_config->a1.dtype == QuantDType::kNone,
-               "{}: quantized activations are not exchanged between GPU ranks yet (the batched "
-               "Hopper experts take unquantized ones)",
-               kWho);
   if constexpr (kCudaBuild) {
     WorkspaceManager& ws = *ctx.workspace;
     const int64_t E = num_experts_, El = local_experts_, C = capacity_, W = world_;
-    const int64_t K = a1.size(1);
+    // Codes with their per-row scales when the rows carry them; else the rows themselves.
+    const detail::DispatchPayload payload =
+        detail::make_dispatch_payload(a1, args.quant_config, args.defer_input_quant, ctx);
+    const Tensor& data = payload.data;
     // This rank's rows in the send layout (E, C, K): the batched scatter over every expert of
     // the model (block (d, e) = rank d's local expert e), with its counts.
     const PrepareResult sent = detail::batched_prepare_device(
-        send_state_, a1, args.topk_ids, Tensor{}, E, static_cast<int>(E), C, /*rank=*/0, ctx);
+        send_state_, data, payload.scale_has_rows ? payload.scale : Tensor{}, args.topk_ids,
+        Tensor{}, E, static_cast<int>(E), C, /*rank=*/0, ctx);
     const Tensor sent_counts = sent.expert_tokens_meta->expert_num_tokens.view({E, 1});
     Tensor counts = ws.get(kCountsSlot, {E, 1}, DType::kInt32);
     comm_->all_to_all_v(sent_counts, std::vector<int64_t>(static_cast<size_t>(W), El), counts,
                         std::vector<int64_t>(static_cast<size_t>(W), El), ctx.stream);
-    Tensor rows = ws.get(kRowsSlot, {E * C, K}, a1.dtype());
-    const std::vector<int64_t> block(static_cast<size_t>(W), El * C);
-    comm_->all_to_all_v(sent.a1q.view({E * C, K}), block, rows, block, ctx.stream);
-    Tensor packed = ws.get(kPackedSlot, {El, W * C, K}, a1.dtype());
     Tensor expert_tokens = ws.get(kExpertTokensSlot, {El}, DType::kInt32);
-    detail::exchange_pack_device(rows, packed, counts, expert_tokens, world_, C, /*unpack=*/false,
-                                 ctx);
+    // Fixed-size blocks of El * C rows each way, then each local expert's rows packed by source.
+    auto exchange = [&](const Tensor& send, std::string_view rows_slot,
+                        std::string_view packed_slot, const Tensor& num_tokens) {
+      const int64_t cols = send.size(2);
+      Tensor rows = ws.get(rows_slot, {E * C, cols}, send.dtype());
+      const std::vector<int64_t> block(static_cast<size_t>(W), El * C);
+      comm_->all_to_all_v(send.view({E * C, cols}), block, rows, block, ctx.stream);
+      Tensor packed = ws.get(packed_slot, {El, W * C, cols}, send.dtype());
+      detail::exchange_pack_device(rows, packed, counts, num_tokens, world_, C, /*unpack=*/false,
+                                   ctx);
+      return packed;
+    };
     PrepareResult result;
-    result.a1q = packed;
+    result.a1q = exchange(sent.a1q, kRowsSlot, kPackedSlot, expert_tokens);
+    if (payload.scale_has_rows) {
+      result.a1q_scale = exchange(sent.a1q_scale, kScaleRowsSlot, kScalePackedSlot, Tensor{});
+    }
+    if (payload.quantize_after) {  // a per-tensor scale: this rank's batch, the rows that exist
+      QuantizedInput q =
+          detail::quantize_batched_input(result.a1q, expert_tokens, args.quant_config->a1, ctx);
+      result.a1q = std::move(q.data);
+      result.a1q_scale = std::move(q.scale);
+    }
     ExpertTokensMetadata meta;
     meta.expert_num_tokens = expert_tokens;
     result.expert_tokens_meta = meta;

@@ -131,10 +131,83 @@ inline QuantizedInput maybe_quantize_input(const Tensor& a1, const QuantConfig* 
     const bool static_scale = quant_config->a1.scale.defined();
     if (!static_scale) q.scale = ctx.workspace->get(kA1qScaleSlot, s.scale, DType::kF32);
     const Tensor amax = ctx.workspace->get(kAmaxSlot, {4}, DType::kUInt8);
-    quantize_on_device(a1, quant_config->a1, q.data, q.scale, amax.data(), nullptr, ctx.stream);
+    quantize_on_device(a1, quant_config->a1, q.data, q.scale, amax.data(), {}, ctx.stream);
     return q;
   } else {
     throw_no_cuda("quantizing a1 on the GPU");
+  }
+}
+
+// The activations as they travel (to another rank, or into the batched format): quantized before
+// the exchange when each row carries its own (dynamic per-token or per-group) scales — then
+// `scale` is (rows, groups); on a GPU in the input quantization's workspace slots — else
+// unquantized (`quantize_after`: the receiving rank quantizes its batch). A per-tensor scale
+// cannot travel with the rows: a dynamic one depends on the batch, and a static one is the
+// maximum over the rank's own experts' calibrated scales, which differs between ranks, so the
+// codes must be made with the scale of the experts that read them.
+struct DispatchPayload {
+  Tensor data;
+  Tensor scale;
+  bool scale_has_rows = false;
+  bool quantize_after = false;
+};
+
+inline DispatchPayload make_dispatch_payload(const Tensor& a1, const QuantConfig* quant,
+                                             bool defer_input_quant, RunContext ctx) {
+  DispatchPayload out;
+  const bool quantized =
+      !defer_input_quant && quant != nullptr && quant->a1.dtype != QuantDType::kNone;
+  if (!quantized) {
+    out.data = a1;
+    return out;
+  }
+  if (has_static_scale(quant->a1) || quant->a1.shape.is_per_tensor()) {
+    out.data = a1;
+    out.quantize_after = true;
+    return out;
+  }
+  QuantizedInput q = a1.device().is_cuda() ? maybe_quantize_input(a1, quant, false, ctx)
+                                           : quantize_moe_input(a1, quant->a1, ctx);
+  out.data = std::move(q.data);
+  out.scale = std::move(q.scale);
+  out.scale_has_rows = out.scale.defined();
+  return out;
+}
+
+// The received activations as the experts take them (quantizing them now when they travelled
+// unquantized).
+inline QuantizedInput finish_dispatch(const Tensor& data, const Tensor& scale,
+                                      const DispatchPayload& sent, const QuantConfig* quant,
+                                      RunContext ctx) {
+  if (sent.quantize_after) return quantize_moe_input(data, quant->a1, ctx);
+  return {data, scale};
+}
+
+// Batched rows (E, T, K) on a GPU quantized under `desc` into the input quantization's workspace
+// slots (input_quant_requests for E * T rows), where only the first counts[e] rows of expert e
+// exist (the others are left as they are and out of a dynamic per-tensor amax): the codes
+// (E, T, K) and the scale (a per-tensor one: the rows that travelled unquantized).
+inline QuantizedInput quantize_batched_input(const Tensor& rows, const Tensor& counts,
+                                             const QuantDesc& desc, RunContext ctx) {
+  if constexpr (kCudaBuild) {
+    MOEKIT_CHECK(ctx.workspace != nullptr && rows.dim() == 3 && counts.dtype() == DType::kInt32 &&
+                     counts.numel() == rows.size(0),
+                 "quantizing batched rows {} on the GPU needs the workspace manager and int32 "
+                 "counts per expert, got {}",
+                 rows.describe(), counts.describe());
+    const int64_t E = rows.size(0), T = rows.size(1), K = rows.size(2);
+    const DeviceQuantShapes s = device_quant_shapes(E * T, K, desc);
+    QuantizedInput q;
+    q.data = ctx.workspace->get(kA1qSlot, s.data, s.data_dtype);
+    if (!desc.scale.defined()) q.scale = ctx.workspace->get(kA1qScaleSlot, s.scale, DType::kF32);
+    const Tensor amax = ctx.workspace->get(kAmaxSlot, {4}, DType::kUInt8);
+    quantize_on_device(rows.view({E * T, K}), desc, q.data, q.scale, amax.data(),
+                       {nullptr, counts.data_as<const int32_t>(), T}, ctx.stream);
+    q.data = q.data.view({E, T, K});
+    if (q.scale.dim() == 2) q.scale = q.scale.view({E, T, q.scale.size(1)});
+    return q;
+  } else {
+    throw_no_cuda("quantizing batched rows on the GPU");
   }
 }
 

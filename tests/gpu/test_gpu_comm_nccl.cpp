@@ -5,11 +5,14 @@
 // And the all-gather and all-to-all prepare/finalize on GPU ranks through it: a layer with each
 // forced gives bitwise the output of the same layer without exchange (bf16, and fp8 quantized after
 // the exchange), also at M = 0; and the low-latency one (batched experts): bitwise the same batched
-// experts behind the local scatter, also at M = 0, and captured in a CUDA graph.
+// experts behind the local scatter (bf16, and fp8 with its codes and scales exchanged), also at
+// M = 0, and captured in a CUDA graph.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
 
+#include <utility>
 #include <vector>
 
 #include "graph_replay.h"
@@ -211,35 +214,44 @@ TEST(NcclExchangeLayer, AllToAllRefusesGraphCapture) {
   EXPECT_TRUE(testing::bitwise_equal(host(again, stream), host(out, stream)));
 }
 
+// bf16, fp8 with 1x128 groups (codes and scales travel) and fp8 per tensor (rows travel, the
+// received batch is quantized): bitwise the same batched experts behind the local scatter.
 TEST(NcclLowLatencyLayer, BitwiseTheBatchedExpertsWithoutExchange) {
   REQUIRE_NCCL();
-  for (const char* name : {"small-deepseek", "small"}) {
-    SCOPED_TRACE(name);
-    const ModelPreset model = find_preset(name);
-    MoELayerOptions plain;
-    plain.device = default_device_info();
-    plain.max_num_tokens = 48;
-    plain.backend = "sm90_batched";
-    plain.shared_experts = SharedExpertsMode::kSeparate;
-    MoELayerOptions ep = plain;
-    ep.parallel.use_ep = true;
-    ep.communicator = comm;
-    ep.prepare_finalize = "batched_low_latency";
-    MoELayer exchanged = random_quantized_layer(model, "bf16", ep, 5);
-    MoELayer local = random_quantized_layer(model, "bf16", plain, 5);
-    EXPECT_EQ(exchanged.plan().prepare_finalize->name, "batched_low_latency");
-    EXPECT_EQ(local.plan().prepare_finalize->name, "batched_local");
-    for (const int64_t M : {int64_t{48}, int64_t{0}, int64_t{1}, int64_t{17}})
-      expect_same_output(exchanged, local, model, M, 9 + static_cast<uint64_t>(M), stream);
-    testing::expect_graph_replay_bitwise(exchanged, 33);
-    // More tokens than the fixed buffers hold: refused before anything runs.
-    const Tensor x = on_gpu(testing::random_tensor({49, model.hidden_size}, DType::kBF16, 1));
-    const Tensor logits = on_gpu(testing::random_tensor({49, model.num_experts}, DType::kF32, 2));
-    Tensor out = poisoned_gpu({49, model.hidden_size}, DType::kBF16);
-    EXPECT_TRUE(testing::contains_all(testing::error_of([&] {
-                                        exchanged.forward_into(out, x, logits, {stream, nullptr});
-                                      }),
-                                      {"M=49", "max_num_tokens=48"}));
+  const std::pair<const char*, const char*> schemes[] = {{"bf16", "sm90_batched"},
+                                                         {"fp8_block128", "sm90_fp8_batched"},
+                                                         {"fp8_per_tensor", "sm90_fp8_batched"}};
+  for (const auto& [scheme, backend] : schemes) {
+    for (const char* name : {"small-deepseek", "small"}) {
+      SCOPED_TRACE(fmt::format("{} {}", scheme, name));
+      const ModelPreset model = find_preset(name);
+      MoELayerOptions plain;
+      plain.device = default_device_info();
+      plain.max_num_tokens = 48;
+      plain.backend = backend;
+      plain.shared_experts = SharedExpertsMode::kSeparate;
+      MoELayerOptions ep = plain;
+      ep.parallel.use_ep = true;
+      ep.communicator = comm;
+      ep.prepare_finalize = "batched_low_latency";
+      ep.backend = "auto";  // the oracle's choice under the exchange: the same batched experts
+      MoELayer exchanged = random_quantized_layer(model, scheme, ep, 5);
+      MoELayer local = random_quantized_layer(model, scheme, plain, 5);
+      EXPECT_EQ(exchanged.plan().prepare_finalize->name, "batched_low_latency");
+      EXPECT_EQ(local.plan().prepare_finalize->name, "batched_local");
+      EXPECT_EQ(exchanged.kernel().fused_experts().name(), local.kernel().fused_experts().name());
+      for (const int64_t M : {int64_t{48}, int64_t{0}, int64_t{1}, int64_t{17}})
+        expect_same_output(exchanged, local, model, M, 9 + static_cast<uint64_t>(M), stream);
+      testing::expect_graph_replay_bitwise(exchanged, 33);
+      // More tokens than the fixed buffers hold: refused before anything runs.
+      const Tensor x = on_gpu(testing::random_tensor({49, model.hidden_size}, DType::kBF16, 1));
+      const Tensor logits = on_gpu(testing::random_tensor({49, model.num_experts}, DType::kF32, 2));
+      Tensor out = poisoned_gpu({49, model.hidden_size}, DType::kBF16);
+      EXPECT_TRUE(testing::contains_all(testing::error_of([&] {
+                                          exchanged.forward_into(out, x, logits, {stream, nullptr});
+                                        }),
+                                        {"M=49", "max_num_tokens=48"}));
+    }
   }
 }
 

@@ -125,6 +125,28 @@ TEST(Plan, PreviewedGpuRanksGetEveryExchange) {
   }
 }
 
+// fp8 under the low-latency exchange: the batched fp8 experts (the codes and their scales
+// travel); every fp8 scheme, the dynamic per-tensor one too (its amax over the rows that exist).
+TEST(Plan, PreviewedGpuRanksDispatchFp8ToTheBatchedFp8Experts) {
+  if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA: no Hopper backends";
+  const std::pair<QuantKey, QuantKey> schemes[] = {
+      {quant_keys::kFp8Static128BlockSym, quant_keys::kFp8Dynamic128Sym},
+      {quant_keys::kFp8StaticChannelSym, quant_keys::kFp8DynamicTokenSym},
+      {quant_keys::kFp8StaticTensorSym, quant_keys::kFp8StaticTensorSym},
+      {quant_keys::kFp8StaticTensorSym, quant_keys::kFp8DynamicTensorSym}};
+  for (const auto& [weight, activation] : schemes) {
+    SCOPED_TRACE(activation.to_string());
+    testing::PreviewedH200 h200 = testing::previewed_h200();
+    MoELayerOptions o = ep_options(2, All2AllBackend::kBatchedLowLatency);
+    o.device = h200.layer.device;
+    const MoEPlan plan = plan_moe(config_of("small-deepseek", o), QuantOracleKind::kFp8, weight,
+                                  activation, h200.plan);
+    ASSERT_TRUE(plan.ok()) << plan.error();
+    EXPECT_EQ(plan.prepare_finalize_report.chosen, "batched_low_latency");
+    EXPECT_EQ(plan.experts->name(), "Sm90BatchedFp8Experts");
+  }
+}
+
 TEST(Plan, BatchedFormatAcrossRanksNeedsTheLowLatencyAllToAll) {
   const MoEConfig moe = config_of("small", ep_options(2, All2AllBackend::kBatchedLowLatency));
   const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized());

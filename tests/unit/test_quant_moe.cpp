@@ -767,13 +767,16 @@ TEST(QuantOracles, PriorityLists) {
   EXPECT_EQ(Fp8MoEKernelOracle(moe, {}, {}, true).priority_backends(moe)[4], "vllm_cutlass");
   MoEConfig hopper = moe;
   hopper.device = cuda_device(90);
-  // On a Hopper GPU moekit's own kernel leads; the original's list follows in its order.
+  // On a Hopper GPU moekit's own kernels lead (standard, then batched format); the original's
+  // list follows in its order.
   EXPECT_EQ(Fp8MoEKernelOracle(hopper, qk::kFp8Static128BlockSym).priority_backends(hopper)[0],
             "sm90_fp8");
   EXPECT_EQ(Fp8MoEKernelOracle(hopper, qk::kFp8Static128BlockSym).priority_backends(hopper)[1],
+            "sm90_fp8_batched");
+  EXPECT_EQ(Fp8MoEKernelOracle(hopper, qk::kFp8Static128BlockSym).priority_backends(hopper)[2],
             "triton");
   hopper.parallel.use_ep = true;
-  EXPECT_EQ(Fp8MoEKernelOracle(hopper, qk::kFp8Static128BlockSym).priority_backends(hopper)[1],
+  EXPECT_EQ(Fp8MoEKernelOracle(hopper, qk::kFp8Static128BlockSym).priority_backends(hopper)[2],
             "flashinfer_cutlass");
   EXPECT_EQ(Int8MoEKernelOracle(moe).priority_backends(moe), (V{"triton", "cpu"}));
   EXPECT_EQ(W4A8MoEKernelOracle(moe).priority_backends(moe), (V{"cutlass", "cpu"}));
@@ -894,27 +897,30 @@ TEST(QuantOracles, Fp8PriorityPolicy) {
       "fallback.");
 
   // sm_90 with 128-block weights: triton (flashinfer_cutlass under expert parallelism) moves ahead
-  // of the other declared backends; the rest keep their order, after moekit's sm90_fp8.
+  // of the other declared backends; the rest keep their order, after moekit's sm90_fp8 and
+  // sm90_fp8_batched.
   MoEConfig hopper = moe;
   hopper.device = cuda_device(90);
   for (const QuantKey& block : {qk::kFp8Static128BlockSym, qk::kFp8Static128BlockE8M0Sym}) {
     SCOPED_TRACE(block.to_string());
     EXPECT_EQ(Fp8MoEKernelOracle(hopper, block).priority_backends(hopper),
-              (V{"sm90_fp8", "triton", "aiter", "flashinfer_trtllm", "flashinfer_cutlass",
-                 "deep_gemm", "marlin", "batched_deep_gemm", "batched_triton", "xpu", "cpu"}));
+              (V{"sm90_fp8", "sm90_fp8_batched", "triton", "aiter", "flashinfer_trtllm",
+                 "flashinfer_cutlass", "deep_gemm", "marlin", "batched_deep_gemm", "batched_triton",
+                 "xpu", "cpu"}));
     MoEConfig ep = hopper;
     ep.parallel.use_ep = true;
-    EXPECT_EQ(Fp8MoEKernelOracle(ep, block).priority_backends(ep),
-              (V{"sm90_fp8", "flashinfer_cutlass", "aiter", "flashinfer_trtllm", "deep_gemm",
-                 "triton", "marlin", "batched_deep_gemm", "batched_triton", "xpu", "cpu"}));
-    EXPECT_EQ(Fp8MoEKernelOracle(ep, block, {}, true).priority_backends(ep)[1],
+    EXPECT_EQ(
+        Fp8MoEKernelOracle(ep, block).priority_backends(ep),
+        (V{"sm90_fp8", "sm90_fp8_batched", "flashinfer_cutlass", "aiter", "flashinfer_trtllm",
+           "deep_gemm", "triton", "marlin", "batched_deep_gemm", "batched_triton", "xpu", "cpu"}));
+    EXPECT_EQ(Fp8MoEKernelOracle(ep, block, {}, true).priority_backends(ep)[2],
               "flashinfer_cutlass");
   }
-  // No move for other weights, another architecture, or the CPU (sm90_fp8 is listed on CUDA
-  // devices only).
+  // No move for other weights, another architecture, or the CPU (sm90_fp8 and its batched form
+  // are listed on CUDA devices only).
   const V original = plain.priority_backends(moe);
   V cuda_original = original;
-  cuda_original.insert(cuda_original.begin(), "sm90_fp8");
+  cuda_original.insert(cuda_original.begin(), {"sm90_fp8", "sm90_fp8_batched"});
   EXPECT_EQ(Fp8MoEKernelOracle(hopper, qk::kFp8StaticTensorSym).priority_backends(hopper),
             cuda_original);
   MoEConfig blackwell = moe;
@@ -922,16 +928,18 @@ TEST(QuantOracles, Fp8PriorityPolicy) {
   EXPECT_EQ(Fp8MoEKernelOracle(blackwell, qk::kFp8Static128BlockSym).priority_backends(blackwell),
             cuda_original);
   EXPECT_EQ(Fp8MoEKernelOracle(moe, qk::kFp8Static128BlockSym).priority_backends(moe), original);
-  // The policy orders the oracle's own selection too: after sm90_fp8, triton is tried first.
+  // The policy orders the oracle's own selection too: after sm90_fp8 (and its batched form,
+  // rejected: the format), triton is tried first.
   const Case block_case = fp8_case(Fp8Kind::kBlock);
   MoEConfig block_hopper = block_case.moe;
   block_hopper.device = cuda_device(90);
   const OracleReport r =
       Fp8MoEKernelOracle(block_hopper, qk::kFp8Static128BlockSym, qk::kFp8Dynamic128Sym).explain();
   ASSERT_FALSE(r.candidates.empty());
-  ASSERT_GE(r.candidates.size(), 2u);
+  ASSERT_GE(r.candidates.size(), 3u);
   EXPECT_EQ(r.candidates[0].backend, "sm90_fp8");
-  EXPECT_EQ(r.candidates[1].backend, "triton");
+  EXPECT_EQ(r.candidates[1].backend, "sm90_fp8_batched");
+  EXPECT_EQ(r.candidates[2].backend, "triton");
 }
 
 TEST(QuantOracles, Wna16BackendsByDevice) {

@@ -198,7 +198,7 @@ class Sm90EpPeerExperts final : public ExpertsModular {
   std::unique_ptr<Peers> peers_;
 };
 
-class Sm90BatchedExperts final : public ExpertsModular {
+class Sm90BatchedExperts : public ExpertsModular {
  public:
   static const ExpertsClass& klass();
   Sm90BatchedExperts(const MoEConfig& moe, const QuantConfig& quant, int64_t max_num_tokens,
@@ -215,8 +215,23 @@ class Sm90BatchedExperts final : public ExpertsModular {
   void bind_weights(const Tensor& w1, const Tensor& w2) override;
   ~Sm90BatchedExperts() override;
 
- private:
+ protected:
+  Sm90BatchedExperts(const ExpertsClass& klass, const MoEConfig& moe, const QuantConfig& quant,
+                     int64_t max_num_tokens, int num_dispatchers);
   std::unique_ptr<sm90::LaunchState> state_;  // experts/cuda/sm90_experts.h
+};
+
+// fp8 W8A8 on the batched format (the low-latency exchange's experts for DeepSeek-style fp8
+// dispatch): Sm90BatchedExperts' launches on e4m3 operands with Sm90Fp8Experts' schemes and weight
+// scales. hidden_states are the codes (E_local, T, K) with a1q_scale (E_local, T, groups) for
+// per-row scales (1x128 groups, per token) or the per-tensor scale; the activation is requantized
+// per the a2 scheme over the rows that exist (each expert's first count rows; a dynamic
+// per-tensor scale's amax over those only), and GEMM2 writes bf16 / f16 rows.
+class Sm90BatchedFp8Experts final : public Sm90BatchedExperts {
+ public:
+  static const ExpertsClass& klass();
+  Sm90BatchedFp8Experts(const MoEConfig& moe, const QuantConfig& quant, int64_t max_num_tokens,
+                        int num_dispatchers);
 };
 
 class Sm90SharedExperts final : public SharedExperts {

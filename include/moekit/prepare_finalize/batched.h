@@ -24,7 +24,10 @@ struct BatchedDeviceState;
 // finalize: applies the experts' TopKWeightAndReduce, Delegate replaced by NaiveBatched over the
 // same layout. On a GPU the same layout is built by the align + scatter kernels and finalize runs
 // the batched weighted combine; its buffers are sized for T tokens on first use (a warm-up
-// forward) and reused, so later forwards allocate nothing.
+// forward) and reused, so later forwards allocate nothing. Quantized activations on a GPU: codes
+// with per-row scales (dynamic per token or per group) are made before the scatter and their
+// scales scattered beside them; a per-tensor scale (static, or dynamic over the rows that exist)
+// quantizes the batch after it, as the CPU path does.
 class PrepareFinalizeBatched final : public PrepareFinalizeModular {
  public:
   PrepareFinalizeBatched(int64_t max_num_tokens, int num_local_experts, int num_dispatchers = 1,
@@ -39,6 +42,12 @@ class PrepareFinalizeBatched final : public PrepareFinalizeModular {
   int num_local_experts() const { return num_local_experts_; }
   int rank() const { return rank_; }
 
+  // The input quantization's slots (detail::input_quant_requests) for E_local * T rows: on a GPU
+  // the codes of quantized activations (per-row scales: the M rows before the scatter; a
+  // per-tensor scale: the batch after it).
+  std::vector<WorkspaceRequest> workspace_requests(int64_t max_num_tokens, int64_t hidden,
+                                                   int64_t topk, DType dtype,
+                                                   const QuantConfig& quant) const override;
   PrepareResult prepare(const PrepareArgs& args, RunContext ctx) override;
   // NOTE: uses the expert_map of the last prepare call (FinalizeArgs does not carry it).
   void finalize(const FinalizeArgs& args, RunContext ctx) override;

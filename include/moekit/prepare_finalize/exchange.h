@@ -25,8 +25,8 @@
 //   serves the others' tokens). State from prepare (who sent what) is kept for the finalize of the
 //   same forward.
 // - Ranks run on the CPU (MPI) or on GPUs (NCCL): every form exchanges on both; on GPU ranks
-//   the all-to-all reads the routing back to the host (not graph-capturable) and the low-latency
-//   form is unquantized.
+//   the all-to-all reads the routing back to the host (not graph-capturable), and only the
+//   low-latency form sends quantized rows (the others quantize on the receiving rank).
 #pragma once
 
 #include <cstdint>
@@ -158,8 +158,10 @@ class PrepareFinalizeAllToAll final : public PrepareFinalizeExchange {
 // kernels build the send layout, the counts and rows travel by the communicator's all_to_all_v of
 // fixed sizes, a pack kernel orders each expert's rows by source; nothing is read back to the host
 // and the exchange buffers are workspace slots, so a forward is graph-capturable (after a first
-// forward sized the routing tables). Unquantized activations only there (the batched Hopper
-// experts are unquantized).
+// forward sized the routing tables). Quantized activations travel as on CPU ranks: codes with
+// their per-row scales (per token, or 1x128 groups: half the bytes of bf16 rows) exchanged and
+// packed beside them; under a per-tensor scale the rows travel unquantized and the receiving rank
+// quantizes the rows that exist in its batch.
 class PrepareFinalizeLowLatency final : public PrepareFinalizeExchange {
  public:
   PrepareFinalizeLowLatency(Communicator* comm, int64_t num_experts, int64_t max_tokens_per_rank);
@@ -167,7 +169,8 @@ class PrepareFinalizeLowLatency final : public PrepareFinalizeExchange {
   std::string name() const override { return "PrepareFinalizeLowLatency"; }
   ActivationFormat activation_format() const override { return ActivationFormat::kBatchedExperts; }
   std::optional<int64_t> max_num_tokens_per_rank() const override { return capacity_; }
-  // On a GPU communicator: the received rows, the packed rows and the counts ("exchange.ll_*").
+  // On a GPU communicator: the received rows, the packed rows, their scales and the counts
+  // ("exchange.ll_*"), and the input quantization's slots.
   std::vector<WorkspaceRequest> workspace_requests(int64_t max_num_tokens, int64_t hidden,
                                                    int64_t topk, DType dtype,
                                                    const QuantConfig& quant) const override;

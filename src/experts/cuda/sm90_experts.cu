@@ -540,7 +540,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
       Tensor a2_scale =
           Tensor::from_blob(at<void>(ws2, l.a2_scale), qs.scale, DType::kF32, x.device());
       const Tensor act_rows = Tensor::from_blob(act, {capacity, d}, dtype, x.device());
-      quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.amax), total,
+      quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.amax), {total},
                          ctx.stream);
       ctx.stage_done("quantize a2");
       set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);
@@ -591,10 +591,39 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   ctx.stage_done("reduce");
 }
 
+// Byte layout of workspace13 once the activation is written (8-bit experts): a2's codes, its
+// scales, the amax word of a dynamic per-tensor scale.
+struct BatchedA2Layout {
+  size_t q = 0, scale = 0, amax = 0, bytes = 0;
+};
+
+BatchedA2Layout batched_a2_layout(int64_t rows, int64_t d, const QuantDesc& a2) {
+  const DeviceQuantShapes qs = device_quant_shapes(rows, d, a2);
+  BatchedA2Layout l;
+  l.scale = align_up(static_cast<size_t>(rows * d));
+  l.amax = align_up(l.scale + static_cast<size_t>(numel_of(qs.scale)) * 4);
+  l.bytes = l.amax + 4;
+  return l;
+}
+
+WorkspaceShapes batched_workspace_shapes(const MoEConfig& moe, const QuantConfig& quant, int64_t T,
+                                         int64_t N, int64_t K, int64_t local_num_experts,
+                                         Activation activation) {
+  const int64_t rows = local_num_experts * T;
+  const int64_t d = activation_output_dim(activation, N);
+  int64_t ws13 = rows * N;
+  if (quant.a2.dtype != QuantDType::kNone) {
+    const int64_t es = static_cast<int64_t>(element_size(moe.in_dtype));
+    const int64_t a2 = static_cast<int64_t>(batched_a2_layout(rows, d, quant.a2).bytes);
+    ws13 = std::max(ws13, (a2 + es - 1) / es);
+  }
+  return {{ws13}, {rows, d}, {local_num_experts, T, K}};
+}
+
 void batched_apply(const ExpertsModular& experts, const LaunchState& state,
                    const ExpertsApplyArgs& args, RunContext ctx) {
-  MOEKIT_CHECK(ctx.stream.handle != nullptr,
-               "Sm90BatchedExperts needs a CUDA stream in RunContext");
+  MOEKIT_CHECK(ctx.stream.handle != nullptr, "{} needs a CUDA stream in RunContext",
+               experts.name());
   const Tensor& x = args.hidden_states;
   expect_dim(x, "hidden_states", 3);
   expect_contiguous(x, "hidden_states");
@@ -602,7 +631,7 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
   expect_contiguous(args.w2, "w2");
   MOEKIT_CHECK(
       args.expert_tokens_meta != nullptr && args.expert_tokens_meta->expert_num_tokens.defined(),
-      "Sm90BatchedExperts needs per-expert token counts (ExpertTokensMetadata)");
+      "{} needs per-expert token counts (ExpertTokensMetadata)", experts.name());
   const Tensor& counts = args.expert_tokens_meta->expert_num_tokens;
   expect_dtype(counts, "expert_num_tokens", {DType::kInt32});
   expect_device(counts, "expert_num_tokens", x.device());
@@ -610,13 +639,21 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
   const int64_t N = args.w1.size(1);
   const int64_t d = activation_output_dim(args.activation, N);
   MOEKIT_CHECK(args.w1.size(0) == E && args.w2.size(2) == d,
-               "Sm90BatchedExperts: w1 {} / w2 {} do not fit hidden_states {}", args.w1.describe(),
+               "{}: w1 {} / w2 {} do not fit hidden_states {}", experts.name(), args.w1.describe(),
                args.w2.describe(), x.describe());
-  const DType dtype = x.dtype();
-  expect_dtype(args.w1, "w1", {dtype});
-  expect_dtype(args.w2, "w2", {dtype});
-  const Tensor& b1 = experts.quant_config().w1_bias();
-  const Tensor& b2 = experts.quant_config().w2_bias();
+  const QuantConfig& quant = experts.quant_config();
+  const bool scaled = state.scales != LaunchState::WeightScales::kNone;
+  // The activations' dtype (GEMM outputs, the activation, the output): x's, or for 8-bit codes
+  // the output's; `codes` the operands' dtype.
+  const DType dtype = scaled ? args.output.dtype() : x.dtype();
+  const DType codes = scaled ? args.w1.dtype() : dtype;
+  MOEKIT_CHECK(!scaled || is_8bit_codes(codes), "w1 holds {}, the experts take e4m3 or int8 codes",
+               args.w1.describe());
+  expect_dtype(x, "hidden_states", {codes});
+  expect_dtype(args.w1, "w1", {codes});
+  expect_dtype(args.w2, "w2", {codes});
+  const Tensor& b1 = quant.w1_bias();
+  const Tensor& b2 = quant.w2_bias();
 
   cuda::GroupedGemmArgs g1;
   g1.a = x.data();
@@ -633,9 +670,13 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
+  if (scaled) {
+    set_scaled_operands(g1, state, codes, state.w1_scale, quant.a1, args.a1q_scale, dtype);
+  }
+  void* act = args.workspace2.data();
   if (sm90_fuses_activation(experts.moe_config())) {
     set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
-    g1.c = args.workspace2.data();
+    g1.c = act;
     g1.ldc = d;
     run_gemm(g1, state.tile, state.w1, ctx.stream, "batched GEMM1 + activation");
     ctx.stage_done("gemm1");
@@ -644,17 +685,34 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
     ctx.stage_done("gemm1");
     // Rows past each expert's count hold stale values; their activations are never read.
     cuda::run_activation(args.activation, experts.moe_config().activation_params(),
-                         args.workspace13.data(), args.workspace2.data(), dtype, E * T, N, nullptr,
-                         nullptr, ctx.stream);
+                         args.workspace13.data(), act, dtype, E * T, N, nullptr, nullptr,
+                         ctx.stream);
     ctx.stage_done("activation");
   }
   cuda::GroupedGemmArgs g2 = g1;
   g2.fused_act = cuda::FusedActivation::kNone;
-  g2.a = args.workspace2.data();
+  g2.a = act;
   g2.lda = d;
   g2.w = args.w2.data();
   g2.bias = b2.defined() ? b2.data() : nullptr;
   g2.bias_is_fp32 = b2.defined() && b2.dtype() == DType::kF32;
+  if (scaled) {
+    // 8-bit codes: the activation requantized per the a2 scheme, the rows that exist only, into
+    // workspace13 (GEMM1's output, dead by now).
+    const BatchedA2Layout l = batched_a2_layout(E * T, d, quant.a2);
+    const Tensor& ws13 = args.workspace13;
+    MOEKIT_CHECK(ws13.nbytes() >= l.bytes, "workspace13 holds {} bytes, needs {}", ws13.nbytes(),
+                 l.bytes);
+    const DeviceQuantShapes qs = device_quant_shapes(E * T, d, quant.a2);
+    Tensor a2q = Tensor::from_blob(at<void>(ws13, l.q), qs.data, qs.data_dtype, x.device());
+    Tensor a2_scale = Tensor::from_blob(at<void>(ws13, l.scale), qs.scale, DType::kF32, x.device());
+    const Tensor act_rows = Tensor::from_blob(act, {E * T, d}, dtype, x.device());
+    quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws13, l.amax),
+                       {nullptr, counts.data_as<const int32_t>(), T}, ctx.stream);
+    ctx.stage_done("quantize a2");
+    set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);
+    g2.a = a2q.data();
+  }
   expect_shape(args.output, "experts output", {E, T, K});
   g2.c = args.output.data();
   g2.ldc = K;

@@ -86,6 +86,13 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
                                          int64_t N, int64_t K, int64_t topk,
                                          int64_t local_num_experts, Activation activation);
 
+// Workspaces of the batched launch sequence, T rows per expert: GEMM1's output (E * T, N) in
+// workspace13, the activation (E * T, N') in workspace2; with an 8-bit a2, its codes, scales and
+// amax word in workspace13 (dead once the activation is written).
+WorkspaceShapes batched_workspace_shapes(const MoEConfig& moe, const QuantConfig& quant, int64_t T,
+                                         int64_t N, int64_t K, int64_t local_num_experts,
+                                         Activation activation);
+
 // SM count, kernel attributes and W's tensor maps for w1 (E, N, K) and w2 (E, K, N'), on their
 // device (fp8 / int8 codes: for GEMMs writing act_dtype). Outside graph capture.
 // Packed weights (state.packing) are prepared as such.
@@ -111,7 +118,8 @@ void repack_mxfp6_codes(Tensor& w, bool to_kernel, Stream stream);
 // align -> GEMM1 (+ fused activation) -> (activation) -> GEMM2 -> weighted unpermute.
 void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
                    const ExpertsApplyArgs& args, RunContext ctx);
-// GEMM1 (+ fused activation) -> (activation) -> GEMM2 on the batched schedule.
+// GEMM1 (+ fused activation) -> (activation) -> (requantization) -> GEMM2 on the batched
+// schedule.
 void batched_apply(const ExpertsModular& experts, const LaunchState& state,
                    const ExpertsApplyArgs& args, RunContext ctx);
 

@@ -14,7 +14,9 @@ struct BatchedDeviceState {
   int64_t T = 0, K = 0, max_slots = 0;
   int E = 0;
   DType dtype = DType::kBF16;
-  Tensor a1q;              // (E, T, K)
+  Tensor a1q;        // (E, T, K)
+  Tensor a1q_scale;  // (E, T, G) f32: the rows' scales scattered beside them (G = 0: none)
+  int64_t G = 0;
   Tensor counts;           // (E,) int32: tokens per expert (align)
   Tensor out_counts;       // (E,) int32: min(count, T), what the experts see
   Tensor offsets;          // (E + 1,) int32
@@ -27,9 +29,9 @@ struct BatchedDeviceState {
 };
 
 PrepareResult batched_prepare_device(std::shared_ptr<BatchedDeviceState>& state, const Tensor& a1,
-                                     const Tensor& topk_ids, const Tensor& expert_map,
-                                     int64_t num_global_experts, int num_local_experts, int64_t T,
-                                     int rank, RunContext ctx) {
+                                     const Tensor& a1_scale, const Tensor& topk_ids,
+                                     const Tensor& expert_map, int64_t num_global_experts,
+                                     int num_local_experts, int64_t T, int rank, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr, "PrepareFinalizeBatched on {} needs a CUDA stream",
                a1.device().to_string());
   MOEKIT_CHECK(expert_map.defined() || rank == 0,
@@ -39,11 +41,18 @@ PrepareResult batched_prepare_device(std::shared_ptr<BatchedDeviceState>& state,
   expect_contiguous(topk_ids, "topk_ids");
   const int64_t M = a1.size(0), K = a1.size(1);
   const int top_k = static_cast<int>(topk_ids.size(1));
+  const int64_t G = a1_scale.defined() ? a1_scale.size(1) : 0;
+  if (a1_scale.defined()) {
+    expect_contiguous(a1_scale, "a1_scale");
+    MOEKIT_CHECK(a1_scale.dim() == 2 && a1_scale.size(0) == M && a1_scale.dtype() == DType::kF32,
+                 "PrepareFinalizeBatched: a1_scale {} must be f32 rows (M={}, groups) beside a1",
+                 a1_scale.describe(), M);
+  }
   MOEKIT_CHECK(M <= T, "PrepareFinalizeBatched: M={} tokens exceed max_num_tokens * dispatchers={}",
                M, T);
   const int64_t max_slots = T * top_k;
   if (!state || state->T != T || state->K != K || state->E != num_local_experts ||
-      state->dtype != a1.dtype() || state->max_slots < max_slots) {
+      state->dtype != a1.dtype() || state->G != G || state->max_slots < max_slots) {
     auto s = std::make_shared<BatchedDeviceState>();
     const Device d = a1.device();
     s->T = T;
@@ -52,6 +61,8 @@ PrepareResult batched_prepare_device(std::shared_ptr<BatchedDeviceState>& state,
     s->dtype = a1.dtype();
     s->max_slots = max_slots;
     s->a1q = Tensor::zeros({num_local_experts, T, K}, a1.dtype(), d);
+    s->G = G;
+    if (G > 0) s->a1q_scale = Tensor::zeros({num_local_experts, T, G}, DType::kF32, d);
     s->counts = Tensor::empty({num_local_experts}, DType::kInt32, d);
     s->out_counts = Tensor::empty({num_local_experts}, DType::kInt32, d);
     s->offsets = Tensor::empty({num_local_experts + 1}, DType::kInt32, d);
@@ -105,9 +116,17 @@ PrepareResult batched_prepare_device(std::shared_ptr<BatchedDeviceState>& state,
     MOEKIT_CHECK(false, "PrepareFinalizeBatched scatter: {}", why);
   }
   MOEKIT_CUDA_CHECK(cuda::launch_batched_scatter(sc, stream));
+  if (G > 0) {  // the same rows of the scales
+    sc.x = a1_scale.data();
+    sc.x_row_stride = sc.hidden = G;
+    sc.elem_bytes = 4;
+    sc.out = s.a1q_scale.data();
+    MOEKIT_CUDA_CHECK(cuda::launch_batched_scatter(sc, stream));
+  }
 
   PrepareResult result;
   result.a1q = s.a1q;
+  if (G > 0) result.a1q_scale = s.a1q_scale;
   ExpertTokensMetadata meta;
   meta.expert_num_tokens = s.out_counts;
   result.expert_tokens_meta = meta;

@@ -17,13 +17,14 @@ namespace moekit::detail {
 
 struct BatchedDeviceState;
 
-// Scatters a1 (M, K) (already router-weighted if needed) on its GPU. Tokens an expert receives
-// beyond T are dropped (the CPU path rejects them; on the GPU M <= T rules that out unless a row
-// repeats an expert).
+// Scatters a1 (M, K) (already router-weighted if needed, or its codes) on its GPU, and a1_scale
+// (M, G) f32 beside it when defined (the codes' per-row scales: a1q_scale (E_local, T, G)).
+// Tokens an expert receives beyond T are dropped (the CPU path rejects them; on the GPU M <= T
+// rules that out unless a row repeats an expert).
 PrepareResult batched_prepare_device(std::shared_ptr<BatchedDeviceState>& state, const Tensor& a1,
-                                     const Tensor& topk_ids, const Tensor& expert_map,
-                                     int64_t num_global_experts, int num_local_experts, int64_t T,
-                                     int rank, RunContext ctx);
+                                     const Tensor& a1_scale, const Tensor& topk_ids,
+                                     const Tensor& expert_map, int64_t num_global_experts,
+                                     int num_local_experts, int64_t T, int rank, RunContext ctx);
 
 // output (M, K) = sum over each token's slots of w * y[e, t, :], in slot order, fp32 accumulation.
 void batched_finalize_device(const std::shared_ptr<BatchedDeviceState>& state, Tensor output,
