@@ -534,6 +534,8 @@ const ExpertsClass& CpuOcpMxExperts::klass() {
                                                  {qk::kMxfp4Static, std::nullopt},
                                                  {qk::kMxfp6E3M2Static, qk::kMxfp6E3M2Dynamic},
                                                  {qk::kMxfp6E2M3Static, qk::kMxfp6E2M3Dynamic},
+                                                 {qk::kMxfp6E3M2Static, qk::kFp8StaticTensorSym},
+                                                 {qk::kMxfp6E2M3Static, qk::kFp8StaticTensorSym},
                                              },
                                              /*deferred=*/true),
                               factory_of<CpuOcpMxExperts>());

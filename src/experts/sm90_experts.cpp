@@ -647,13 +647,24 @@ Tensor per_expert_activation_scale(const QuantDesc& desc, int64_t E, Device devi
                                    std::string_view name) {
   MOEKIT_CHECK(
       desc.dtype == QuantDType::kFp8E4M3 && desc.scale.defined() && desc.scale.numel() == 1,
-      "{}: MXFP4 weights take fp8 activations with one static per-tensor scale, got {}", name,
+      "{}: MX weights take fp8 activations with one static per-tensor scale, got {}", name,
       desc.scale.defined() ? desc.scale.describe() : std::string("none (dynamic)"));
   const float s = desc.scale.to_float_vector()[0];
   MOEKIT_CHECK(std::isfinite(s) && s > 0.0f, "{} is {}: it must be finite and > 0", name, s);
   const Tensor host =
       Tensor::from_floats(std::vector<float>(static_cast<size_t>(E), s), {E}, DType::kF32);
   return device.is_cpu() ? host : host.to(device);
+}
+
+// fp8 activations of MX weights: their static scales, one per expert for the epilogue
+// (w*_global: each GEMM's accumulator scale): the kernels multiply e4m3 codes, as bf16, by the
+// weights converted to bf16.
+void bind_fp8_activation_scales(sm90::LaunchState& state, const MoEConfig& moe,
+                                const QuantConfig& quant) {
+  const int64_t E = moe.num_local_experts;
+  const Device device = moe.device.device();
+  state.w1_global = per_expert_activation_scale(quant.a1, E, device, "a1 (w13 input) scale");
+  state.w2_global = per_expert_activation_scale(quant.a2, E, device, "a2 (w2 input) scale");
 }
 
 }  // namespace
@@ -688,14 +699,7 @@ Sm90Mxfp4Experts::Sm90Mxfp4Experts(const MoEConfig& moe, const QuantConfig& quan
   state_->scales = sm90::LaunchState::WeightScales::kMxfp4;
   state_->packing = cuda::WPacking::kMxfp4;
   bind_group_scales(*state_, moe, quant, /*nvfp4=*/false, "MXFP4");
-  if (fp8_activations) {
-    // The activations' static scales, one per expert for the epilogue (w*_global: each GEMM's
-    // accumulator scale): the kernels multiply e4m3 codes, as bf16, by the bf16 weights.
-    const int64_t E = moe.num_local_experts;
-    const Device device = moe.device.device();
-    state_->w1_global = per_expert_activation_scale(quant.a1, E, device, "a1 (w13 input) scale");
-    state_->w2_global = per_expert_activation_scale(quant.a2, E, device, "a2 (w2 input) scale");
-  }
+  if (fp8_activations) bind_fp8_activation_scales(*state_, moe, quant);
 }
 
 // ---- Sm90Mxfp6Experts -------------------------------------------------------------------------
@@ -706,7 +710,9 @@ const ExpertsClass& Sm90Mxfp6Experts::klass() {
   static const ExpertsClass k = sm90_quantized_class<Sm90Mxfp6Experts>(
       "Sm90Mxfp6Experts",
       {{quant_keys::kMxfp6E3M2Static, quant_keys::kMxfp6E3M2Dynamic},
-       {quant_keys::kMxfp6E2M3Static, quant_keys::kMxfp6E2M3Dynamic}},
+       {quant_keys::kMxfp6E2M3Static, quant_keys::kMxfp6E2M3Dynamic},
+       {quant_keys::kMxfp6E3M2Static, quant_keys::kFp8StaticTensorSym},
+       {quant_keys::kMxfp6E2M3Static, quant_keys::kFp8StaticTensorSym}},
       sm90_fp4_shape_check("MXFP6", 64), {DType::kBF16}, /*expects_unquantized_inputs=*/true);
   return k;
 }
@@ -714,17 +720,20 @@ const ExpertsClass& Sm90Mxfp6Experts::klass() {
 Sm90Mxfp6Experts::Sm90Mxfp6Experts(const MoEConfig& moe, const QuantConfig& quant)
     : Sm90StandardExpertsBase(klass(), moe, quant) {
   const QuantDType el = quant.w1.dtype;
-  MOEKIT_CHECK((el == QuantDType::kFp6E3M2 || el == QuantDType::kFp6E2M3) &&
-                   (quant.w1.shape == GroupShape{1, 32}) && quant.a1.dtype == el &&
-                   (quant.a1.shape == GroupShape{1, 32}),
-               "Sm90Mxfp6Experts runs MXFP6 weights (e3m2 or e2m3, e8m0 per 32) with MXFP6 "
-               "activations of the same element only, got {}",
-               quant.describe());
+  const bool fp8_activations = quant.a1.dtype == QuantDType::kFp8E4M3;
+  MOEKIT_CHECK(
+      (el == QuantDType::kFp6E3M2 || el == QuantDType::kFp6E2M3) &&
+          (quant.w1.shape == GroupShape{1, 32}) &&
+          ((quant.a1.dtype == el && (quant.a1.shape == GroupShape{1, 32})) || fp8_activations),
+      "Sm90Mxfp6Experts runs MXFP6 weights (e3m2 or e2m3, e8m0 per 32) with MXFP6 "
+      "activations of the same element or fp8 per-tensor ones only, got {}",
+      quant.describe());
   sm90::choose_tiles(*state_, moe, "Sm90Mxfp6Experts", cuda::sm90::TileFamily::kW4A16);
   state_->scales = sm90::LaunchState::WeightScales::kMxfp4;  // e8m0 per 32, as MXFP4's
   state_->packing =
       el == QuantDType::kFp6E3M2 ? cuda::WPacking::kMxfp6E3M2 : cuda::WPacking::kMxfp6E2M3;
   bind_group_scales(*state_, moe, quant, /*nvfp4=*/false, "MXFP6");
+  if (fp8_activations) bind_fp8_activation_scales(*state_, moe, quant);
 }
 
 // ---- Sm90Nvfp4Experts -------------------------------------------------------------------------

@@ -278,6 +278,10 @@ std::pair<json, json> scheme_hints(const std::string& scheme) {
     const char* d = scheme == "mxfp6_e3m2" ? "fp6_e3m2" : "fp6_e2m3";
     return {group_spec(d, 32, false, true), group_spec(d, 32, true, true)};
   }
+  if (scheme == "mxfp6_e3m2_a8" || scheme == "mxfp6_e2m3_a8") {
+    const char* d = scheme == "mxfp6_e3m2_a8" ? "fp6_e3m2" : "fp6_e2m3";
+    return {group_spec(d, 32, false, true), spec("fp8_e4m3", "per_tensor", false)};
+  }
   if (scheme == "int8_w8a8") {
     json w = spec("int8", "per_channel", false);
     w["ch_axis"] = 0;
@@ -427,15 +431,15 @@ void emit_projection(Emitter& out, const std::string& p, const std::vector<float
     return;
   }
   if (scheme.rfind("mxfp", 0) == 0) {
-    const QuantDType el = scheme.rfind("mxfp4", 0) == 0 ? QuantDType::kFp4E2M1
-                          : scheme == "mxfp6_e3m2"      ? QuantDType::kFp6E3M2
-                                                        : QuantDType::kFp6E2M3;
+    const QuantDType el = scheme.rfind("mxfp4", 0) == 0        ? QuantDType::kFp4E2M1
+                          : scheme.rfind("mxfp6_e3m2", 0) == 0 ? QuantDType::kFp6E3M2
+                                                               : QuantDType::kFp6E2M3;
     const quant::QuantizedTensor q = quant::quantize(data, rows, cols, QuantScheme::mx(el));
     out.bytes(p + ".weight", "U8", {rows, quant::code_row_bytes(el, cols)}, q.codes.data(),
               q.codes.size());
     out.bytes(p + ".weight_scale", "U8", {q.scale_rows, q.scale_cols}, q.scale_codes.data(),
               q.scale_codes.size());
-    if (scheme == "mxfp4_a8") out.scalar(p + ".input_scale", act_amax / 448.0f);
+    if (scheme.ends_with("_a8")) out.scalar(p + ".input_scale", act_amax / 448.0f);
     return;
   }
   throw Error(fmt::format("unknown fixture scheme '{}'", scheme));
@@ -612,14 +616,33 @@ void write_checkpoint(const std::filesystem::path& dir, const std::vector<Entry>
 }  // namespace
 
 const std::vector<std::string>& fixture_schemes() {
-  static const std::vector<std::string> kSchemes = {
-      "bf16",         "fp8_per_tensor",  "fp8_per_channel", "fp8_block128",
-      "w4a8_fp8",     "nvfp4",           "nvfp4_w4a16",     "mxfp4_w4a16",
-      "mxfp4_a8",     "mxfp4_a4",        "mxfp6_e3m2",      "mxfp6_e2m3",
-      "int8_w8a8",    "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor",
-      "hf_mxfp4",     "ct_fp8_static",   "ct_fp8_dynamic",  "ct_fp8_block128",
-      "ct_int8_w8a8", "ct_nvfp4",        "ct_nvfp4a16",     "mo_fp8",
-      "mo_nvfp4"};
+  static const std::vector<std::string> kSchemes = {"bf16",
+                                                    "fp8_per_tensor",
+                                                    "fp8_per_channel",
+                                                    "fp8_block128",
+                                                    "w4a8_fp8",
+                                                    "nvfp4",
+                                                    "nvfp4_w4a16",
+                                                    "mxfp4_w4a16",
+                                                    "mxfp4_a8",
+                                                    "mxfp4_a4",
+                                                    "mxfp6_e3m2",
+                                                    "mxfp6_e2m3",
+                                                    "mxfp6_e3m2_a8",
+                                                    "mxfp6_e2m3_a8",
+                                                    "int8_w8a8",
+                                                    "int8_per_tensor",
+                                                    "hf_fp8_block128",
+                                                    "hf_fp8_per_tensor",
+                                                    "hf_mxfp4",
+                                                    "ct_fp8_static",
+                                                    "ct_fp8_dynamic",
+                                                    "ct_fp8_block128",
+                                                    "ct_int8_w8a8",
+                                                    "ct_nvfp4",
+                                                    "ct_nvfp4a16",
+                                                    "mo_fp8",
+                                                    "mo_nvfp4"};
   return kSchemes;
 }
 

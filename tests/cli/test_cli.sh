@@ -122,6 +122,10 @@ expect 0 "sm90_mxfp4 +Sm90Mxfp4Experts +CHOSEN" explain --device h200 --model sm
 # the repacked rows; a size that is not a multiple of 64 is padded up to the kernels' rows.
 expect 0 "sm90_mxfp6 +Sm90Mxfp6Experts +CHOSEN" explain --device h200 --model small --quant mxfp6_e3m2
 expect 0 "sm90_mxfp6 +Sm90Mxfp6Experts +CHOSEN" explain --device h200 --model small --quant mxfp6_e2m3
+# MXFP6 weights with static fp8 activations (w_mxfp6_*_a_fp8, which the original has no fused
+# config for): the same kernels on the activations' e4m3 codes, as mxfp4_a8.
+expect 0 "sm90_mxfp6 +Sm90Mxfp6Experts +CHOSEN" \
+  explain --device h200 --model small --quant mxfp6_e3m2_a8
 # W4A8 on Hopper: int4 converted to e4m3 by the GEMMs' producer, the swap-AB row at decode.
 expect 0 "sm90_w4a8 +Sm90W4A8Experts +CHOSEN" explain --device h200 --model small --quant w4a8_fp8
 expect 0 "M=1 +gemm1 16x64tma +gemm2 16x64tma" \

@@ -5,7 +5,7 @@
 // the float64 reference: fp8 (128x128 blocks with 1x128 activation groups, per-tensor static,
 // per-channel with per-token activations), int8 (per-channel weights with per-token activations,
 // per-tensor static), W4A8 (int4 per-channel weights, fp8 activations), MXFP4 weights with bf16
-// activations (gpt-oss W4A16), MXFP6 weights with MXFP6 activations (e3m2 and e2m3) and NVFP4
+// activations (gpt-oss W4A16), MXFP6 weights with MXFP6 (e3m2 and e2m3) or fp8 activations, NVFP4
 // weights with bf16 activations (a W4A16 checkpoint, and a W4A4 one that Hopper runs weight-only:
 // it is held to its own W4A16 float64 recomputation and to the W4A4 emulation within the scheme's
 // tolerance), H and I that are not multiples of 128, M = 0 .. 65537, an expert map, shared experts,
@@ -66,6 +66,8 @@ SchemeInfo scheme_info(const std::string& scheme) {
     return {"Sm90Mxfp4Experts", "CpuMxfp4Experts", "fp8_w8a8_gpu", "mxfp4"};
   if (scheme == "mxfp6_e3m2" || scheme == "mxfp6_e2m3")
     return {"Sm90Mxfp6Experts", "CpuOcpMxExperts", "mxfp6_gpu", "mxfp6"};
+  if (scheme == "mxfp6_e3m2_a8" || scheme == "mxfp6_e2m3_a8")  // fp8 codes, as mxfp4_a8
+    return {"Sm90Mxfp6Experts", "CpuOcpMxExperts", "fp8_w8a8_gpu", "mxfp6"};
   if (scheme.rfind("int8_", 0) == 0) {
     return {"Sm90Int8Experts", "CpuInt8Experts", "int8_w8a8_gpu", "int8_w8a8"};
   }
@@ -184,9 +186,10 @@ TEST_P(QuantizedGpuVsEmulation, MatchesEmulationAndFloat64) {
 
 std::vector<SchemeCase> scheme_cases() {
   std::vector<SchemeCase> v;
-  for (const char* scheme : {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8",
-                             "int8_per_tensor", "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8",
-                             "mxfp4_a4", "mxfp4_a8", "mxfp6_e3m2", "mxfp6_e2m3"}) {
+  for (const char* scheme :
+       {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8", "int8_per_tensor",
+        "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8", "mxfp4_a4", "mxfp4_a8", "mxfp6_e3m2",
+        "mxfp6_e2m3", "mxfp6_e3m2_a8", "mxfp6_e2m3_a8"}) {
     // small: H 256, I 384 (multiples of 128); small-h320: H 320 (partial K and N blocks);
     // small-deepseek: shared experts, grouped routing; small-gpt-oss: H = I = 192, swigluoai with
     // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128;
@@ -227,7 +230,7 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
       {"16x64tma", {"fp8_block128", "fp8_per_channel", "fp8_per_tensor"}},
       {"64x64", {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp6_e3m2", "mxfp6_e2m3"}},
       {"128x128", {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp6_e3m2", "mxfp6_e2m3"}},
-      {"16x64", {"mxfp6_e3m2", "mxfp6_e2m3"}},
+      {"16x64", {"mxfp6_e3m2", "mxfp6_e2m3", "mxfp6_e3m2_a8"}},
       {"1x64simt", {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp6_e3m2", "mxfp6_e2m3"}},
       {"16x64tma", {"w4a8_fp8"}},
       {"128x256", {"w4a8_fp8"}},

@@ -92,6 +92,8 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
       {"mxfp4_a4", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts"},
       {"mxfp6_e3m2", "QuarkOCP_MX_MoEMethod", "mxfp6", "CpuOcpMxExperts"},
       {"mxfp6_e2m3", "QuarkOCP_MX_MoEMethod", "mxfp6", "CpuOcpMxExperts"},
+      {"mxfp6_e3m2_a8", "QuarkOCP_MX_MoEMethod", "mxfp6", "CpuOcpMxExperts"},
+      {"mxfp6_e2m3_a8", "QuarkOCP_MX_MoEMethod", "mxfp6", "CpuOcpMxExperts"},
       {"int8_w8a8", "QuarkW8A8Int8MoEMethod", "int8_w8a8", "CpuInt8Experts"},
       {"int8_per_tensor", "QuarkW8A8Int8MoEMethod", "int8_w8a8", "CpuInt8Experts"},
       {"hf_fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},

@@ -309,13 +309,23 @@ TEST(QuarkMethod, OcpMxSchemesAndErrors) {
                    "w_mxfp4_a_fp8");
   EXPECT_ERROR_HAS(QuarkOcpMxMoEMethod(make_moe(), qk::kMxfp4Static, qk::kFp8DynamicTokenSym),
                    "Unsupported activation quant key");
-  // mxfp6 weights with static fp8 activations: a method, but no fused MoE quant config.
+  // mxfp6 weights with static fp8 activations: the original has no fused MoE quant config for
+  // them; moekit's is MXFP4's with MXFP6 weights (the per-expert input scales' maximum).
   auto m6 = method(kE3m2Mx, kFp8T);
   ExpertParams p;
   m6->create_weights(p, 4, 64, 32, DType::kBF16);
-  EXPECT_ERROR_HAS(m6->process_weights_after_loading(p),
-                   "no corresponding fused moe quant config configured for OCP MX scheme "
-                   "w_mxfp6_e3m2_a_fp8");
+  p.replace("w13_input_scale",
+            Tensor::from_floats(std::vector<float>{0.5f, 2.0f, 1.0f, 0.25f}, {4}, DType::kF32));
+  p.replace("w2_input_scale",
+            Tensor::from_floats(std::vector<float>{1.0f, 1.0f, 3.0f, 1.0f}, {4}, DType::kF32));
+  m6->process_weights_after_loading(p);
+  const QuantConfig q = m6->get_fused_moe_quant_config(p);
+  EXPECT_EQ(q.w1.dtype, QuantDType::kFp6E3M2);
+  EXPECT_EQ(q.a1.dtype, QuantDType::kFp8E4M3);
+  EXPECT_TRUE(q.a1.shape.is_per_tensor());
+  EXPECT_EQ(q.a1.scale.to_float_vector(), std::vector<float>{2.0f});
+  EXPECT_EQ(q.a2.scale.to_float_vector(), std::vector<float>{3.0f});
+  EXPECT_EQ(quant_keys_of(q).second, qk::kFp8StaticTensorSym);
 }
 
 TEST(QuarkMethod, RoundupSizes) {

@@ -107,8 +107,8 @@ class CpuMxfp4Experts final : public CpuEmulationExperts {
 
 // OCP MX emulation (expects unquantized inputs: activations are quantize-dequantized inside, as
 // the original's OCP MX emulation). Schemes: (Mxfp4Static, Mxfp4Dynamic | Mxfp6E3M2Dynamic |
-// Mxfp6E2M3Dynamic | Fp8StaticTensor | None), (Mxfp6E3M2Static, Mxfp6E3M2Dynamic),
-// (Mxfp6E2M3Static, Mxfp6E2M3Dynamic).
+// Mxfp6E2M3Dynamic | Fp8StaticTensor | None), (Mxfp6E3M2Static, Mxfp6E3M2Dynamic |
+// Fp8StaticTensor), (Mxfp6E2M3Static, Mxfp6E2M3Dynamic | Fp8StaticTensor).
 class CpuOcpMxExperts final : public CpuEmulationExperts {
  public:
   CpuOcpMxExperts(const MoEConfig& moe, const QuantConfig& quant,

@@ -141,8 +141,10 @@ class Sm90Mxfp4Experts final : public Sm90StandardExpertsBase {
 // the W4A16 kernels of Sm90Mxfp4Experts on rows repacked at load into a low nibble plane (the
 // MXFP4 kernel layout) and a plane of the codes' top two bits (sm90_mxfp6 backend's weight
 // layout), converted exactly to bf16 in the mainloop; the activations rounded to their MXFP6
-// values on the GPU (exact in bf16), as for Sm90Mxfp4Experts' MX activations. H and I multiples
-// of 64 (rows of 3k / 4 bytes in whole 16-byte chunks).
+// values on the GPU (exact in bf16), as for Sm90Mxfp4Experts' MX activations. Also with static
+// per-tensor fp8 activations (Quark w_mxfp6_*_a_fp8): their e4m3 codes as bf16 values, the scale
+// in each GEMM's epilogue, as Sm90Mxfp4Experts' fp8 ones. H and I multiples of 64 (rows of 3k / 4
+// bytes in whole 16-byte chunks).
 class Sm90Mxfp6Experts final : public Sm90StandardExpertsBase {
  public:
   static const ExpertsClass& klass();

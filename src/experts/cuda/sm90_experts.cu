@@ -63,12 +63,14 @@ std::optional<cuda::MxElement> mx_activation(const QuantDesc& a) {
   }
 }
 
-// MXFP4 weights with fp8 per-tensor activations (Quark w_mxfp4_a_fp8): the activations become
-// e4m3 codes stored as their bf16 values (exact) for the bf16 kernels, and each GEMM's activation
-// scale is applied in its epilogue (as a per-expert scale: the same for every expert).
+// MXFP4 / MXFP6 weights with fp8 per-tensor activations (Quark w_mxfp4_a_fp8, w_mxfp6_*_a_fp8):
+// the activations become e4m3 codes stored as their bf16 values (exact) for the bf16 kernels,
+// and each GEMM's activation scale is applied in its epilogue (as a per-expert scale: the same
+// for every expert).
 bool fp8_codes_as_bf16(const QuantConfig& q) {
-  return q.w1.dtype == QuantDType::kFp4E2M1 && q.w1.shape == GroupShape{1, 32} &&
-         q.a1.dtype == QuantDType::kFp8E4M3;
+  const bool mx_weights = q.w1.dtype == QuantDType::kFp4E2M1 ||
+                          q.w1.dtype == QuantDType::kFp6E3M2 || q.w1.dtype == QuantDType::kFp6E2M3;
+  return mx_weights && q.w1.shape == GroupShape{1, 32} && q.a1.dtype == QuantDType::kFp8E4M3;
 }
 
 // The codes of x (rows < num_rows when given) under a static per-tensor e4m3 scale, as bf16

@@ -989,12 +989,6 @@ void QuarkOcpMxMoEMethod::process_weights_after_loading(ExpertParams& layer) {
 }
 
 QuantConfig QuarkOcpMxMoEMethod::get_fused_moe_quant_config(const ExpertParams& layer) const {
-  if (scheme_ == "w_mxfp6_e3m2_a_fp8" || scheme_ == "w_mxfp6_e2m3_a_fp8") {
-    throw UnsupportedError(
-        fmt::format("Currently there is no corresponding fused moe quant config configured for "
-                    "OCP MX scheme {}.",
-                    scheme_));
-  }
   MxParams p;
   p.w1_scale = layer.get("w13_weight_scale");
   p.w2_scale = layer.get("w2_weight_scale");
@@ -1005,6 +999,13 @@ QuantConfig QuarkOcpMxMoEMethod::get_fused_moe_quant_config(const ExpertParams& 
     p.a1_scale = layer.get("w13_input_scale");
     p.a2_scale = layer.get("w2_input_scale");
     return mxfp4_w4a8_moe_quant_config(shape, p);
+  }
+  if (input_dtype_ == "fp8") {
+    // MXFP6 weights with static fp8 activations (w_mxfp6_*_a_fp8): the original has no fused
+    // MoE config for them; moekit builds one as for MXFP4's, which the CPU OCP MX emulation and
+    // the Hopper MXFP6 experts serve.
+    p.a1_scale = layer.get("w13_input_scale");
+    p.a2_scale = layer.get("w2_input_scale");
   }
   p.swiglu = layer.swiglu;
   return ocp_mx_moe_quant_config(shape, ocp_dtype(input_dtype_), ocp_dtype(weight_dtype_), p);
