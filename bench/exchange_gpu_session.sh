@@ -1,27 +1,36 @@
 #!/usr/bin/env bash
-# Device call for the exchanges on GPU ranks (2026-12-06): the NCCL tests (world size 1: every
-# prepare/finalize on GPU ranks against the same layer without exchange) and compute-sanitizer
-# memcheck on them, then every GPU test and the bench with the Triton peer.
+# Device call for the exchanges on GPU ranks, the batched fp8 experts and MXFP6 x fp8
+# (2026-12-06), sized for one call of at most 600 s:
 # Pack first: bash scripts/pack-for-device.sh ../shared/peers/triton_peer.py
 # Parts (arguments, in order):
-#   nccl   build/tests/test_gpu_comm_nccl, then memcheck on its exchange tests; the batched fp8
-#          experts' and the device quantizer's tests, memcheck on the former
-#   tests  every GPU test binary (bench/h200_session.sh tests)
-#   bench  moekit bench (bf16) and the Triton peer in the same call; then gpt-oss-120b under each
-#          scheme of $BENCH_QUANT
+#   tests     every GPU test binary (bench/h200_session.sh tests; the NCCL exchanges at world
+#             size 1, the batched fp8 experts and the MXFP6 x fp8 sweep among them)
+#   memcheck  compute-sanitizer memcheck on the exchange layers and the batched fp8 experts
+#   fp8bench  moekit bench --quant fp8_per_tensor / fp8_block128 and the Triton peer's fp8 at
+#             decode sizes on qwen3-30b-a3b (the swap-AB rows' transposed epilogue), ratio tables
+#   bench     moekit bench (bf16) and the Triton peer in the same call
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
-part_nccl() {
-  run_gtest nccl 240 build/tests/test_gpu_comm_nccl
-  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_gpu_comm_nccl \
+part_tests() {
+  OUT=$log timeout 330 bash bench/h200_session.sh tests >/dev/null 2>&1
+  cat "$log/summary.txt" 2>/dev/null
+  grep -hE "^\[  FAILED|Failure" "$log"/test_*.log | head -20
+}
+part_memcheck() {
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_gpu_comm_nccl \
     --gtest_brief=1 --gtest_filter='NcclExchangeLayer.*:NcclLowLatencyLayer.*' \
     >"$log/nccl_memcheck.log" 2>&1
-  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/nccl_memcheck.log" | tr '\n' ' ')"
-  run_gtest batched_fp8 240 build/tests/test_gpu_quantized 'QuantizedGpu.BatchedFp8*:QuantizedGpu.DeviceQuantizer*'
-  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_gpu_quantized \
+  echo "memcheck nccl rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/nccl_memcheck.log" | tr '\n' ' ')"
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_gpu_quantized \
     --gtest_brief=1 --gtest_filter='QuantizedGpu.BatchedFp8*' >"$log/batched_fp8_memcheck.log" 2>&1
-  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/batched_fp8_memcheck.log" | tr '\n' ' ')"
+  echo "memcheck batched fp8 rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/batched_fp8_memcheck.log" | tr '\n' ' ')"
 }
-part_tests() { all_gpu_tests; }
+part_fp8bench() {
+  OUT=$log QUANT=fp8_per_tensor,fp8_block128 QUANT_MODELS=qwen3-30b-a3b \
+    TENSOR_MODELS=qwen3-30b-a3b QUANT_TOKENS=1,16,64,256 timeout 110 \
+    bash bench/h200_session.sh quant peerq >/dev/null 2>&1
+  for f in "$log"/bench_fp8_*.log; do grep -E "^ +[0-9]" "$f"; done
+  cat "$log"/ratio_fp8*.md 2>/dev/null | tail -n 20
+}
 part_bench() { bench_with_peer ${BENCH_QUANT:-}; }
 run_parts "$@"

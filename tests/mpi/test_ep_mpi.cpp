@@ -4,19 +4,23 @@
 // same seed: rank r's experts are a slice of it). Uneven token counts with an idle rank, ids of
 // -1, shared experts, quantized dispatch (per-token / per-group scales travel with the rows; a
 // dynamic per-tensor scale is taken after the exchange), the async hook/receiver protocol, and the
-// reasons a deployment is refused.
+// reasons a deployment is refused. The same on GPU ranks over NCCL with MOEKIT_EP_TEST_DEVICE=cuda
+// (one GPU per rank).
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <vector>
 
 #include "moekit/comm/mpi.h"
+#include "moekit/comm/nccl.h"
 #include "moekit/config/quant_factories.h"
+#include "moekit/core/tolerance.h"
 #include "moekit/io/fixtures.h"
 #include "moekit/layer/checkpoint.h"
 #include "moekit/layer/moe_layer.h"
@@ -26,9 +30,23 @@
 namespace moekit {
 namespace {
 
+// MOEKIT_EP_TEST_DEVICE=cuda: the ranks run on GPUs (rank r on GPU r modulo the visible ones)
+// and exchange over NCCL, bootstrapped over MPI (two ranks need two GPUs: NCCL refuses two ranks
+// on one; bench/ep_two_gpu_session.sh). The single-rank reference stays on the CPU. Default: CPU
+// ranks over MPI (CI).
+bool gpu_ranks() {
+  static const bool gpu = [] {
+    const char* v = std::getenv("MOEKIT_EP_TEST_DEVICE");
+    return v != nullptr && std::string(v) == "cuda";
+  }();
+  return gpu;
+}
+
 std::shared_ptr<Communicator> world() {
   if (!mpi_available()) return nullptr;
-  return mpi_world_communicator();
+  static const std::shared_ptr<Communicator> comm =
+      gpu_ranks() ? nccl_world_communicator() : mpi_world_communicator();
+  return comm;
 }
 
 #define REQUIRE_RANKS()                                                \
@@ -63,7 +81,38 @@ MoELayerOptions ep_options(const Backend& b, const std::shared_ptr<Communicator>
   o.parallel = ParallelConfig::make(1, comm->world_size(), comm->rank(), 0, true, key);
   o.communicator = comm;
   o.max_num_tokens = kMaxTokens;
+  if (gpu_ranks()) {
+    o.device = default_device_info();
+    o.device.index = comm->device().index;
+  }
   return o;
+}
+
+// ep's output for host x and logits (on its GPU and back, under MOEKIT_EP_TEST_DEVICE=cuda),
+// from a poisoned buffer.
+Tensor run_ep(MoELayer& ep, const Tensor& x, const Tensor& logits) {
+  const Device d = ep.moe_config().device.device();
+  Tensor out = testing::poisoned(x.shape(), DType::kBF16);
+  if (d.is_cpu()) {
+    ep.forward_into(out, x, logits, {});
+    return out;
+  }
+  Tensor on_device = out.to(d);
+  ep.forward_into(on_device, x.to(d), logits.to(d), {});  // the layer's stream, synchronised
+  return on_device.to(Device::cpu());
+}
+
+// The same for routed inputs.
+Tensor run_ep_routed(MoELayer& ep, const Tensor& x, const Tensor& ids, const Tensor& weights) {
+  const Device d = ep.moe_config().device.device();
+  Tensor out = testing::poisoned(x.shape(), DType::kBF16);
+  if (d.is_cpu()) {
+    ep.forward_routed_into(out, x, ids, weights, {});
+    return out;
+  }
+  Tensor on_device = out.to(d);
+  ep.forward_routed_into(on_device, x.to(d), ids.to(d), weights.to(d), {});
+  return on_device.to(Device::cpu());
 }
 
 MoELayerOptions single_options() {
@@ -77,9 +126,11 @@ std::vector<double> as_doubles(const Tensor& t) {
   return {f.begin(), f.end()};
 }
 
-// out vs the single-rank layer's output: only the f32 summation order differs (partials summed
-// across ranks), so they agree to about one bf16 rounding.
+// out vs the single-rank layer's output: on CPU ranks only the f32 summation order differs
+// (partials summed across ranks), so they agree to about one bf16 rounding; GPU ranks against
+// the CPU layer: the GPU layers' bf16 bound against the CPU reference.
 void expect_close(const Tensor& out, const Tensor& ref, double tol = 2e-3) {
+  if (gpu_ranks()) tol = std::max(tol, tolerance("bf16").rel_l2);
   ASSERT_EQ(out.shape(), ref.shape());
   EXPECT_FALSE(testing::has_nan(out)) << "unwritten (poisoned) output elements";
   if (ref.numel() == 0) return;
@@ -106,9 +157,7 @@ TEST_P(EpLayer, EveryRankMatchesTheSingleRankLayer) {
           testing::random_tensor({M, model.hidden_size}, DType::kBF16, 100 + 10 * R + step);
       const Tensor logits =
           testing::random_tensor({M, model.num_experts}, DType::kF32, 200 + R + step);
-      Tensor out = testing::poisoned({M, model.hidden_size}, DType::kBF16);
-      ep.forward_into(out, x, logits, {});
-      expect_close(out, ref.forward(x, logits));
+      expect_close(run_ep(ep, x, logits), ref.forward(x, logits));
     }
   }
 }
@@ -126,9 +175,7 @@ TEST_P(EpLayer, IdsOfMinusOneContributeNothing) {
   // Token 0 goes nowhere: its routed output is zero (plus the shared experts).
   testing::drop_some_slots(ids);
   const Tensor x = testing::random_tensor({M, model.hidden_size}, DType::kBF16, 400 + R);
-  Tensor out = testing::poisoned({M, model.hidden_size}, DType::kBF16);
-  ep.forward_routed_into(out, x, ids, weights, {});
-  expect_close(out, ref.forward_routed(x, ids, weights));
+  expect_close(run_ep_routed(ep, x, ids, weights), ref.forward_routed(x, ids, weights));
 }
 
 TEST_P(EpLayer, EveryRankIdle) {
@@ -139,7 +186,7 @@ TEST_P(EpLayer, EveryRankIdle) {
   MoELayer ep(model, MoELayer::random_weights(model, opts, 3), opts);
   const Tensor x = Tensor::empty({0, model.hidden_size}, DType::kBF16);
   const Tensor logits = Tensor::empty({0, model.num_experts}, DType::kF32);
-  EXPECT_EQ(ep.forward(x, logits).shape(), (Shape{0, model.hidden_size}));
+  EXPECT_EQ(run_ep(ep, x, logits).shape(), (Shape{0, model.hidden_size}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EpLayer, ::testing::ValuesIn(kBackends),
@@ -150,6 +197,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, EpLayer, ::testing::ValuesIn(kBackends),
 struct QuantCase {
   const char* scheme;
   const char* backend;
+  const char* gpu_skip = nullptr;  // why GPU ranks do not run it (no such Hopper experts)
 };
 
 class EpQuantized : public ::testing::TestWithParam<QuantCase> {};
@@ -157,6 +205,7 @@ class EpQuantized : public ::testing::TestWithParam<QuantCase> {};
 TEST_P(EpQuantized, MatchesTheSingleRankLayer) {
   REQUIRE_RANKS();
   const QuantCase& c = GetParam();
+  if (gpu_ranks() && c.gpu_skip != nullptr) GTEST_SKIP() << c.gpu_skip;
   const Backend b{c.backend, ""};
   // Every rank writes its own copy (the fixture is deterministic).
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
@@ -172,34 +221,32 @@ TEST_P(EpQuantized, MatchesTheSingleRankLayer) {
   const int64_t M = tokens_of_rank(R);
   const Tensor x = testing::random_tensor({M, H}, DType::kBF16, 500 + R);
   const Tensor logits = ref.router_logits(x);
-  Tensor out = testing::poisoned({M, H}, DType::kBF16);
-  ep.forward_into(out, x, logits, {});
+  const Tensor out = run_ep(ep, x, logits);
   // Per-row scales: the same codes on both sides. A static per-tensor scale is the maximum over
   // the rank's own experts (quantized where the experts are), so it may differ from the single
   // rank's: the scheme's tolerance then.
-  const bool per_row = std::string(c.scheme) != "fp8_per_tensor";
+  const bool per_row = std::string(c.scheme) != "fp8_per_tensor" && !gpu_ranks();
   expect_close(out, ref.forward(x, logits),
                per_row ? 2e-3 : tolerance(ref.tolerance_name()).rel_l2);
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Schemes, EpQuantized,
-                         ::testing::Values(QuantCase{"fp8_per_channel", "allgather_reducescatter"},
-                                           QuantCase{"fp8_per_channel", "nccl_all2all"},
-                                           QuantCase{"fp8_block128", "nccl_all2all"},
-                                           QuantCase{"fp8_per_tensor", "allgather_reducescatter"},
-                                           QuantCase{"int8_w8a8", "nccl_all2all"},
-                                           QuantCase{"mxfp4_a4", "allgather_reducescatter"},
-                                           // Batched experts: codes + per-row scales in the
-                                           // fixed-capacity exchange.
-                                           QuantCase{"fp8_per_channel", "batched_low_latency"},
-                                           QuantCase{"fp8_block128", "batched_low_latency"},
-                                           QuantCase{"int8_w8a8", "batched_low_latency"},
-                                           QuantCase{"mxfp4_w4a16", "batched_low_latency"}),
-                         [](const auto& info) {
-                           return testing::param_name(std::string(info.param.scheme) + "_" +
-                                                      info.param.backend);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Schemes, EpQuantized,
+    ::testing::Values(
+        QuantCase{"fp8_per_channel", "allgather_reducescatter"},
+        QuantCase{"fp8_per_channel", "nccl_all2all"}, QuantCase{"fp8_block128", "nccl_all2all"},
+        QuantCase{"fp8_per_tensor", "allgather_reducescatter"},
+        QuantCase{"int8_w8a8", "nccl_all2all"}, QuantCase{"mxfp4_a4", "allgather_reducescatter"},
+        // Batched experts: codes + per-row scales in the
+        // fixed-capacity exchange.
+        QuantCase{"fp8_per_channel", "batched_low_latency"},
+        QuantCase{"fp8_block128", "batched_low_latency"},
+        QuantCase{"int8_w8a8", "batched_low_latency", "no batched int8 experts on Hopper"},
+        QuantCase{"mxfp4_w4a16", "batched_low_latency", "no batched MXFP4 experts on Hopper"}),
+    [](const auto& info) {
+      return testing::param_name(std::string(info.param.scheme) + "_" + info.param.backend);
+    });
 
 // fp8 weights with a dynamic per-tensor activation scale: the activations travel unquantized and
 // the receiving rank quantizes its batch (its scale differs from the single rank's, so the check
@@ -239,9 +286,8 @@ TEST(EpQuantizedAfterDispatch, DynamicPerTensorFp8) {
     const int64_t M = tokens_of_rank(R);
     const Tensor x = testing::random_tensor({M, model.hidden_size}, DType::kBF16, 600 + R);
     const Tensor logits = testing::random_tensor({M, model.num_experts}, DType::kF32, 700 + R);
-    Tensor out = testing::poisoned({M, model.hidden_size}, DType::kBF16);
-    ep.forward_into(out, x, logits, {});
-    expect_close(out, ref.forward(x, logits), tolerance(ref.tolerance_name()).rel_l2);
+    expect_close(run_ep(ep, x, logits), ref.forward(x, logits),
+                 tolerance(ref.tolerance_name()).rel_l2);
   }
 }
 
@@ -249,6 +295,7 @@ TEST(EpQuantizedAfterDispatch, DynamicPerTensorFp8) {
 // hook, with the synchronous call's results.
 TEST(EpAsync, ReceiverWithOrWithoutHookEqualsSync) {
   REQUIRE_RANKS();
+  if (gpu_ranks()) GTEST_SKIP() << "the protocol on host tensors (GPU ranks complete at once)";
   const int64_t E = 4 * W, K = 24, topk = 3, M = tokens_of_rank(R);
   PrepareFinalizeAllToAll pf(comm.get(), E);
   PrepareArgs args;
