@@ -668,7 +668,12 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
   g1.expert_counts = counts.data_as<const int32_t>();
   g1.batched_stride = T;
   g1.num_experts = static_cast<int>(E);
-  g1.num_rows_upper_bound = E * T;
+  // At most T rows per expert, and at most top_k per token of the T: the tighter bound sizes the
+  // grid and picks the tiles by rows per expert (T * top_k / E at decode: the swap-AB rows, not
+  // the tile for T rows per expert).
+  const int64_t topk = std::max<int64_t>(experts.moe_config().experts_per_token,
+                                         args.topk_ids.defined() ? args.topk_ids.size(1) : 1);
+  g1.num_rows_upper_bound = std::min(E * T, T * topk);
   g1.n = static_cast<int>(N);
   g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(dtype);
