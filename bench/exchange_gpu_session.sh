@@ -8,6 +8,7 @@
 #   memcheck  compute-sanitizer memcheck on the exchange layers and the batched fp8 experts
 #   fp8bench  moekit bench --quant fp8_per_tensor / fp8_block128 and the Triton peer's fp8 at
 #             decode sizes on qwen3-30b-a3b (the swap-AB rows' transposed epilogue), ratio tables
+#   batched   moekit bench of the batched bf16 experts (forced) and the grouped ones, decode sizes
 #   bench     moekit bench (bf16) and the Triton peer in the same call
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
@@ -31,6 +32,15 @@ part_fp8bench() {
     bash bench/h200_session.sh quant peerq >/dev/null 2>&1
   for f in "$log"/bench_fp8_*.log; do grep -E "^ +[0-9]" "$f"; done
   cat "$log"/ratio_fp8*.md 2>/dev/null | tail -n 20
+}
+part_batched() {  # the batched experts' tiles (T * top_k bound) beside the grouped ones
+  local b
+  for b in sm90_batched auto; do
+    timeout 60 build/moekit bench --backend "$b" --models qwen3-30b-a3b --tokens 1 16 64 \
+      --max-tokens 64 >"$log/bench_backend_$b.log" 2>&1
+    echo "bench --backend $b rc=$?"
+    grep -E "experts:|^ +[0-9]" "$log/bench_backend_$b.log"
+  done
 }
 part_bench() { bench_with_peer ${BENCH_QUANT:-}; }
 run_parts "$@"
