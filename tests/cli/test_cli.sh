@@ -143,6 +143,13 @@ expect 0 "sm90_ep_peer +Sm90EpPeerExperts +CHOSEN" \
   explain --device h200 --model deepseek-v3 --ep --dp 2 --all2all megakernel
 expect 0 "passthrough +megakernel +CHOSEN" \
   explain --device h200 --model deepseek-v3 --ep --dp 2 --all2all megakernel
+# GPU ranks: the all-to-all on the grouped experts; the low-latency exchange's fp8 dispatch into
+# the batched fp8 experts.
+expect 0 "sm90_grouped +Sm90GroupedExperts +CHOSEN" \
+  explain --device h200 --model deepseek-v3 --ep --dp 2 --all2all nccl_all2all
+expect 0 "sm90_fp8_batched +Sm90BatchedFp8Experts +CHOSEN" \
+  explain --device h200 --model small-deepseek --ep --dp 2 --all2all batched_low_latency \
+  --quant fp8_block128
 expect 2 "needs 2 ranks: launch it with .mpirun -np 2" run --model small-deepseek --ep --dp 2 -m 4
 
 # Quantized checkpoints run through the same layer, with an expert map.
