@@ -4,9 +4,9 @@
 // uneven all_to_all_v counts, a CUDA-graph capture, and bad arguments refused before NCCL runs.
 // And the all-gather and all-to-all prepare/finalize on GPU ranks through it: a layer with each
 // forced gives bitwise the output of the same layer without exchange (bf16, and fp8 quantized after
-// the exchange), also at M = 0; and the low-latency one (batched experts): bitwise the same batched
-// experts behind the local scatter (bf16, and fp8 with its codes and scales exchanged), also at
-// M = 0, and captured in a CUDA graph.
+// the exchange), also at M = 0; and the low-latency one (batched experts, assembled by hand: one
+// rank plans no batched format): bitwise the same batched experts behind the local scatter (bf16,
+// and fp8 with its codes and scales exchanged), also at M = 0, and captured in a CUDA graph.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -17,8 +17,12 @@
 
 #include "graph_replay.h"
 #include "moekit/comm/nccl.h"
+#include "moekit/experts/sm90_experts.h"
 #include "moekit/layer/checkpoint.h"
 #include "moekit/layer/moe_layer.h"
+#include "moekit/oracle/make_moe_kernel.h"
+#include "moekit/prepare_finalize/batched.h"
+#include "moekit/prepare_finalize/exchange.h"
 #include "require_gpu.h"
 #include "testing.h"
 
@@ -214,43 +218,69 @@ TEST(NcclExchangeLayer, AllToAllRefusesGraphCapture) {
   EXPECT_TRUE(testing::bitwise_equal(host(again, stream), host(out, stream)));
 }
 
-// bf16, fp8 with 1x128 groups (codes and scales travel) and fp8 per tensor (rows travel, the
-// received batch is quantized): bitwise the same batched experts behind the local scatter.
-TEST(NcclLowLatencyLayer, BitwiseTheBatchedExpertsWithoutExchange) {
+// The low-latency exchange over the one-rank NCCL communicator against the local scatter
+// (PrepareFinalizeBatched), each with the same batched experts on one layer's weights: bf16,
+// fp8 with 1x128 groups (codes and scales travel) and fp8 per tensor (rows travel, the received
+// batch is quantized), bitwise, at M = 48 (the capacity), 0, 1, 17, and captured in a CUDA graph.
+// One rank keeps the standard format (the oracle gives batched experts to DP + EP ranks only), so
+// the pairs are assembled here.
+TEST(NcclLowLatencyKernel, BitwiseTheLocalScatter) {
   REQUIRE_NCCL();
-  const std::pair<const char*, const char*> schemes[] = {{"bf16", "sm90_batched"},
-                                                         {"fp8_block128", "sm90_fp8_batched"},
-                                                         {"fp8_per_tensor", "sm90_fp8_batched"}};
-  for (const auto& [scheme, backend] : schemes) {
+  constexpr int64_t kCapacity = 48;
+  const std::pair<const char*, const ExpertsClass*> schemes[] = {
+      {"bf16", &Sm90BatchedExperts::klass()},
+      {"fp8_block128", &Sm90BatchedFp8Experts::klass()},
+      {"fp8_per_tensor", &Sm90BatchedFp8Experts::klass()}};
+  for (const auto& [scheme, klass] : schemes) {
     for (const char* name : {"small-deepseek", "small"}) {
       SCOPED_TRACE(fmt::format("{} {}", scheme, name));
       const ModelPreset model = find_preset(name);
-      MoELayerOptions plain;
-      plain.device = default_device_info();
-      plain.max_num_tokens = 48;
-      plain.backend = backend;
-      plain.shared_experts = SharedExpertsMode::kSeparate;
-      MoELayerOptions ep = plain;
-      ep.parallel.use_ep = true;
-      ep.communicator = comm;
-      ep.prepare_finalize = "batched_low_latency";
-      ep.backend = "auto";  // the oracle's choice under the exchange: the same batched experts
-      MoELayer exchanged = random_quantized_layer(model, scheme, ep, 5);
-      MoELayer local = random_quantized_layer(model, scheme, plain, 5);
-      EXPECT_EQ(exchanged.plan().prepare_finalize->name, "batched_low_latency");
-      EXPECT_EQ(local.plan().prepare_finalize->name, "batched_local");
-      EXPECT_EQ(exchanged.kernel().fused_experts().name(), local.kernel().fused_experts().name());
-      for (const int64_t M : {int64_t{48}, int64_t{0}, int64_t{1}, int64_t{17}})
-        expect_same_output(exchanged, local, model, M, 9 + static_cast<uint64_t>(M), stream);
-      testing::expect_graph_replay_bitwise(exchanged, 33);
+      MoELayerOptions o;
+      o.device = default_device_info();
+      o.max_num_tokens = kCapacity;
+      MoELayer layer = random_quantized_layer(model, scheme, o, 5);
+      const MoEConfig& moe = layer.moe_config();
+      const QuantConfig& quant = layer.quant_config();
+      auto exchanged = assemble_moe_kernel(
+          quant, moe, *klass,
+          std::make_unique<PrepareFinalizeLowLatency>(comm.get(), model.num_experts, kCapacity));
+      auto local = assemble_moe_kernel(quant, moe, *klass,
+                                       std::make_unique<PrepareFinalizeBatched>(
+                                           kCapacity, static_cast<int>(moe.num_local_experts)));
+      EXPECT_EQ(exchanged->fused_experts().name(), klass->name());
+      WorkspaceManager ws_a(comm->device()), ws_b(comm->device());
+      auto args_for = [&](int64_t M, uint64_t seed) {
+        Tensor ids, weights;
+        testing::random_routing(M, model.top_k, model.num_experts, seed, &ids, &weights);
+        ModularApplyArgs args;
+        args.hidden_states =
+            on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, seed + 1));
+        args.w1 = layer.kernel_weights().w13;
+        args.w2 = layer.kernel_weights().w2;
+        args.topk_ids = on_gpu(ids);
+        args.topk_weights = on_gpu(weights);
+        args.activation = model.activation;
+        args.global_num_experts = model.num_experts;
+        args.output = poisoned_gpu({M, model.hidden_size}, DType::kBF16);
+        return args;
+      };
+      for (const int64_t M : {kCapacity, int64_t{0}, int64_t{1}, int64_t{17}}) {
+        SCOPED_TRACE(M);
+        ModularApplyArgs a = args_for(M, 9 + static_cast<uint64_t>(M));
+        ModularApplyArgs b = a;
+        b.output = poisoned_gpu({M, model.hidden_size}, DType::kBF16);
+        exchanged->apply(a, {stream, &ws_a});
+        local->apply(b, {stream, &ws_b});
+        const Tensor ha = host(a.output, stream), hb = host(b.output, stream);
+        EXPECT_FALSE(testing::has_nan(ha));
+        EXPECT_TRUE(testing::bitwise_equal(ha, hb));
+      }
+      testing::expect_apply_replay_bitwise(*exchanged, args_for(33, 3), {stream, &ws_a});
       // More tokens than the fixed buffers hold: refused before anything runs.
-      const Tensor x = on_gpu(testing::random_tensor({49, model.hidden_size}, DType::kBF16, 1));
-      const Tensor logits = on_gpu(testing::random_tensor({49, model.num_experts}, DType::kF32, 2));
-      Tensor out = poisoned_gpu({49, model.hidden_size}, DType::kBF16);
       EXPECT_TRUE(testing::contains_all(testing::error_of([&] {
-                                          exchanged.forward_into(out, x, logits, {stream, nullptr});
+                                          exchanged->apply(args_for(49, 1), {stream, &ws_a});
                                         }),
-                                        {"M=49", "max_num_tokens=48"}));
+                                        {"49", "48"}));
     }
   }
 }

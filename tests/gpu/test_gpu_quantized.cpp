@@ -22,9 +22,12 @@
 
 #include "graph_replay.h"
 #include "moekit/core/tolerance.h"
+#include "moekit/experts/sm90_experts.h"
 #include "moekit/layer/checkpoint.h"
 #include "moekit/layer/moe_layer.h"
 #include "moekit/layer/reference.h"
+#include "moekit/oracle/make_moe_kernel.h"
+#include "moekit/prepare_finalize/batched.h"
 #include "moekit/quant/moe_input_quant.h"
 #include "require_gpu.h"
 #include "testing.h"
@@ -440,33 +443,62 @@ TEST(QuantizedGpu, DeviceMxQuantDequantIsBitExact) {
     EXPECT_EQ(wrong, 0) << quant_dtype_name(fmt);
   }
 }
-// The batched fp8 experts (Sm90BatchedFp8Experts, forced; behind the local scatter) against the
-// emulation of the same scheme: codes with per-row scales scattered beside them (block-128, per
-// channel / token), a per-tensor static scale quantizing the batch after the scatter; shared
-// experts and grouped routing (small-deepseek), M = 0 .. 257, graph replay bitwise.
+// The batched fp8 experts (Sm90BatchedFp8Experts behind the local scatter, PrepareFinalizeBatched)
+// against the emulation of the same scheme: codes with per-row scales scattered beside them
+// (block-128, per channel / token), a static per-tensor scale quantizing the batch after the
+// scatter; partial 128-blocks of K and N (small-h320), M = 0 .. 257, graph replay bitwise. One
+// rank keeps the standard format, so the pair is assembled here on the GPU layer's weights and
+// scales, as GpuLayer.BatchedFormatMatchesReference assembles the bf16 one.
 TEST(QuantizedGpu, BatchedFp8MatchesEmulation) {
   REQUIRE_SM90_GPU();
+  constexpr int64_t kT = 257;  // rows per expert: max_num_tokens of one dispatcher
   for (const char* scheme : {"fp8_block128", "fp8_per_channel", "fp8_per_tensor"}) {
-    for (const char* preset : {"small", "small-deepseek"}) {
-      for (const int64_t M : {int64_t{0}, int64_t{1}, int64_t{33}, int64_t{257}}) {
-        SCOPED_TRACE(fmt::format("{} {} M={}", scheme, preset, M));
-        MoELayerOptions cpu_opt;
-        cpu_opt.max_num_tokens = std::max<int64_t>(M, 1);
-        MoELayerOptions gpu_opt = cpu_opt;
-        gpu_opt.device = default_device_info();
-        gpu_opt.backend = "sm90_fp8_batched";
-        const ModelPreset model = find_preset(preset);
-        LayerPair p{random_quantized_layer(model, scheme, cpu_opt, 9),
-                    random_quantized_layer(model, scheme, gpu_opt, 9)};
-        ASSERT_EQ(p.gpu.kernel().fused_experts().name(), "Sm90BatchedFp8Experts");
-        ASSERT_EQ(p.gpu.plan().prepare_finalize->name, "batched_local");
-        const Errors e = compare(p, M, 17);
+    for (const ModelPreset& model : {find_preset("small"), odd_hidden_preset()}) {
+      MoELayerOptions cpu_opt;
+      cpu_opt.max_num_tokens = kT;
+      MoELayerOptions gpu_opt = cpu_opt;
+      gpu_opt.device = default_device_info();
+      LayerPair p{random_quantized_layer(model, scheme, cpu_opt, 9),
+                  random_quantized_layer(model, scheme, gpu_opt, 9)};
+      const MoEConfig& moe = p.gpu.moe_config();
+      auto kernel = assemble_moe_kernel(
+          p.gpu.quant_config(), moe, Sm90BatchedFp8Experts::klass(),
+          std::make_unique<PrepareFinalizeBatched>(kT, static_cast<int>(moe.num_local_experts)));
+      ASSERT_EQ(kernel->fused_experts().name(), "Sm90BatchedFp8Experts");
+      const Device gd = moe.device.device();
+      WorkspaceManager ws(gd);
+      const RunContext ctx{p.gpu.default_stream(), &ws};
+      for (const int64_t M : {int64_t{0}, int64_t{1}, int64_t{33}, kT}) {
+        SCOPED_TRACE(fmt::format("{} {} M={}", scheme, model.name, M));
+        const Tensor x = testing::random_tensor({M, model.hidden_size}, DType::kBF16, 17 + M);
+        const Tensor logits =
+            testing::random_tensor({M, model.num_experts}, DType::kF32, 18 + M, -3, 3);
+        const RoutingResult r = p.cpu.router().select_experts(x, logits);
+        const Tensor emulated = p.cpu.forward_routed(x, r.topk_ids, r.topk_weights);
+        Tensor out = Tensor::empty({M, model.hidden_size}, DType::kBF16, gd);
+        out.fill_bytes(0xFF);  // poison: an unwritten element stays NaN
+        ModularApplyArgs args;
+        args.hidden_states = x.to(gd);
+        args.w1 = p.gpu.kernel_weights().w13;  // the layout the sm90 experts read
+        args.w2 = p.gpu.kernel_weights().w2;
+        args.topk_ids = r.topk_ids.to(gd);
+        args.topk_weights = r.topk_weights.to(gd);
+        args.activation = model.activation;
+        args.global_num_experts = model.num_experts;
+        args.apply_router_weight_on_input = p.cpu.router().apply_router_weight_on_input();
+        args.output = out;
+        kernel->apply(args, ctx);
+        synchronize(ctx.stream);
+        const Tensor got = out.to(Device::cpu());
+        EXPECT_FALSE(testing::has_nan(got)) << "unwritten (poisoned) output elements";
         if (M == 0) continue;
-        std::cout << "[batched fp8] " << scheme << " " << preset << " M=" << M << " vs emulation "
-                  << e.vs_emulation << ", vs float64 " << e.vs_float64 << "\n";
-        EXPECT_LE(e.vs_emulation, tolerance(scheme_info(scheme).vs_emulation).rel_l2);
-        EXPECT_LE(e.vs_float64, tolerance(scheme_info(scheme).vs_float64).rel_l2);
-        if (M == 33) testing::expect_graph_replay_bitwise(p.gpu, M);
+        const std::vector<float> ev = emulated.to_float_vector();
+        const double err =
+            testing::relative_l2_error(got, std::vector<double>(ev.begin(), ev.end()));
+        std::cout << "[batched fp8] " << scheme << " " << model.name << " M=" << M
+                  << " vs emulation " << err << "\n";
+        EXPECT_LE(err, tolerance(scheme_info(scheme).vs_emulation).rel_l2);
+        if (M == 33) testing::expect_apply_replay_bitwise(*kernel, args, ctx);
       }
     }
   }

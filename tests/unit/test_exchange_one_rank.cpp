@@ -9,7 +9,11 @@
 #include <memory>
 #include <string>
 
+#include "moekit/experts/cpu_reference.h"
 #include "moekit/layer/moe_layer.h"
+#include "moekit/oracle/make_moe_kernel.h"
+#include "moekit/prepare_finalize/batched.h"
+#include "moekit/prepare_finalize/exchange.h"
 #include "testing.h"
 
 namespace moekit {
@@ -78,6 +82,50 @@ TEST(ExchangeOneRank, ForcingNamesTheProblem) {
   EXPECT_TRUE(testing::contains_all(
       testing::error_of([&] { MoELayer(model, MoELayer::random_weights(model, o, 1), o); }),
       {"all2all", "needs a communicator of 1 ranks"}));
+}
+
+// The low-latency exchange assembled by hand with batched experts (what one rank cannot plan):
+// bitwise the same experts behind the local scatter, on the CPU (tests/gpu/test_gpu_comm_nccl.cpp
+// runs the same pair on GPU ranks), and more tokens than its capacity refused with both numbers.
+TEST(ExchangeOneRank, LowLatencyKernelBitwiseTheLocalScatter) {
+  constexpr int64_t kCapacity = 24;
+  const ModelPreset model = find_preset("small-deepseek");
+  MoELayerOptions o;
+  o.max_num_tokens = kCapacity;
+  MoELayer layer(model, MoELayer::random_weights(model, o, 6), o);
+  const MoEConfig& moe = layer.moe_config();
+  SingleRankCommunicator comm;
+  auto exchanged = assemble_moe_kernel(
+      layer.quant_config(), moe, CpuBatchedReferenceExperts::klass(),
+      std::make_unique<PrepareFinalizeLowLatency>(&comm, model.num_experts, kCapacity));
+  auto local = assemble_moe_kernel(
+      layer.quant_config(), moe, CpuBatchedReferenceExperts::klass(),
+      std::make_unique<PrepareFinalizeBatched>(kCapacity, static_cast<int>(moe.num_local_experts)));
+  auto args_for = [&](int64_t M, uint64_t seed) {
+    ModularApplyArgs args;
+    testing::random_routing(M, model.top_k, model.num_experts, seed, &args.topk_ids,
+                            &args.topk_weights);
+    args.hidden_states = testing::random_tensor({M, model.hidden_size}, DType::kBF16, seed + 1);
+    args.w1 = layer.kernel_weights().w13;
+    args.w2 = layer.kernel_weights().w2;
+    args.activation = model.activation;
+    args.global_num_experts = model.num_experts;
+    args.output = testing::poisoned({M, model.hidden_size}, DType::kBF16);
+    return args;
+  };
+  for (const int64_t M : {kCapacity, int64_t{0}, int64_t{1}, int64_t{17}}) {
+    SCOPED_TRACE(M);
+    ModularApplyArgs a = args_for(M, 9 + static_cast<uint64_t>(M));
+    ModularApplyArgs b = a;
+    b.output = testing::poisoned({M, model.hidden_size}, DType::kBF16);
+    exchanged->apply(a, {});
+    local->apply(b, {});
+    EXPECT_FALSE(testing::has_nan(a.output));
+    EXPECT_TRUE(testing::bitwise_equal(a.output, b.output));
+  }
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_of([&] { exchanged->apply(args_for(kCapacity + 1, 1), {}); }),
+      {"M = 25", "max_tokens_per_rank = 24"}));
 }
 
 }  // namespace
