@@ -5,6 +5,7 @@
 # Parts (arguments, in order):
 #   tests     every GPU test binary (bench/h200_session.sh tests; the NCCL exchanges at world
 #             size 1, the batched fp8 experts and the MXFP6 x fp8 sweep among them)
+#   quick     the binaries this work touches, filtered (a short call)
 #   memcheck  compute-sanitizer memcheck on the exchange layers and the batched fp8 experts
 #   fp8bench  moekit bench --quant fp8_per_tensor / fp8_block128 and the Triton peer's fp8 at
 #             decode sizes on qwen3-30b-a3b (the swap-AB rows' transposed epilogue), ratio tables
@@ -17,9 +18,16 @@ part_tests() {
   cat "$log/summary.txt" 2>/dev/null
   grep -hE "^\[  FAILED|Failure" "$log"/test_*.log | head -20
 }
+part_quick() {  # the binaries this work touches, filtered; results printed as they come
+  run_gtest nccl 60 build/tests/test_gpu_comm_nccl
+  run_gtest quantized 120 build/tests/test_gpu_quantized \
+    'QuantizedGpu.BatchedFp8*:QuantizedGpu.DeviceQuantizer*:*mxfp6_e3m2_a8*:*mxfp6_e2m3_a8_small_M*:*fp8_per_tensor_small_M*:*fp8_block128_small_h320*'
+  run_gtest layer 90 build/tests/test_gpu_layer 'GpuLayer.Batched*:GpuLayer.CudaGraph*'
+  run_gtest grouped 90 build/tests/test_grouped_gemm
+}
 part_memcheck() {
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_gpu_comm_nccl \
-    --gtest_brief=1 --gtest_filter='NcclExchangeLayer.*:NcclLowLatencyLayer.*' \
+    --gtest_brief=1 --gtest_filter='NcclExchangeLayer.*:NcclLowLatencyKernel.*' \
     >"$log/nccl_memcheck.log" 2>&1
   echo "memcheck nccl rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/nccl_memcheck.log" | tr '\n' ' ')"
   timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_gpu_quantized \
