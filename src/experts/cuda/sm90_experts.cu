@@ -593,16 +593,21 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   ctx.stage_done("reduce");
 }
 
-// Byte layout of workspace13 once the activation is written (8-bit experts): a2's codes, its
-// scales, the amax word of a dynamic per-tensor scale.
-struct BatchedA2Layout {
+// Byte layout of the batched launches' workspace2: the activation (rows, d) in the layer dtype,
+// then for 8-bit experts a2's codes, its scales and the amax word of a dynamic per-tensor scale.
+// Not workspace13: the modular kernel reuses it for the experts' output, which GEMM2 writes while
+// it reads a2's codes.
+struct BatchedWs2Layout {
   size_t q = 0, scale = 0, amax = 0, bytes = 0;
 };
 
-BatchedA2Layout batched_a2_layout(int64_t rows, int64_t d, const QuantDesc& a2) {
+BatchedWs2Layout batched_ws2_layout(int64_t rows, int64_t d, size_t es, const QuantDesc& a2) {
+  BatchedWs2Layout l;
+  l.bytes = static_cast<size_t>(rows * d) * es;
+  if (a2.dtype == QuantDType::kNone) return l;
   const DeviceQuantShapes qs = device_quant_shapes(rows, d, a2);
-  BatchedA2Layout l;
-  l.scale = align_up(static_cast<size_t>(rows * d));
+  l.q = align_up(l.bytes);
+  l.scale = align_up(l.q + static_cast<size_t>(numel_of(qs.data)));
   l.amax = align_up(l.scale + static_cast<size_t>(numel_of(qs.scale)) * 4);
   l.bytes = l.amax + 4;
   return l;
@@ -613,13 +618,9 @@ WorkspaceShapes batched_workspace_shapes(const MoEConfig& moe, const QuantConfig
                                          Activation activation) {
   const int64_t rows = local_num_experts * T;
   const int64_t d = activation_output_dim(activation, N);
-  int64_t ws13 = rows * N;
-  if (quant.a2.dtype != QuantDType::kNone) {
-    const int64_t es = static_cast<int64_t>(element_size(moe.in_dtype));
-    const int64_t a2 = static_cast<int64_t>(batched_a2_layout(rows, d, quant.a2).bytes);
-    ws13 = std::max(ws13, (a2 + es - 1) / es);
-  }
-  return {{ws13}, {rows, d}, {local_num_experts, T, K}};
+  const size_t es = element_size(moe.in_dtype);
+  const size_t ws2 = batched_ws2_layout(rows, d, es, quant.a2).bytes;
+  return {{rows, N}, {static_cast<int64_t>((ws2 + es - 1) / es)}, {local_num_experts, T, K}};
 }
 
 void batched_apply(const ExpertsModular& experts, const LaunchState& state,
@@ -680,6 +681,9 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
   if (scaled) {
     set_scaled_operands(g1, state, codes, state.w1_scale, quant.a1, args.a1q_scale, dtype);
   }
+  const BatchedWs2Layout l = batched_ws2_layout(E * T, d, element_size(dtype), quant.a2);
+  MOEKIT_CHECK(args.workspace2.nbytes() >= l.bytes, "workspace2 holds {} bytes, needs {}",
+               args.workspace2.nbytes(), l.bytes);
   void* act = args.workspace2.data();
   if (sm90_fuses_activation(experts.moe_config())) {
     set_fused_activation(g1, args.activation, experts.moe_config().activation_params());
@@ -705,16 +709,13 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
   g2.bias_is_fp32 = b2.defined() && b2.dtype() == DType::kF32;
   if (scaled) {
     // 8-bit codes: the activation requantized per the a2 scheme, the rows that exist only, into
-    // workspace13 (GEMM1's output, dead by now).
-    const BatchedA2Layout l = batched_a2_layout(E * T, d, quant.a2);
-    const Tensor& ws13 = args.workspace13;
-    MOEKIT_CHECK(ws13.nbytes() >= l.bytes, "workspace13 holds {} bytes, needs {}", ws13.nbytes(),
-                 l.bytes);
+    // workspace2 after the activation (batched_ws2_layout).
+    const Tensor& ws2 = args.workspace2;
     const DeviceQuantShapes qs = device_quant_shapes(E * T, d, quant.a2);
-    Tensor a2q = Tensor::from_blob(at<void>(ws13, l.q), qs.data, qs.data_dtype, x.device());
-    Tensor a2_scale = Tensor::from_blob(at<void>(ws13, l.scale), qs.scale, DType::kF32, x.device());
+    Tensor a2q = Tensor::from_blob(at<void>(ws2, l.q), qs.data, qs.data_dtype, x.device());
+    Tensor a2_scale = Tensor::from_blob(at<void>(ws2, l.scale), qs.scale, DType::kF32, x.device());
     const Tensor act_rows = Tensor::from_blob(act, {E * T, d}, dtype, x.device());
-    quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws13, l.amax),
+    quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.amax),
                        {nullptr, counts.data_as<const int32_t>(), T}, ctx.stream);
     ctx.stage_done("quantize a2");
     set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);

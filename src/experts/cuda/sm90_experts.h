@@ -87,8 +87,8 @@ WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig
                                          int64_t local_num_experts, Activation activation);
 
 // Workspaces of the batched launch sequence, T rows per expert: GEMM1's output (E * T, N) in
-// workspace13, the activation (E * T, N') in workspace2; with an 8-bit a2, its codes, scales and
-// amax word in workspace13 (dead once the activation is written).
+// workspace13 (which the modular kernel reuses for the experts' output), the activation
+// (E * T, N') in workspace2 and after it, with an 8-bit a2, its codes, scales and amax word.
 WorkspaceShapes batched_workspace_shapes(const MoEConfig& moe, const QuantConfig& quant, int64_t T,
                                          int64_t N, int64_t K, int64_t local_num_experts,
                                          Activation activation);
