@@ -152,8 +152,10 @@ struct ExpertsApplyArgs {
   Tensor expert_map;  // (E_global,) int32 or undefined
   Tensor a1q_scale;
   Tensor a2_scale;
-  Tensor workspace13;  // >= either GEMM output
-  Tensor workspace2;   // >= the activation output
+  // >= either GEMM output. The kernel may place `output` over it (FusedMoEKernel does unless the
+  // experts write the caller's output directly): nothing GEMM2 reads may live here.
+  Tensor workspace13;
+  Tensor workspace2;  // >= the activation output
   const ExpertTokensMetadata* expert_tokens_meta = nullptr;
   bool apply_router_weight_on_input = false;
   // Output rows of tokens with no expert on this rank may be left unwritten (the caller never
