@@ -1,24 +1,16 @@
 // The peer-memory token exchange of Sm90EpPeerExperts (see ep_peer.h for the buffer layout and
 // the order of a forward).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
 #include "core/cuda/cuda_check.cuh"
-#include "core/cuda/elem_io.cuh"
 #include "experts/cuda/ep_peer.h"
+#include "experts/cuda/ep_peer_device.cuh"
 
 namespace moekit::cuda::ep {
 namespace {
 
 constexpr size_t kRegionAlign = 256;
-constexpr int kMaxTopk = 32;
-// A barrier that waits this long has lost a rank (it crashed, or ran a different number of
-// forwards): the kernel reports which and traps rather than hang the process.
-constexpr unsigned long long kBarrierTimeoutNs = 60ull * 1000 * 1000 * 1000;
 
 size_t round_up(size_t v) {
   return (v + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
@@ -39,98 +31,16 @@ class DeviceScope {
   int previous_ = 0;
 };
 
-__device__ __forceinline__ int owner_of(int32_t id, const ForwardArgs& a) {
-  return id >= 0 && id < a.global_experts ? static_cast<int>(id / a.local_experts) : -1;
-}
-
-__device__ __forceinline__ size_t row_bytes(const PeerLayout& l) {
-  return static_cast<size_t>(l.hidden) * l.elem;
-}
-
-// Copies one row of row_bytes (a multiple of 16) with the block's threads.
-__device__ __forceinline__ void copy_row(char* dst, const char* src, size_t bytes) {
-  const auto* s = reinterpret_cast<const uint4*>(src);
-  auto* d = reinterpret_cast<uint4*>(dst);
-  for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x)
-    d[i] = s[i];
-}
-
-// One block per token of this rank: to every rank, the token's ids masked to that rank's experts,
-// its weights and (where it has an expert there) its row; block 0 also writes this rank's count.
+// One block per token of this rank (dispatch_token); block 0 also publishes this rank's count.
 __global__ void dispatch_kernel(ForwardArgs a) {
-  const PeerLayout& l = a.layout;
-  const int64_t m = blockIdx.x;
-  if (m == 0 && threadIdx.x < l.world) {
-    reinterpret_cast<int32_t*>(a.peers.base[threadIdx.x] + l.count)[a.rank] =
-        static_cast<int32_t>(a.M);
-  }
-  if (m >= a.M) return;
-  __shared__ int32_t ids[kMaxTopk];
-  __shared__ int owners[kMaxTopk];
-  __shared__ float weights[kMaxTopk];
-  if (threadIdx.x < l.topk) {
-    ids[threadIdx.x] = a.topk_ids[m * l.topk + threadIdx.x];
-    owners[threadIdx.x] = owner_of(ids[threadIdx.x], a);
-    weights[threadIdx.x] = a.topk_weights[m * l.topk + threadIdx.x];
-  }
-  __syncthreads();
-  const size_t slot = static_cast<size_t>(a.rank) * l.capacity + m;
-  for (int d = 0; d < l.world; ++d) {
-    char* base = a.peers.base[d];
-    if (threadIdx.x < l.topk) {
-      const int j = threadIdx.x;
-      reinterpret_cast<int32_t*>(base + l.ids)[slot * l.topk + j] = owners[j] == d ? ids[j] : -1;
-      reinterpret_cast<float*>(base + l.w)[slot * l.topk + j] = weights[j];
-    }
-    bool needed = false;
-    for (int j = 0; j < l.topk; ++j)
-      needed |= owners[j] == d;
-    if (needed) {
-      copy_row(base + l.x + slot * row_bytes(l),
-               static_cast<const char*>(a.x) + static_cast<size_t>(m) * row_bytes(l), row_bytes(l));
-    }
-  }
+  if (blockIdx.x == 0) publish_count(a);
+  if (static_cast<int64_t>(blockIdx.x) >= a.M) return;
+  __shared__ DispatchShared s;
+  dispatch_token(a, blockIdx.x, s);
 }
 
-__device__ __forceinline__ unsigned long long global_time_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// One warp: lane d raises this rank's flag on rank d to the next epoch, then waits until rank
-// `lane` has raised its flag here to it. Release / acquire at system scope: what this rank wrote
-// into the peers' buffers before the barrier is visible to them after it.
 __global__ void barrier_kernel(ForwardArgs a) {
-  const PeerLayout& l = a.layout;
-  auto* epoch = reinterpret_cast<unsigned long long*>(a.peers.base[a.rank] + l.epoch);
-  unsigned long long e = 0;
-  if (threadIdx.x == 0) {
-    e = *epoch + 1;
-    *epoch = e;
-  }
-  e = __shfl_sync(0xffffffffu, e, 0);
-  const int lane = static_cast<int>(threadIdx.x);
-  if (lane < l.world) {
-    auto* theirs = reinterpret_cast<unsigned long long*>(a.peers.base[lane] + l.flag) + a.rank;
-    __threadfence_system();
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(theirs), "l"(e) : "memory");
-    const auto* mine =
-        reinterpret_cast<const unsigned long long*>(a.peers.base[a.rank] + l.flag) + lane;
-    const unsigned long long start = global_time_ns();
-    for (;;) {
-      unsigned long long v;
-      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(mine) : "memory");
-      if (v >= e) break;
-      if (global_time_ns() - start > kBarrierTimeoutNs) {
-        printf("moekit: expert-parallel barrier %llu of rank %d: rank %d did not arrive in 60 s\n",
-               e, a.rank, lane);
-        __trap();
-      }
-      __nanosleep(256);
-    }
-  }
-  __syncwarp();
+  rank_barrier_warp(a);
 }
 
 // Received rows past a source's count go nowhere this forward (their ids are stale).
@@ -169,43 +79,11 @@ __global__ void combine_kernel(ForwardArgs a) {
   }
 }
 
-// One block per token of this rank: the sum, in rank order and fp32, of the partials of the
-// ranks that hold one of its experts (zero when none does).
+// One block per token of this rank (sum_token).
 template <typename T>
 __global__ void sum_kernel(ForwardArgs a) {
-  const PeerLayout& l = a.layout;
-  const int64_t m = blockIdx.x;
   __shared__ int from[kMaxRanks];
-  if (threadIdx.x < l.world) {
-    bool needed = false;
-    for (int j = 0; j < l.topk; ++j)
-      needed |= owner_of(a.topk_ids[m * l.topk + j], a) == static_cast<int>(threadIdx.x);
-    from[threadIdx.x] = needed;
-  }
-  __syncthreads();
-  const char* base = a.peers.base[a.rank];
-  constexpr int kVec = 16 / sizeof(T);
-  T* out = static_cast<T*>(a.out) + m * l.hidden;
-  for (int64_t c = threadIdx.x * static_cast<int64_t>(kVec); c < l.hidden;
-       c += static_cast<int64_t>(blockDim.x) * kVec) {
-    float acc[kVec] = {};
-    for (int d = 0; d < l.world; ++d) {
-      if (!from[d]) continue;
-      const T* part = reinterpret_cast<const T*>(
-          base + l.comb + (static_cast<size_t>(d) * l.capacity + m) * row_bytes(l));
-      const uint4 raw = *reinterpret_cast<const uint4*>(part + c);
-      const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i)
-        acc[i] += to_f32(v[i]);
-    }
-    uint4 packed;
-    T* o = reinterpret_cast<T*>(&packed);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i)
-      o[i] = from_f32<T>(acc[i]);
-    *reinterpret_cast<uint4*>(out + c) = packed;
-  }
+  sum_token<T>(a, blockIdx.x, from);
 }
 
 cudaStream_t stream_of(const ForwardArgs& a) {

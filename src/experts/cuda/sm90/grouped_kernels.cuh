@@ -2110,17 +2110,20 @@ __device__ __forceinline__ int load_relaxed_gpu(const int32_t* counter) {
   return v;
 }
 
-template <typename T, typename OutT, int kTile, WPacking kPacking>
-__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
-    simt_pair_kernel(const KernelParams p1, const KernelParams p2, int32_t* expert_done) {
-  pdl_wait();  // the align launch zeroed expert_done
+// The pair's tasks on the calling CTA (every thread of it; its grid all resident): the schedule's
+// prefix into s_tile_prefix (kMaxExperts + 1 ints of shared memory), then GEMM1's tasks and
+// GEMM2's. kTokens1Written: GEMM1's tokens were written during this launch too (the
+// expert-parallel one-launch forward, whose GEMM1 reads the rows the ranks dispatched), read
+// with coherent loads.
+template <typename T, typename OutT, int kTile, WPacking kPacking, bool kTokens1Written = false>
+__device__ __forceinline__ void simt_pair_tasks(const KernelParams& p1, const KernelParams& p2,
+                                                int32_t* expert_done, int* s_tile_prefix) {
   using Shape = ShapeOf<T, kTile>;
   constexpr int kBM = Shape::kBM;
   constexpr int kWarps = Shape::kThreads / 32;
-  __shared__ int s_tile_prefix[kMaxExperts + 1];  // the same rows for both GEMMs
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
-  if (tid < 32) tile_prefix_by_warp<kBM>(p1, s_tile_prefix, lane);
+  if (tid < 32) tile_prefix_by_warp<kBM>(p1, s_tile_prefix, lane);  // the same rows for both
   __syncthreads();
   const int total_m_tiles = s_tile_prefix[p1.num_experts];
   const int tasks1 = total_m_tiles * p1.n_tiles * kWarps;
@@ -2143,7 +2146,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     if (wi < tasks1) {
       const WorkItem w =
           resolve_item<kBM, Shape::kBN, 1>(p1, s_tile_prefix, total_m_tiles, wi / kWarps);
-      simt_task<T, OutT, kTile, kPacking>(p1, w, wi % kWarps, lane, [&] { count_task(); });
+      simt_task<T, OutT, kTile, kPacking, kTokens1Written>(p1, w, wi % kWarps, lane,
+                                                           [&] { count_task(); });
       uncounted = w.expert;
       continue;
     }
@@ -2165,6 +2169,14 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     });
   }
   count_task();
+}
+
+template <typename T, typename OutT, int kTile, WPacking kPacking>
+__global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
+    simt_pair_kernel(const KernelParams p1, const KernelParams p2, int32_t* expert_done) {
+  pdl_wait();  // the align launch zeroed expert_done
+  __shared__ int s_tile_prefix[kMaxExperts + 1];
+  simt_pair_tasks<T, OutT, kTile, kPacking>(p1, p2, expert_done, s_tile_prefix);
 }
 
 // ---- host side ----------------------------------------------------------------------------------

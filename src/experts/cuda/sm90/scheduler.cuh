@@ -21,21 +21,18 @@ __device__ __forceinline__ void expert_rows(const KernelParams& p, int e, int& b
   }
 }
 
-// Warp 0 writes tile_prefix[e] = m-tiles of experts [0, e) for e = 0..E (each lane sums a run of
-// experts, then one warp scan).
-template <int kBM>
-__device__ __forceinline__ void tile_prefix_by_warp(const KernelParams& p, int* tile_prefix,
-                                                    int lane) {
-  const int num_experts = p.num_experts;
-  const int per_lane = (num_experts + 31) / 32;
-  const int first = min(num_experts, lane * per_lane);
-  const int last = min(num_experts, first + per_lane);
+// The exclusive prefix over items [0, n) of value(i), by one warp (every lane calls it): each lane
+// sums a run of items, then one warp scan; write(i, sum of value over [0, i)) for every item.
+// Returns the total on every lane.
+template <typename Value, typename Write>
+__device__ __forceinline__ int warp_exclusive_prefix(int n, int lane, Value&& value,
+                                                     Write&& write) {
+  const int per_lane = (n + 31) / 32;
+  const int first = min(n, lane * per_lane);
+  const int last = min(n, first + per_lane);
   int local = 0;
-  for (int e = first; e < last; ++e) {
-    int b, en;
-    expert_rows(p, e, b, en);
-    local += (en - b + kBM - 1) / kBM;
-  }
+  for (int i = first; i < last; ++i)
+    local += value(i);
   int inclusive = local;
 #pragma unroll
   for (int offset = 1; offset < 32; offset <<= 1) {
@@ -43,13 +40,26 @@ __device__ __forceinline__ void tile_prefix_by_warp(const KernelParams& p, int* 
     if (lane >= offset) inclusive += v;
   }
   int running = inclusive - local;
-  if (lane == 0) tile_prefix[0] = 0;
-  for (int e = first; e < last; ++e) {
-    int b, en;
-    expert_rows(p, e, b, en);
-    running += (en - b + kBM - 1) / kBM;
-    tile_prefix[e + 1] = running;
+  for (int i = first; i < last; ++i) {
+    write(i, running);
+    running += value(i);
   }
+  return __shfl_sync(0xffffffffu, inclusive, 31);
+}
+
+// Warp 0 writes tile_prefix[e] = m-tiles of experts [0, e) for e = 0..E.
+template <int kBM>
+__device__ __forceinline__ void tile_prefix_by_warp(const KernelParams& p, int* tile_prefix,
+                                                    int lane) {
+  const int total = warp_exclusive_prefix(
+      p.num_experts, lane,
+      [&](int e) {
+        int b, en;
+        expert_rows(p, e, b, en);
+        return (en - b + kBM - 1) / kBM;
+      },
+      [&](int e, int prefix) { tile_prefix[e] = prefix; });
+  if (lane == 0) tile_prefix[p.num_experts] = total;
 }
 
 // A work item resolved against the schedule.
