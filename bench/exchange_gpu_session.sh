@@ -11,6 +11,9 @@
 #             decode sizes on qwen3-30b-a3b (the swap-AB rows' transposed epilogue), ratio tables
 #   batched   moekit bench of the batched bf16 experts (forced) and the grouped ones, decode sizes
 #   bench     moekit bench (bf16) and the Triton peer in the same call
+#   eppeer    the peer-memory expert-parallel tests (two forked ranks on the one GPU), both
+#             forms of a forward (the launch sequence, the one persistent launch)
+#   eppeermem compute-sanitizer memcheck on them
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 part_tests() {
@@ -51,4 +54,17 @@ part_batched() {  # the batched experts' tiles (T * top_k bound) beside the grou
   done
 }
 part_bench() { bench_with_peer ${BENCH_QUANT:-}; }
+part_eppeer() {
+  timeout 240 build/tests/test_gpu_ep_peer --gtest_brief=1 >"$log/ep_peer.log" 2>&1
+  echo "ep_peer rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/ep_peer.log" | tr '\n' ' ')"
+  grep -E "FAILED|Failure|Expected|Which is|barrier|rror" "$log/ep_peer.log" | head -30
+  awk '/rel_l2/ {n++; if ($NF > max) max = $NF} END {print n " checks, max rel_l2 " max}' \
+    "$log/ep_peer.log"
+}
+part_eppeermem() {
+  timeout 280 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_gpu_ep_peer \
+    --gtest_brief=1 >"$log/ep_peer_memcheck.log" 2>&1
+  echo "memcheck ep_peer rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' \
+    "$log/ep_peer_memcheck.log" | tr '\n' ' ')"
+}
 run_parts "$@"

@@ -5,12 +5,16 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/cuda_seam.h"
 #include "experts/cuda/ep_peer.h"
+#include "experts/cuda/sm90_experts.h"
 #include "moekit/comm/communicator.h"
 #include "moekit/core/checks.h"
+#include "moekit/core/env.h"
 #include "moekit/core/error.h"
 #include "moekit/experts/sm90_experts.h"
 
@@ -18,6 +22,15 @@ namespace moekit {
 namespace {
 
 constexpr const char* kWho = "Sm90EpPeerExperts";
+
+Sm90EpPeerExperts::Launch launch_from_env() {
+  const std::optional<std::string> v = env::get("MOEKIT_EP_PEER_LAUNCH");
+  if (!v || v->empty() || *v == "auto") return Sm90EpPeerExperts::Launch::kAuto;
+  if (*v == "one") return Sm90EpPeerExperts::Launch::kOne;
+  if (*v == "sequence") return Sm90EpPeerExperts::Launch::kSequence;
+  MOEKIT_CHECK(false, "MOEKIT_EP_PEER_LAUNCH={} is not one of auto, one, sequence", *v);
+  return Sm90EpPeerExperts::Launch::kAuto;
+}
 
 }  // namespace
 
@@ -47,6 +60,7 @@ Sm90EpPeerExperts::Sm90EpPeerExperts(const MoEConfig& moe, const QuantConfig& qu
   MOEKIT_CHECK(!quant.is_quantized(), "{} runs unquantized layers only, got {}", kWho,
                quant.describe());
   local_ = std::make_unique<Sm90GroupedExperts>(moe, quant);
+  launch_ = launch_from_env();
 }
 
 Sm90EpPeerExperts::~Sm90EpPeerExperts() = default;
@@ -106,7 +120,19 @@ WorkspaceShapes Sm90EpPeerExperts::workspace_shapes(int64_t M, int64_t N, int64_
   const int64_t rows = moe_config().parallel.ep_size * moe_config().max_num_tokens;
   const WorkspaceShapes local = local_->workspace_shapes(rows, N, K, topk, global_num_experts,
                                                          local_num_experts, meta, activation);
-  return {{numel_of(local.workspace13) + rows * K}, local.workspace2, {M, K}};
+  // workspace2 also holds the one-launch forward's scratch (whichever form a forward takes).
+  int64_t ws2 = numel_of(local.workspace2);
+  if constexpr (kCudaBuild) {
+    const MoEConfig& moe = moe_config();
+    const cuda::ep::PeerLayout l =
+        cuda::ep::make_peer_layout(moe.parallel.ep_size, moe.max_num_tokens, K,
+                                   static_cast<int>(topk), element_size(moe.in_dtype));
+    const int64_t es = static_cast<int64_t>(element_size(moe.in_dtype));
+    const auto bytes = static_cast<int64_t>(
+        sm90::ep_one_launch_workspace_bytes(l, local_num_experts, N, activation));
+    ws2 = std::max(ws2, (bytes + es - 1) / es);
+  }
+  return {{numel_of(local.workspace13) + rows * K}, {ws2}, {M, K}};
 }
 
 std::shared_ptr<const TopKWeightAndReduce> Sm90EpPeerExperts::finalize_weight_and_reduce_impl()
@@ -176,6 +202,24 @@ void Sm90EpPeerExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
     MOEKIT_CHECK(status == 0, "{}: launching the {} failed (CUDA error {})", kWho, what, status);
   };
   if constexpr (kCudaBuild) {
+    // One launch where chosen (Launch) and possible; kOne refuses with the reason.
+    const bool decode = static_cast<int64_t>(l.world) * std::max<int64_t>(M, 1) * l.topk <=
+                        kOneLaunchRowsPerExpert * args.global_num_experts;
+    if (launch_ == Launch::kOne || (launch_ == Launch::kAuto && decode)) {
+      const std::string why = sm90::ep_one_launch_unsupported_reason(*local_, f, args);
+      MOEKIT_CHECK(
+          why.empty() || launch_ == Launch::kAuto,
+          "{}: the one-launch forward was asked for (MOEKIT_EP_PEER_LAUNCH=one) but cannot "
+          "run this layer: {}",
+          kWho, why);
+      if (why.empty()) {
+        sm90::ep_one_launch_apply(*local_, f, args);
+        last_one_launch_ = true;
+        ctx.stage_done("dispatch+experts+combine");
+        return;
+      }
+    }
+    last_one_launch_ = false;
     step(cuda::ep::launch_dispatch(f), "dispatch");
     step(cuda::ep::launch_barrier(f), "dispatch barrier");
     step(cuda::ep::launch_mask_received(f), "received-row mask");

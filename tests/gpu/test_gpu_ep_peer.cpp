@@ -26,6 +26,7 @@
 #include "graph_replay.h"
 #include "moekit/comm/communicator.h"
 #include "moekit/core/tolerance.h"
+#include "moekit/experts/sm90_experts.h"
 #include "moekit/layer/moe_layer.h"
 #include "require_gpu.h"
 #include "testing.h"
@@ -155,27 +156,114 @@ int64_t tokens_of(int r, int step) {
   return t[step][r];
 }
 
+using Launch = Sm90EpPeerExperts::Launch;
+
+Sm90EpPeerExperts& peer_experts(MoELayer& layer) {
+  return dynamic_cast<Sm90EpPeerExperts&>(layer.kernel().fused_experts());
+}
+
+const char* launch_name(Launch l) {
+  return l == Launch::kOne ? "one launch" : l == Launch::kSequence ? "sequence" : "auto";
+}
+
+// Both forms of a forward: the sequence of launches and the one persistent launch.
+constexpr Launch kForms[] = {Launch::kSequence, Launch::kOne};
+
 TEST(EpPeer, EveryRankMatchesTheSingleRankLayer) {
   REQUIRE_RANKS();
-  for (const char* name : {"small", "small-deepseek", "small-gpt-oss"}) {
+  for (const Launch form : kForms) {
+    for (const char* name : {"small", "small-deepseek", "small-gpt-oss"}) {
+      SCOPED_TRACE(std::string(name) + ", " + launch_name(form));
+      const ModelPreset model = find_preset(name);
+      const MoELayerOptions opts = ep_options(comm(), kWorld, R);
+      MoELayer ep(model, MoELayer::random_weights(model, opts, 7), opts);
+      peer_experts(ep).set_launch(form);
+      MoELayer ref(model, MoELayer::random_weights(model, single_options(), 7), single_options());
+      EXPECT_EQ(ep.plan().prepare_finalize->name, "passthrough");
+      EXPECT_EQ(ep.kernel().fused_experts().name(), "Sm90EpPeerExperts");
+      EXPECT_TRUE(ep.kernel().output_is_reduced());
+      for (int step = 0; step < 3; ++step) {
+        const int64_t M = tokens_of(R, step);
+        const Tensor x = on_gpu(
+            testing::random_tensor({M, model.hidden_size}, DType::kBF16, 100 + 10 * R + step));
+        const Tensor logits =
+            on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 200 + R + step));
+        Tensor out = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
+        forward(ep, out, x, logits);
+        EXPECT_EQ(peer_experts(ep).last_forward_was_one_launch(), form == Launch::kOne);
+        expect_close(out, forward(ref, x, logits));
+      }
+    }
+  }
+}
+
+// The one launch runs the decode pair's CUDA-core GEMMs and sums like the unpermute: bitwise the
+// launch sequence whose local GEMMs are forced onto that row.
+TEST(EpPeer, OneLaunchIsBitwiseTheSequenceOnTheCudaCoreRow) {
+  REQUIRE_RANKS();
+  for (const char* name : {"small", "small-gpt-oss"}) {
     SCOPED_TRACE(name);
     const ModelPreset model = find_preset(name);
-    const MoELayerOptions opts = ep_options(comm(), kWorld, R);
-    MoELayer ep(model, MoELayer::random_weights(model, opts, 7), opts);
-    MoELayer ref(model, MoELayer::random_weights(model, single_options(), 7), single_options());
-    EXPECT_EQ(ep.plan().prepare_finalize->name, "passthrough");
-    EXPECT_EQ(ep.kernel().fused_experts().name(), "Sm90EpPeerExperts");
-    EXPECT_TRUE(ep.kernel().output_is_reduced());
+    MoELayerOptions opts = ep_options(comm(), kWorld, R);
+    MoELayer one(model, MoELayer::random_weights(model, opts, 21), opts);
+    peer_experts(one).set_launch(Launch::kOne);
+    opts.tile_config = "1x64simt";
+    MoELayer seq(model, MoELayer::random_weights(model, opts, 21), opts);
+    peer_experts(seq).set_launch(Launch::kSequence);
     for (int step = 0; step < 3; ++step) {
       const int64_t M = tokens_of(R, step);
       const Tensor x =
-          on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, 100 + 10 * R + step));
+          on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, 500 + 10 * R + step));
       const Tensor logits =
-          on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 200 + R + step));
-      Tensor out = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
-      forward(ep, out, x, logits);
-      expect_close(out, forward(ref, x, logits));
+          on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 600 + R + step));
+      Tensor a = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
+      Tensor b = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
+      forward(one, a, x, logits);
+      forward(seq, b, x, logits);
+      const Tensor ha = a.to(Device::cpu());
+      EXPECT_FALSE(testing::has_nan(ha)) << "M=" << M;
+      EXPECT_TRUE(testing::bitwise_equal(ha, b.to(Device::cpu()))) << "M=" << M;
     }
+  }
+}
+
+// The two forms write the same regions and pass the same barriers: ranks may differ in a forward.
+TEST(EpPeer, RanksMayTakeDifferentForms) {
+  REQUIRE_RANKS();
+  const ModelPreset model = find_preset("small-deepseek");
+  const MoELayerOptions opts = ep_options(comm(), kWorld, R);
+  MoELayer ep(model, MoELayer::random_weights(model, opts, 13), opts);
+  MoELayer ref(model, MoELayer::random_weights(model, single_options(), 13), single_options());
+  for (int step = 0; step < 3; ++step) {
+    // Rank 0 one launch then the sequence then one launch; rank 1 the other way round.
+    peer_experts(ep).set_launch((R + step) % 2 == 0 ? Launch::kOne : Launch::kSequence);
+    const int64_t M = tokens_of(R, step);
+    const Tensor x =
+        on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, 700 + 10 * R + step));
+    const Tensor logits =
+        on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 800 + R + step));
+    Tensor out = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
+    forward(ep, out, x, logits);
+    expect_close(out, forward(ref, x, logits));
+  }
+}
+
+// Auto: one launch at a row or two per local expert, the sequence above.
+TEST(EpPeer, AutoTakesOneLaunchAtDecodeSizes) {
+  REQUIRE_RANKS();
+  const ModelPreset model = find_preset("small-deepseek");  // 32 experts, top 4, two ranks
+  const MoELayerOptions opts = ep_options(comm(), kWorld, R);
+  MoELayer ep(model, MoELayer::random_weights(model, opts, 17), opts);
+  peer_experts(ep).set_launch(Launch::kAuto);
+  for (const int64_t M : {int64_t{1}, int64_t{8}, int64_t{9}, kMaxTokens}) {
+    const Tensor x = on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, 31));
+    const Tensor logits = on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 32));
+    Tensor out = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
+    forward(ep, out, x, logits);
+    EXPECT_EQ(
+        peer_experts(ep).last_forward_was_one_launch(),
+        kWorld * M * model.top_k <= Sm90EpPeerExperts::kOneLaunchRowsPerExpert * model.num_experts)
+        << "M=" << M;
   }
 }
 
@@ -205,10 +293,14 @@ TEST(EpPeer, IdsOfMinusOneContributeNothing) {
 
 TEST(EpPeer, CudaGraphReplayIsBitwiseIdentical) {
   REQUIRE_RANKS();
-  const ModelPreset model = find_preset("small-deepseek");
-  const MoELayerOptions opts = ep_options(comm(), kWorld, R);
-  MoELayer ep(model, MoELayer::random_weights(model, opts, 5), opts);
-  testing::expect_graph_replay_bitwise(ep, R == 0 ? 33 : 7);
+  for (const Launch form : kForms) {
+    SCOPED_TRACE(launch_name(form));
+    const ModelPreset model = find_preset("small-deepseek");
+    const MoELayerOptions opts = ep_options(comm(), kWorld, R);
+    MoELayer ep(model, MoELayer::random_weights(model, opts, 5), opts);
+    peer_experts(ep).set_launch(form);
+    testing::expect_graph_replay_bitwise(ep, R == 0 ? 33 : 7);
+  }
 }
 
 TEST(EpPeer, BadInputIsRefusedOnEveryRank) {
@@ -239,12 +331,16 @@ TEST(EpPeerOneRank, MatchesTheLayerWithoutExchange) {
   MoELayer ep(model, MoELayer::random_weights(model, opts, 9), opts);
   MoELayer ref(model, MoELayer::random_weights(model, single_options(), 9), single_options());
   EXPECT_EQ(ep.kernel().fused_experts().name(), "Sm90EpPeerExperts");
-  for (const int64_t M : {int64_t{0}, int64_t{1}, int64_t{37}, kMaxTokens}) {
-    const Tensor x = on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, 7));
-    const Tensor logits = on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 8));
-    Tensor out = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
-    forward(ep, out, x, logits);
-    expect_close(out, forward(ref, x, logits));
+  for (const Launch form : kForms) {
+    peer_experts(ep).set_launch(form);
+    for (const int64_t M : {int64_t{0}, int64_t{1}, int64_t{37}, kMaxTokens}) {
+      SCOPED_TRACE(std::string(launch_name(form)) + ", M=" + std::to_string(M));
+      const Tensor x = on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, 7));
+      const Tensor logits = on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 8));
+      Tensor out = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
+      forward(ep, out, x, logits);
+      expect_close(out, forward(ref, x, logits));
+    }
   }
 }
 

@@ -194,10 +194,26 @@ class Sm90EpPeerExperts final : public ExpertsModular {
   std::shared_ptr<const TopKWeightAndReduce> finalize_weight_and_reduce_impl() const override;
   void apply(const ExpertsApplyArgs& args, RunContext ctx) override;
 
+  // How a forward runs: as one persistent launch (the megakernel, experts/cuda/ep_one_launch.h:
+  // dispatch, the GEMMs on the CUDA-core row, combine and sum in one kernel) or as the sequence
+  // of launches whose local GEMMs take the tensor-core tiles. kAuto: one launch at decode sizes
+  // (ranks x M x top_k <= kOneLaunchRowsPerExpert x the global experts, i.e. a row or two per
+  // local expert, where the CUDA-core row is level with the tensor-core tiles and a decode step
+  // is mostly launches), where supported; the sequence otherwise. kOne refuses a forward it cannot
+  // run with the reason. The default comes from MOEKIT_EP_PEER_LAUNCH (auto, one, sequence).
+  enum class Launch : uint8_t { kAuto, kOne, kSequence };
+  static constexpr int64_t kOneLaunchRowsPerExpert = 2;
+  void set_launch(Launch launch) { launch_ = launch; }
+  Launch launch() const { return launch_; }
+  // Whether the last forward ran as one launch (tests, logs).
+  bool last_forward_was_one_launch() const { return last_one_launch_; }
+
  private:
   struct Peers;                                // experts/sm90_ep_peer.cpp
   std::unique_ptr<Sm90GroupedExperts> local_;  // the GEMMs on the received rows
   std::unique_ptr<Peers> peers_;
+  Launch launch_ = Launch::kAuto;
+  bool last_one_launch_ = false;
 };
 
 class Sm90BatchedExperts : public ExpertsModular {

@@ -113,6 +113,7 @@ PeerLayout make_peer_layout(int world, int64_t capacity, int64_t hidden, int top
   l.count = region(static_cast<size_t>(world) * sizeof(int32_t));
   l.flag = region(static_cast<size_t>(world) * sizeof(unsigned long long));
   l.epoch = region(sizeof(unsigned long long));
+  l.grid = region(2 * sizeof(uint32_t));
   l.bytes = at;
   return l;
 }

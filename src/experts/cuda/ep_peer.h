@@ -9,10 +9,13 @@
 //   comb[d][m]   rank d's partial output of this rank's token m (only where m had an expert on d)
 //   count[s]     source s's token count of the forward
 //   flag[s]      the last barrier epoch source s reached
+//   grid         this rank's own: the grid barrier of the one-launch forward (ep_one_launch.h)
 // A forward is: dispatch -> barrier -> mask (ids past count[s] -> -1) -> the local experts on the
-// (world * capacity) received rows -> combine -> barrier -> sum. Nothing synchronizes with the
-// host and nothing allocates, so the sequence can be captured in a CUDA graph; every rank must run
-// the same number of forwards (the barriers pair them up).
+// (world * capacity) received rows -> combine -> barrier -> sum, as a sequence of launches (the
+// entry points below) or as one persistent launch (ep_one_launch.h); both write the same regions
+// and pass the same two barriers, so ranks may take either form in the same forward. Nothing
+// synchronizes with the host and nothing allocates, so a forward can be captured in a CUDA graph;
+// every rank must run the same number of forwards (the barriers pair them up).
 //
 // Declared without CUDA types so the host file compiles in every build; defined in ep_peer.cu.
 #pragma once
@@ -32,7 +35,7 @@ struct PeerLayout {
   int topk = 0;
   size_t elem = 2;  // bytes of one activation (bf16 / f16)
   // Byte offsets of the regions inside one rank's buffer, and its size.
-  size_t x = 0, ids = 0, w = 0, comb = 0, count = 0, flag = 0, epoch = 0, bytes = 0;
+  size_t x = 0, ids = 0, w = 0, comb = 0, count = 0, flag = 0, epoch = 0, grid = 0, bytes = 0;
 };
 PeerLayout make_peer_layout(int world, int64_t capacity, int64_t hidden, int topk, size_t elem);
 

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "core/cuda/cuda_check.cuh"
+#include "experts/cuda/ep_one_launch.h"
 #include "experts/cuda/moe_activation.h"
 #include "experts/cuda/moe_permute.h"
 #include "experts/cuda/moe_unpermute.h"
@@ -623,6 +624,33 @@ WorkspaceShapes batched_workspace_shapes(const MoEConfig& moe, const QuantConfig
   return {{rows, N}, {static_cast<int64_t>((ws2 + es - 1) / es)}, {local_num_experts, T, K}};
 }
 
+// The GEMMs of the one-launch expert-parallel forward: w1 / w2, their biases and the fused
+// activation; A, C and the schedule are the launch's.
+cuda::ep::OneLaunchArgs one_launch_args(const ExpertsModular& experts,
+                                        const ExpertsApplyArgs& args) {
+  const MoEConfig& moe = experts.moe_config();
+  const Tensor& b1 = experts.quant_config().w1_bias();
+  const Tensor& b2 = experts.quant_config().w2_bias();
+  cuda::ep::OneLaunchArgs o;
+  cuda::GroupedGemmArgs& g1 = o.g1;
+  g1.w = args.w1.data();
+  g1.bias = b1.defined() ? b1.data() : nullptr;
+  g1.bias_is_fp32 = b1.defined() && b1.dtype() == DType::kF32;
+  g1.n = static_cast<int>(args.w1.size(1));
+  g1.k = static_cast<int>(args.w1.size(2));
+  g1.dtype = gemm_dtype_of(moe.in_dtype);
+  set_fused_activation(g1, args.activation, moe.activation_params());
+  cuda::GroupedGemmArgs& g2 = o.g2;
+  g2.w = args.w2.data();
+  g2.bias = b2.defined() ? b2.data() : nullptr;
+  g2.bias_is_fp32 = b2.defined() && b2.dtype() == DType::kF32;
+  g2.n = static_cast<int>(args.w2.size(1));
+  g2.k = static_cast<int>(args.w2.size(2));
+  g2.dtype = g1.dtype;
+  o.workspace = args.workspace2.data();
+  return o;
+}
+
 void batched_apply(const ExpertsModular& experts, const LaunchState& state,
                    const ExpertsApplyArgs& args, RunContext ctx) {
   MOEKIT_CHECK(ctx.stream.handle != nullptr, "{} needs a CUDA stream in RunContext",
@@ -903,6 +931,42 @@ Tensor shared_forward(const SharedMlp& mlp, const Tensor& x, RunContext ctx) {
   g2.k = static_cast<int>(I);
   run_gemm(g2, -1, mlp.w2_cache, ctx.stream, "shared GEMM2");
   return out;
+}
+
+size_t ep_one_launch_workspace_bytes(const cuda::ep::PeerLayout& layout, int64_t local_experts,
+                                     int64_t N, Activation activation) {
+  return cuda::ep::one_launch_workspace(layout, local_experts, activation_output_dim(activation, N))
+      .bytes;
+}
+
+std::string ep_one_launch_unsupported_reason(const ExpertsModular& experts,
+                                             const cuda::ep::ForwardArgs& f,
+                                             const ExpertsApplyArgs& args) {
+  const MoEConfig& moe = experts.moe_config();
+  if (experts.quant_config().is_quantized()) return "the layer is quantized";
+  if (moe.in_dtype != DType::kBF16 && moe.in_dtype != DType::kF16) {
+    return "activations are " + std::string(dtype_name(moe.in_dtype)) + ", not bf16 / f16";
+  }
+  if (!sm90_fuses_activation(moe)) {
+    return "GEMM1 does not fuse this layer's activation (gated, I a multiple of 32)";
+  }
+  if (args.apply_router_weight_on_input) return "the router weights apply on the input";
+  if (args.w1.dim() != 3 || args.w2.dim() != 3) return "w1 / w2 are not (E, n, k)";
+  const size_t need =
+      ep_one_launch_workspace_bytes(f.layout, f.local_experts, args.w1.size(1), args.activation);
+  if (args.workspace2.nbytes() < need) {
+    return "workspace2 holds " + std::to_string(args.workspace2.nbytes()) + " bytes, needs " +
+           std::to_string(need);
+  }
+  return cuda::ep::one_launch_unsupported_reason(f, one_launch_args(experts, args));
+}
+
+void ep_one_launch_apply(const ExpertsModular& experts, const cuda::ep::ForwardArgs& f,
+                         const ExpertsApplyArgs& args) {
+  const std::string why = ep_one_launch_unsupported_reason(experts, f, args);
+  MOEKIT_CHECK(why.empty(), "the one-launch expert-parallel forward: {}", why);
+  MOEKIT_CUDA_CHECK(
+      static_cast<cudaError_t>(cuda::ep::launch_one_forward(f, one_launch_args(experts, args))));
 }
 
 }  // namespace sm90

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "experts/cuda/ep_peer.h"
 #include "experts/cuda/sm90/launch_cache.h"
 #include "experts/cuda/sm90/tile_tables.h"
 #include "experts/cuda/sm90/tiles.h"
@@ -137,5 +138,17 @@ struct SharedMlp {
 void prepare_shared(SharedMlp& mlp);
 // GEMM1 -> activation -> GEMM2 over every token of x (M, H); returns mlp.out's first M rows.
 Tensor shared_forward(const SharedMlp& mlp, const Tensor& x, RunContext ctx);
+
+// The expert-parallel forward of Sm90EpPeerExperts as one launch (experts/cuda/ep_one_launch.h),
+// for the local experts `experts` (16-bit weights args.w1 / args.w2, their biases and activation):
+// the workspace2 bytes it needs (a forward reads args.workspace2 for its scratch), why a forward
+// cannot take it (empty: it can), and the launch.
+size_t ep_one_launch_workspace_bytes(const cuda::ep::PeerLayout& layout, int64_t local_experts,
+                                     int64_t N, Activation activation);
+std::string ep_one_launch_unsupported_reason(const ExpertsModular& experts,
+                                             const cuda::ep::ForwardArgs& f,
+                                             const ExpertsApplyArgs& args);
+void ep_one_launch_apply(const ExpertsModular& experts, const cuda::ep::ForwardArgs& f,
+                         const ExpertsApplyArgs& args);
 
 }  // namespace moekit::sm90
