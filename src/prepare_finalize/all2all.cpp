@@ -59,7 +59,26 @@ struct CombineInFlight {
 }  // namespace
 
 PrepareFinalizeAllToAll::PrepareFinalizeAllToAll(Communicator* comm, int64_t num_experts)
-    : PrepareFinalizeExchange(comm, num_experts, kWho) {}
+    : PrepareFinalizeExchange(comm, num_experts, kWho) {
+  if constexpr (kCudaBuild) {
+    if (const Device d = comm_->device(); d.is_cuda()) {
+      combine_stream_ = cuda_rt::create_stream(d.index);
+      partials_ready_ = cuda_rt::create_event(d.index);
+      rows_back_ = cuda_rt::create_event(d.index);
+    }
+  }
+}
+
+PrepareFinalizeAllToAll::~PrepareFinalizeAllToAll() {
+  if constexpr (kCudaBuild) {
+    if (combine_stream_ != nullptr) {
+      // A combine still in flight finishes before its stream and events go.
+      cuda_rt::destroy_event(partials_ready_);
+      cuda_rt::destroy_event(rows_back_);
+      cuda_rt::destroy_stream(combine_stream_);
+    }
+  }
+}
 
 void PrepareFinalizeAllToAll::route(const std::vector<int64_t>& ids, int64_t topk) {
   // For each destination rank in order, its tokens in increasing order (a token goes once to each
@@ -162,8 +181,10 @@ PrepareResult PrepareFinalizeAllToAll::prepare_on_device(const PrepareArgs& args
   }
 }
 
-void PrepareFinalizeAllToAll::finalize_on_device(const FinalizeArgs& args, RunContext ctx) {
+Tensor PrepareFinalizeAllToAll::start_combine_on_device(const FinalizeArgs& args, RunContext ctx) {
   if constexpr (kCudaBuild) {
+    MOEKIT_CHECK(ctx.workspace != nullptr && ctx.stream.handle != nullptr,
+                 "{} on a GPU needs the workspace manager and a stream in RunContext", kWho);
     WorkspaceManager& ws = *ctx.workspace;
     const int64_t K = args.output.size(1);
     const DType dt = args.output.dtype();
@@ -175,12 +196,20 @@ void PrepareFinalizeAllToAll::finalize_on_device(const FinalizeArgs& args, RunCo
                   args.apply_router_weight_on_input, ctx);
     }
     Tensor back = ws.get(kBackSlot, {sent, K}, dt);
-    comm_->all_to_all_v(partial, recv_counts_, back, send_counts_, ctx.stream);
-    // Each token's partials in send order (destination rank order), f32, rounded once.
-    detail::sum_rows_device(args.output, back, token_rows_, world_, ctx);
+    // The exchange on its own stream, after the partials; the slots it reads and writes are its
+    // own, so the caller's next work (the shared experts) runs beside it.
+    cuda_rt::record_event(partials_ready_, ctx.stream.handle);
+    cuda_rt::stream_wait_event(combine_stream_, partials_ready_);
+    comm_->all_to_all_v(partial, recv_counts_, back, send_counts_, Stream{combine_stream_});
+    cuda_rt::record_event(rows_back_, combine_stream_);
+    return back;
   } else {
     throw_no_cuda(std::string(kWho) + " on " + args.output.device().to_string());
   }
+}
+
+void PrepareFinalizeAllToAll::wait_for_combine(RunContext ctx) const {
+  if constexpr (kCudaBuild) cuda_rt::stream_wait_event(ctx.stream.handle, rows_back_);
 }
 
 AsyncHandle<PrepareResult> PrepareFinalizeAllToAll::prepare_async(const PrepareArgs& args,
@@ -249,10 +278,15 @@ AsyncHandle<void> PrepareFinalizeAllToAll::finalize_async(const FinalizeArgs& ar
   expect_defined(args.output, "output");
   expect_shape(args.output, "output", {M_, kAnyDim});
   if (args.output.device().is_cuda()) {
-    finalize_on_device(args, ctx);
+    const Tensor back = start_combine_on_device(args, ctx);
     AsyncHandle<void> handle;
-    handle.hook = [] {};
-    handle.receiver = [] {};
+    handle.hook = [this, ctx] { wait_for_combine(ctx); };
+    handle.receiver = [this, ctx, back, output = args.output] {
+      wait_for_combine(ctx);
+      // Each token's partials in send order (destination rank order), f32, rounded once.
+      Tensor out = output;
+      detail::sum_rows_device(out, back, token_rows_, world_, ctx);
+    };
     return handle;
   }
   const int64_t K = args.output.size(1);
@@ -293,7 +327,8 @@ MOEKIT_REGISTER_PREPARE_FINALIZE(all2all, [] {
   f.priority = 30;
   f.description =
       "DP+EP: all-to-all of the tokens to the ranks owning their experts and back (async "
-      "hook/receiver: shared experts overlap the combine)";
+      "hook/receiver: shared experts overlap the combine, on GPU ranks from a stream of its "
+      "own)";
   f.check = [](const PrepareFinalizeRequest& r) {
     return detail::check_exchange_request(r, /*batched=*/false);
   };

@@ -122,6 +122,9 @@ class PrepareFinalizeAllGather final : public PrepareFinalizeExchange {
 class PrepareFinalizeAllToAll final : public PrepareFinalizeExchange {
  public:
   PrepareFinalizeAllToAll(Communicator* comm, int64_t num_experts);
+  ~PrepareFinalizeAllToAll() override;
+  PrepareFinalizeAllToAll(const PrepareFinalizeAllToAll&) = delete;
+  PrepareFinalizeAllToAll& operator=(const PrepareFinalizeAllToAll&) = delete;
 
   std::string name() const override { return "PrepareFinalizeAllToAll"; }
   std::vector<WorkspaceRequest> workspace_requests(int64_t max_num_tokens, int64_t hidden,
@@ -137,7 +140,12 @@ class PrepareFinalizeAllToAll final : public PrepareFinalizeExchange {
  private:
   PrepareResult prepare_on_device(const PrepareArgs& args, const Tensor& a1, int64_t topk,
                                   RunContext ctx);
-  void finalize_on_device(const FinalizeArgs& args, RunContext ctx);
+  // Starts the combine of GPU ranks: the weighted partials on ctx.stream, their all-to-all on
+  // the exchange's own stream (so that what the caller queues on ctx.stream next, the shared
+  // experts, overlaps it); returns the rows that come back, ready on ctx.stream once
+  // wait_for_combine(ctx) has queued the wait.
+  Tensor start_combine_on_device(const FinalizeArgs& args, RunContext ctx);
+  void wait_for_combine(RunContext ctx) const;
   // Which local token goes to which rank (send_token_, send_counts_) from the host ids.
   void route(const std::vector<int64_t>& ids, int64_t topk);
 
@@ -147,6 +155,11 @@ class PrepareFinalizeAllToAll final : public PrepareFinalizeExchange {
   int64_t M_ = 0;
   // GPU: each token's rows of what comes back ((M, W) int32, -1: none), uploaded by prepare.
   Tensor token_rows_;
+  // GPU: the combine's stream and its events (partials ready on the caller's stream; the rows
+  // back), created with the object.
+  void* combine_stream_ = nullptr;
+  void* partials_ready_ = nullptr;
+  void* rows_back_ = nullptr;
 };
 
 // DP + EP for decode: fixed-size buffers, so every exchange has the same size whatever the

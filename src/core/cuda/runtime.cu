@@ -100,6 +100,27 @@ void synchronize_stream(void* stream) {
   MOEKIT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
+void* create_event(int device_index) {
+  MOEKIT_CUDA_CHECK(cudaSetDevice(device_index));
+  cudaEvent_t event = nullptr;
+  MOEKIT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void destroy_event(void* event) noexcept {
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void record_event(void* event, void* stream) {
+  MOEKIT_CUDA_CHECK(
+      cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+
+void stream_wait_event(void* waiter, void* event) {
+  MOEKIT_CUDA_CHECK(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter), static_cast<cudaEvent_t>(event), 0));
+}
+
 bool stream_is_capturing(void* stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   MOEKIT_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));

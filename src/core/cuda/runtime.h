@@ -29,4 +29,11 @@ void synchronize_stream(void* stream);
 // Whether work queued on `stream` is being captured into a CUDA graph (not run).
 bool stream_is_capturing(void* stream);
 
+// Events (without timing) that order work between streams: `waiter` runs what is queued on it
+// after `event` was recorded only once the work queued on the recording stream before it is done.
+void* create_event(int device_index);
+void destroy_event(void* event) noexcept;
+void record_event(void* event, void* stream);
+void stream_wait_event(void* waiter, void* event);
+
 }  // namespace moekit::cuda_rt
