@@ -203,8 +203,8 @@ void Sm90EpPeerExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
   };
   if constexpr (kCudaBuild) {
     // One launch where chosen (Launch) and possible; kOne refuses with the reason.
-    const bool decode = static_cast<int64_t>(l.world) * std::max<int64_t>(M, 1) * l.topk <=
-                        kOneLaunchRowsPerExpert * args.global_num_experts;
+    const bool decode = kOneLaunchExpertsPerSlot * l.world * std::max<int64_t>(M, 1) * l.topk <=
+                        args.global_num_experts;
     if (launch_ == Launch::kOne || (launch_ == Launch::kAuto && decode)) {
       const std::string why = sm90::ep_one_launch_unsupported_reason(*local_, f, args);
       MOEKIT_CHECK(

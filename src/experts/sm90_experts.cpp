@@ -965,9 +965,9 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_ep_peer, [] {
       sm90_backend("sm90_ep_peer", Sm90EpPeerExperts::klass(), kPriorityNativeGpu - 1);
   b.description =
       "expert parallelism through the ranks' memory (CUDA IPC), behind the megakernel's "
-      "pass-through prepare/finalize: dispatch, Hopper grouped GEMMs on the received rows, "
-      "combine and the sum of the partials, one stream of launches (not yet one persistent "
-      "kernel)";
+      "pass-through prepare/finalize: dispatch, the GEMMs on the received rows, combine and the "
+      "sum of the partials; at decode sizes one persistent launch (CUDA-core GEMMs), above them "
+      "a stream of launches with the Hopper grouped GEMMs";
   b.describe_kernels = describe_sm90_grouped_tiles;
   return b;
 }());
