@@ -54,12 +54,34 @@ struct Sm90EpPeerExperts::Peers {
   }
 };
 
+namespace {
+
+bool fp4_weights(const QuantConfig& quant, int64_t group) {
+  return quant.w1.dtype == QuantDType::kFp4E2M1 && quant.w1.shape == GroupShape{1, group};
+}
+
+}  // namespace
+
+const ExpertsClass& Sm90EpPeerExperts::klass_for(const QuantConfig& quant) {
+  if (!quant.is_quantized()) return klass();
+  if (fp4_weights(quant, 32)) return mxfp4_klass();
+  MOEKIT_CHECK(fp4_weights(quant, 16),
+               "{} runs bf16 / f16, MXFP4 or NVFP4 weights (the local experts of one of them), "
+               "got {}",
+               kWho, quant.describe());
+  return nvfp4_klass();
+}
+
 Sm90EpPeerExperts::Sm90EpPeerExperts(const MoEConfig& moe, const QuantConfig& quant)
-    : ExpertsModular(klass(), moe, quant, std::nullopt, std::nullopt) {
+    : ExpertsModular(klass_for(quant), moe, quant, std::nullopt, std::nullopt) {
   if constexpr (!kCudaBuild) throw_no_cuda(kWho);
-  MOEKIT_CHECK(!quant.is_quantized(), "{} runs unquantized layers only, got {}", kWho,
-               quant.describe());
-  local_ = std::make_unique<Sm90GroupedExperts>(moe, quant);
+  if (!quant.is_quantized()) {
+    local_ = std::make_unique<Sm90GroupedExperts>(moe, quant);
+  } else if (fp4_weights(quant, 32)) {
+    local_ = std::make_unique<Sm90Mxfp4Experts>(moe, quant);
+  } else {
+    local_ = std::make_unique<Sm90Nvfp4Experts>(moe, quant);
+  }
   launch_ = launch_from_env();
 }
 
@@ -206,14 +228,15 @@ void Sm90EpPeerExperts::apply(const ExpertsApplyArgs& args, RunContext ctx) {
     const bool decode = kOneLaunchExpertsPerSlot * l.world * std::max<int64_t>(M, 1) * l.topk <=
                         args.global_num_experts;
     if (launch_ == Launch::kOne || (launch_ == Launch::kAuto && decode)) {
-      const std::string why = sm90::ep_one_launch_unsupported_reason(*local_, f, args);
+      const std::string why =
+          sm90::ep_one_launch_unsupported_reason(*local_, local_->launch_state(), f, args);
       MOEKIT_CHECK(
           why.empty() || launch_ == Launch::kAuto,
           "{}: the one-launch forward was asked for (MOEKIT_EP_PEER_LAUNCH=one) but cannot "
           "run this layer: {}",
           kWho, why);
       if (why.empty()) {
-        sm90::ep_one_launch_apply(*local_, f, args);
+        sm90::ep_one_launch_apply(*local_, local_->launch_state(), f, args);
         last_one_launch_ = true;
         ctx.stage_done("dispatch+experts+combine");
         return;

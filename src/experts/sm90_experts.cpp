@@ -934,19 +934,21 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_batched, [] {
 
 // ---- Sm90EpPeerExperts (methods: sm90_ep_peer.cpp) -----------------------------------------
 
-const ExpertsClass& Sm90EpPeerExperts::klass() {
-  static const ExpertsClass k(
-      [] {
-        ExpertsCapabilities c = Sm90GroupedExperts::klass().caps();
-        c.name = "Sm90EpPeerExperts";
-        c.parallel.requires_ep = true;
-        c.parallel.all2all_backends = {All2AllBackend::kMegakernel};
-        c.expects_unquantized_inputs = true;
-        return c;
-      }(),
-      standard_format_factory<Sm90EpPeerExperts>("Sm90EpPeerExperts"),
-      [](const MoEConfig& moe) -> std::string {
-        if (std::string why = sm90_shape_check(moe); !why.empty()) return why;
+namespace {
+
+// The megakernel deployment's record over local experts of class `local` (checked by
+// `local_shapes`): their schemes, dtypes and shapes, expert parallelism across at most
+// cuda::ep::kMaxRanks ranks sharing memory, the pass-through prepare/finalize.
+ExpertsClass ep_peer_class(const ExpertsClass& local, ExpertsClass::ShapeCheck local_shapes) {
+  ExpertsCapabilities c = local.caps();
+  c.name = "Sm90EpPeerExperts";
+  c.parallel.requires_ep = true;
+  c.parallel.all2all_backends = {All2AllBackend::kMegakernel};
+  c.expects_unquantized_inputs = true;
+  return ExpertsClass(
+      std::move(c), standard_format_factory<Sm90EpPeerExperts>("Sm90EpPeerExperts"),
+      [local_shapes = std::move(local_shapes)](const MoEConfig& moe) -> std::string {
+        if (std::string why = local_shapes(moe); !why.empty()) return why;
         if (moe.parallel.ep_size > cuda::ep::kMaxRanks) {
           return fmt::format("(ep_size {} > {} ranks sharing memory)", moe.parallel.ep_size,
                              cuda::ep::kMaxRanks);
@@ -956,6 +958,24 @@ const ExpertsClass& Sm90EpPeerExperts::klass() {
         }
         return {};
       });
+}
+
+}  // namespace
+
+const ExpertsClass& Sm90EpPeerExperts::klass() {
+  static const ExpertsClass k = ep_peer_class(Sm90GroupedExperts::klass(), sm90_shape_check);
+  return k;
+}
+
+const ExpertsClass& Sm90EpPeerExperts::mxfp4_klass() {
+  static const ExpertsClass k =
+      ep_peer_class(Sm90Mxfp4Experts::klass(), sm90_fp4_shape_check("MXFP4"));
+  return k;
+}
+
+const ExpertsClass& Sm90EpPeerExperts::nvfp4_klass() {
+  static const ExpertsClass k =
+      ep_peer_class(Sm90Nvfp4Experts::klass(), sm90_fp4_shape_check("NVFP4"));
   return k;
 }
 
@@ -1063,5 +1083,37 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(
                    "sm90_int8", Sm90Int8Experts::klass(), QuantOracleKind::kInt8,
                    "Hopper s8 wgmma grouped GEMMs: per-tensor / per-channel weights, per-token / "
                    "per-tensor activations, exact int32 accumulation"));
+
+// The megakernel deployment in the MXFP4 and NVFP4 oracles (the same name as the unquantized
+// oracle's: `--backend sm90_ep_peer` in each), with the layout of sm90_mxfp4 / sm90_nvfp4 (both
+// the MXFP4 kernel nibble order) and, for NVFP4, its weight-only activations.
+namespace {
+
+ExpertsBackend sm90_ep_peer_fp4_backend(const ExpertsClass& klass, QuantOracleKind oracle,
+                                        const char* format, bool weight_only) {
+  ExpertsBackend b = sm90_quantized_backend(
+      "sm90_ep_peer", klass, oracle,
+      fmt::format("expert parallelism through the ranks' memory (CUDA IPC) on {} weights{}: "
+                  "sm90_ep_peer's exchange around the {} GEMMs; at decode sizes with bf16 "
+                  "activations one persistent launch",
+                  format, weight_only ? ", weight-only" : "", format),
+      /*size_align=*/32);
+  b.aliases = {};  // the oracle's "cuda" is its single-GPU backend
+  b.priority = kPriorityNativeGpu - 1;
+  b.layout = sm90_mxfp4_weight_layout;
+  b.traits.weight_only = weight_only;
+  return b;
+}
+
+}  // namespace
+
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_ep_peer_mxfp4,
+                                sm90_ep_peer_fp4_backend(Sm90EpPeerExperts::mxfp4_klass(),
+                                                         QuantOracleKind::kMxfp4, "MXFP4",
+                                                         /*weight_only=*/false));
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_ep_peer_nvfp4,
+                                sm90_ep_peer_fp4_backend(Sm90EpPeerExperts::nvfp4_klass(),
+                                                         QuantOracleKind::kNvfp4, "NVFP4",
+                                                         /*weight_only=*/true));
 
 }  // namespace moekit

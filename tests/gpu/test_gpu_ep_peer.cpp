@@ -27,6 +27,7 @@
 #include "moekit/comm/communicator.h"
 #include "moekit/core/tolerance.h"
 #include "moekit/experts/sm90_experts.h"
+#include "moekit/layer/checkpoint.h"
 #include "moekit/layer/moe_layer.h"
 #include "require_gpu.h"
 #include "testing.h"
@@ -227,6 +228,43 @@ TEST(EpPeer, OneLaunchIsBitwiseTheSequenceOnTheCudaCoreRow) {
   }
 }
 
+// Packed W4A16 weights (MXFP4, NVFP4 with its per-expert global scales): the one launch runs the
+// W4A16 CUDA-core row's tasks, bitwise the launch sequence whose local GEMMs (Sm90Mxfp4Experts /
+// Sm90Nvfp4Experts) are forced onto that row. (random_quantized_layer draws each rank's experts
+// from its own stream, so there is no single-rank layer of the same weights to compare with;
+// EpPeerOneRank.QuantizedMatchesTheLayerWithoutExchange does that on one rank.)
+TEST(EpPeer, QuantizedOneLaunchIsBitwiseTheSequence) {
+  REQUIRE_RANKS();
+  for (const char* scheme : {"mxfp4_w4a16", "nvfp4_w4a16"}) {
+    for (const char* name : {"small", "small-gpt-oss"}) {
+      SCOPED_TRACE(std::string(scheme) + " " + name);
+      const ModelPreset model = find_preset(name);
+      MoELayerOptions opts = ep_options(comm(), kWorld, R);
+      MoELayer one = random_quantized_layer(model, scheme, opts, 23);
+      peer_experts(one).set_launch(Launch::kOne);
+      opts.tile_config = "1x64simt";
+      MoELayer seq = random_quantized_layer(model, scheme, opts, 23);
+      peer_experts(seq).set_launch(Launch::kSequence);
+      EXPECT_EQ(one.kernel().fused_experts().name(), "Sm90EpPeerExperts");
+      for (int step = 0; step < 3; ++step) {
+        const int64_t M = tokens_of(R, step);
+        const Tensor x = on_gpu(
+            testing::random_tensor({M, model.hidden_size}, DType::kBF16, 900 + 10 * R + step));
+        const Tensor logits =
+            on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 950 + R + step));
+        Tensor a = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
+        Tensor b = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
+        forward(one, a, x, logits);
+        EXPECT_TRUE(peer_experts(one).last_forward_was_one_launch());
+        forward(seq, b, x, logits);
+        const Tensor ha = a.to(Device::cpu());
+        EXPECT_FALSE(testing::has_nan(ha)) << "M=" << M;
+        EXPECT_TRUE(testing::bitwise_equal(ha, b.to(Device::cpu()))) << "M=" << M;
+      }
+    }
+  }
+}
+
 // The two forms write the same regions and pass the same barriers: ranks may differ in a forward.
 TEST(EpPeer, RanksMayTakeDifferentForms) {
   REQUIRE_RANKS();
@@ -340,6 +378,43 @@ TEST(EpPeerOneRank, MatchesTheLayerWithoutExchange) {
       Tensor out = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
       forward(ep, out, x, logits);
       expect_close(out, forward(ref, x, logits));
+    }
+  }
+}
+
+// Quantized weights on one rank: each form against the layer without exchange, which
+// random_quantized_layer builds with the same weights (the stream of EP rank 0).
+TEST(EpPeerOneRank, QuantizedMatchesTheLayerWithoutExchange) {
+  REQUIRE_SM90_GPU();
+  const ModelPreset model = find_preset("small-gpt-oss");
+  for (const char* scheme : {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp4_a8"}) {
+    const MoELayerOptions opts =
+        ep_options(std::make_shared<SingleRankCommunicator>(Device::cuda(0)), 1, 0);
+    MoELayer ep = random_quantized_layer(model, scheme, opts, 29);
+    MoELayer ref = random_quantized_layer(model, scheme, single_options(), 29);
+    EXPECT_EQ(ep.kernel().fused_experts().name(), "Sm90EpPeerExperts");
+    // MXFP4 with fp8 activations: the launch sequence only (one launch refuses, with the reason).
+    const bool one_launch = std::string(scheme) != "mxfp4_a8";
+    for (const Launch form : {Launch::kSequence, Launch::kOne}) {
+      if (form == Launch::kOne && !one_launch) continue;
+      peer_experts(ep).set_launch(form);
+      for (const int64_t M : {int64_t{0}, int64_t{1}, int64_t{37}, kMaxTokens}) {
+        SCOPED_TRACE(std::string(scheme) + ", " + launch_name(form) + ", M=" + std::to_string(M));
+        const Tensor x = on_gpu(testing::random_tensor({M, model.hidden_size}, DType::kBF16, 7));
+        const Tensor logits =
+            on_gpu(testing::random_tensor({M, model.num_experts}, DType::kF32, 8));
+        Tensor out = on_gpu(testing::poisoned({M, model.hidden_size}, DType::kBF16));
+        forward(ep, out, x, logits);
+        EXPECT_EQ(peer_experts(ep).last_forward_was_one_launch(), form == Launch::kOne);
+        expect_close(out, forward(ref, x, logits));
+      }
+    }
+    if (!one_launch) {
+      peer_experts(ep).set_launch(Launch::kOne);
+      const Tensor x = on_gpu(testing::random_tensor({1, model.hidden_size}, DType::kBF16, 7));
+      const Tensor logits = on_gpu(testing::random_tensor({1, model.num_experts}, DType::kF32, 8));
+      const std::string msg = testing::error_of([&] { (void)forward(ep, x, logits); });
+      EXPECT_TRUE(testing::contains_all(msg, {"MOEKIT_EP_PEER_LAUNCH=one", "quantized"})) << msg;
     }
   }
 }

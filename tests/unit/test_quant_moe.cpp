@@ -789,7 +789,8 @@ TEST(QuantOracles, PriorityLists) {
                "flashinfer_cutlass", "vllm_cutlass", "marlin", "humming", "emulation"}));
 }
 
-// On Hopper moekit's weight-only NVFP4 kernel leads the list and serves W4A4 checkpoints too:
+// On Hopper moekit's weight-only NVFP4 kernel leads the list (after the megakernel deployment's
+// sm90_ep_peer, which serves nothing else) and serves W4A4 checkpoints too:
 // their QuantConfig keeps the activations unquantized (g_alphas = weight_scale_2, no input
 // scales), as marlin's (which the seed runs weight-only) does; shapes it cannot take are refused
 // with the reason.
@@ -798,7 +799,8 @@ TEST(QuantOracles, Nvfp4OnHopperIsWeightOnly) {
   MoEConfig hopper = make_moe(dims.E, dims.topk, dims.H, dims.I);
   hopper.device = cuda_device(90);
   const Nvfp4MoEKernelOracle oracle(hopper);
-  EXPECT_EQ(oracle.priority_backends(hopper)[0], "sm90_nvfp4");
+  EXPECT_EQ(oracle.priority_backends(hopper)[0], "sm90_ep_peer");
+  EXPECT_EQ(oracle.priority_backends(hopper)[1], "sm90_nvfp4");
   const auto sel = oracle.select_backend();
   EXPECT_EQ(sel.backend.name, "sm90_nvfp4");
   EXPECT_EQ(sel.experts, &Sm90Nvfp4Experts::klass());

@@ -67,6 +67,9 @@ class Sm90StandardExpertsBase : public ExpertsModular {
   // tile (default true); false launches them apart, for `moekit tune`'s per-GEMM times. Same
   // rules as force_tile.
   void allow_decode_pair(bool allow);
+  // Its launch state (experts/cuda/sm90_experts.h): Sm90EpPeerExperts' one launch runs these
+  // experts' GEMMs with it.
+  const sm90::LaunchState& launch_state() const { return *state_; }
 
  protected:
   Sm90StandardExpertsBase(const ExpertsClass& klass, const MoEConfig& moe,
@@ -170,16 +173,23 @@ class Sm90Nvfp4Experts final : public Sm90StandardExpertsBase {
 // experts exchange the tokens themselves through the other ranks' memory (CUDA IPC: NVLink
 // between GPUs, or two processes sharing one GPU), behind the pass-through prepare/finalize of the
 // megakernel deployment (All2AllBackend::kMegakernel), as seed 001's megakernel experts. A forward
-// is a sequence of launches on one stream, graph-capturable: dispatch (rows and masked ids into
-// the owning ranks' buffers), a barrier, the local experts (Sm90GroupedExperts' launch sequence)
-// on the (ranks x max_num_tokens) received rows, combine (partials back into the sources'
-// buffers), a barrier, and the sum of the partials in rank order (fp32) into the output. bf16 /
-// f16 weights; every rank must run the same number of forwards.
-// The communicator (bind_communicator, from the prepare/finalize) only bootstraps: it carries the
-// IPC handles once. A single persistent kernel for the whole sequence is the next step.
+// dispatches (rows and masked ids into the owning ranks' buffers), meets the other ranks at a
+// barrier, runs the local experts on the received rows, combines (partials back into the sources'
+// buffers), meets them again and sums the partials in rank order (fp32) into the output;
+// graph-capturable. At decode sizes it is one persistent launch (experts/cuda/ep_one_launch.h:
+// the GEMMs as CUDA-core tasks), above them a sequence of launches whose local GEMMs are the
+// scheme's Hopper experts on the (ranks x max_num_tokens) received rows. Weights: bf16 / f16
+// (Sm90GroupedExperts), MXFP4 (Sm90Mxfp4Experts: bf16, MX or fp8 activations; one launch with
+// bf16 ones) or NVFP4 weight-only (Sm90Nvfp4Experts, its per-expert global scales in the GEMMs'
+// epilogue as the seed's alphas); one record per scheme (klass, mxfp4_klass, nvfp4_klass), each
+// registered as backend sm90_ep_peer of its oracle. Every rank must run the same number of
+// forwards. The communicator (bind_communicator, from the prepare/finalize) only bootstraps: it
+// carries the IPC handles once.
 class Sm90EpPeerExperts final : public ExpertsModular {
  public:
-  static const ExpertsClass& klass();
+  static const ExpertsClass& klass();        // bf16 / f16 weights
+  static const ExpertsClass& mxfp4_klass();  // MXFP4 weights
+  static const ExpertsClass& nvfp4_klass();  // NVFP4 weights, weight-only
   Sm90EpPeerExperts(const MoEConfig& moe, const QuantConfig& quant);
   ~Sm90EpPeerExperts() override;
 
@@ -212,8 +222,9 @@ class Sm90EpPeerExperts final : public ExpertsModular {
   bool last_forward_was_one_launch() const { return last_one_launch_; }
 
  private:
-  struct Peers;                                // experts/sm90_ep_peer.cpp
-  std::unique_ptr<Sm90GroupedExperts> local_;  // the GEMMs on the received rows
+  static const ExpertsClass& klass_for(const QuantConfig& quant);
+  struct Peers;                                     // experts/sm90_ep_peer.cpp
+  std::unique_ptr<Sm90StandardExpertsBase> local_;  // the GEMMs on the received rows
   std::unique_ptr<Peers> peers_;
   Launch launch_ = Launch::kAuto;
   bool last_one_launch_ = false;

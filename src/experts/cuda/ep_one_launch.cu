@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <type_traits>
 
 #include "experts/cuda/ep_peer_device.cuh"
 #include "experts/cuda/sm90/grouped_kernels.cuh"
@@ -19,18 +20,24 @@ size_t round_up(size_t v) {
   return (v + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
 }
 
-// The 16-bit family's CUDA-core row: the decode pair's tasks run on it.
-constexpr int simt_row() {
+// A family's CUDA-core row: the pair's tasks run on it.
+constexpr int simt_row(sm90::TileFamily family) {
   for (int r = 0; r < sm90::kNumTiles; ++r) {
-    if (sm90::kTileTable[r].family == sm90::TileFamily::k16Bit &&
+    if (sm90::kTileTable[r].family == family &&
         sm90::kTileTable[r].kind == sm90::MainloopKind::kSimt) {
       return r;
     }
   }
   return -1;
 }
-constexpr int kRow = simt_row();
-static_assert(kRow >= 0, "the tile table has a 16-bit CUDA-core row");
+constexpr int kRow16 = simt_row(sm90::TileFamily::k16Bit);
+constexpr int kRowW4 = simt_row(sm90::TileFamily::kW4A16);
+static_assert(kRow16 >= 0 && kRowW4 >= 0, "the tile table has 16-bit and W4A16 CUDA-core rows");
+
+// The row of a problem: W4A16's for packed weights, else the 16-bit one.
+int row_of(const GroupedGemmArgs& g) {
+  return g.w_packing == WPacking::kNone ? kRow16 : kRowW4;
+}
 
 // What the kernel needs beyond ForwardArgs: the GEMMs' parameter blocks and the scratch.
 struct OneParams {
@@ -203,11 +210,11 @@ __device__ void combine_row(const ForwardArgs& a, const OneParams& o, int64_t ro
   __syncthreads();  // s_rows / s_weights are reused by the block's next row
 }
 
-template <typename T>
-using Shape = sm90::ShapeOf<T, kRow>;
-
-template <typename T>
-__global__ void __launch_bounds__(Shape<T>::kThreads, Shape<T>::kMinBlocks)
+// T: the activations (and 16-bit weights); kRow: the CUDA-core row; kPacking: packed W's format
+// (W4A16 rows).
+template <typename T, int kRow, WPacking kPacking>
+__global__ void __launch_bounds__(sm90::ShapeOf<T, kRow>::kThreads,
+                                  sm90::ShapeOf<T, kRow>::kMinBlocks)
     one_forward_kernel(const ForwardArgs a, const OneParams o) {
   pdl_wait();                                // the router's ids and weights
   __shared__ int s_prefix[kMaxExperts + 1];  // the pair's tile prefix; step 2's cursors
@@ -225,7 +232,7 @@ __global__ void __launch_bounds__(Shape<T>::kThreads, Shape<T>::kMinBlocks)
   if (blockIdx.x == 0) sort_received(a, o, s_count, s_prefix);
   grid_barrier(o.grid);
   // 3. GEMM1 + activation, GEMM2.
-  sm90::simt_pair_tasks<T, T, kRow, WPacking::kMxfp4, true>(o.p1, o.p2, o.done, s_prefix);
+  sm90::simt_pair_tasks<T, T, kRow, kPacking, true>(o.p1, o.p2, o.done, s_prefix);
   grid_barrier(o.grid);
   // 4. combine: the received rows below their source's count, walked over the grid.
   const auto* count = reinterpret_cast<const int32_t*>(a.peers.base[a.rank] + l.count);
@@ -277,11 +284,11 @@ void complete(const ForwardArgs& f, const OneLaunchArgs& o, GroupedGemmArgs* g1,
 
 // CTAs of the kernel resident at once on every SM (the grid barriers and the pair's counters
 // need the whole grid resident), queried once per process and element type.
-template <typename T>
+template <typename T, int kRow, WPacking kPacking>
 cudaError_t resident_grid(int* grid) {
   static const auto blocks_and_sms = [] {
     int blocks = 0, sms = 0;
-    cudaError_t e = sm90::pair_residency<T, kRow>(&one_forward_kernel<T>, &blocks);
+    cudaError_t e = sm90::pair_residency<T, kRow>(&one_forward_kernel<T, kRow, kPacking>, &blocks);
     if (e == cudaSuccess) e = sm90::current_device_sms(&sms);
     return std::tuple<cudaError_t, int, int>(e, blocks, sms);
   }();
@@ -317,7 +324,13 @@ std::string one_launch_unsupported_reason(const ForwardArgs& f, const OneLaunchA
   using std::to_string;
   const PeerLayout& l = f.layout;
   if (o.g1.dtype != ElemType::kBF16 && o.g1.dtype != ElemType::kF16) {
-    return "the one-launch forward runs bf16 / f16 layers only";
+    return "the one-launch forward runs bf16 / f16 activations only";
+  }
+  if (o.g1.w_packing != o.g2.w_packing ||
+      (o.g1.w_packing != WPacking::kNone &&
+       (o.g1.dtype != ElemType::kBF16 || o.g1.w_packing == WPacking::kInt4))) {
+    return "the one-launch forward runs 16-bit weights or packed W4A16 weights (MXFP4, NVFP4, "
+           "MXFP6) with bf16 activations";
   }
   if (l.topk > kMaxTopk) return "top_k " + to_string(l.topk) + " > " + to_string(kMaxTopk);
   if (f.local_experts < 1 || f.local_experts > kMaxExperts) {
@@ -331,7 +344,7 @@ std::string one_launch_unsupported_reason(const ForwardArgs& f, const OneLaunchA
   GroupedGemmArgs g1, g2;
   OneLaunchWorkspace ws;
   complete(f, o, &g1, &g2, &ws);
-  return can_run_grouped_gemm_pair(g1, g2, kRow);
+  return detail::simt_pair_unsupported_reason(g1, g2, row_of(g1));
 }
 
 int launch_one_forward(const ForwardArgs& f, const OneLaunchArgs& o) {
@@ -340,8 +353,10 @@ int launch_one_forward(const ForwardArgs& f, const OneLaunchArgs& o) {
   OneLaunchWorkspace ws;
   complete(f, o, &g1, &g2, &ws);
   char* base = static_cast<char*>(o.workspace);
-  auto run = [&](auto type) -> cudaError_t {
+  auto run = [&](auto type, auto row, auto packing) -> cudaError_t {
     using T = decltype(type);
+    constexpr int kRow = decltype(row)::value;
+    constexpr WPacking kPacking = decltype(packing)::value;
     OneParams p{};
     p.p1 = sm90::kernel_params<T, kRow>(g1);
     p.p2 = sm90::kernel_params<T, kRow>(g2);
@@ -352,11 +367,23 @@ int launch_one_forward(const ForwardArgs& f, const OneLaunchArgs& o) {
     p.y = base + ws.y;
     p.grid = reinterpret_cast<uint32_t*>(f.peers.base[f.rank] + f.layout.grid);
     int grid = 0;
-    MOEKIT_CUDA_TRY(resident_grid<T>(&grid));
-    return launch_pdl(&one_forward_kernel<T>, dim3(static_cast<unsigned>(grid)),
-                      dim3(Shape<T>::kThreads), 0, static_cast<cudaStream_t>(f.stream), f, p);
+    MOEKIT_CUDA_TRY((resident_grid<T, kRow, kPacking>(&grid)));
+    return launch_pdl(&one_forward_kernel<T, kRow, kPacking>, dim3(static_cast<unsigned>(grid)),
+                      dim3(sm90::ShapeOf<T, kRow>::kThreads), 0,
+                      static_cast<cudaStream_t>(f.stream), f, p);
   };
-  const cudaError_t e = o.g1.dtype == ElemType::kF16 ? run(__half{}) : run(__nv_bfloat16{});
+  using Row16 = std::integral_constant<int, kRow16>;
+  using NoPacking = std::integral_constant<WPacking, WPacking::kMxfp4>;  // unused by 16-bit rows
+  cudaError_t e = cudaSuccess;
+  if (o.g1.w_packing != WPacking::kNone) {
+    e = sm90::with_packing(o.g1.w_packing, [&](auto packing) {
+      return run(__nv_bfloat16{}, std::integral_constant<int, kRowW4>{}, packing);
+    });
+  } else if (o.g1.dtype == ElemType::kF16) {
+    e = run(__half{}, Row16{}, NoPacking{});
+  } else {
+    e = run(__nv_bfloat16{}, Row16{}, NoPacking{});
+  }
   return static_cast<int>(e);
 }
 

@@ -10,13 +10,15 @@
 //      received row of each sorted row and the sorted row of each slot; grid barrier;
 //   3. GEMM1 with the fused gated activation and GEMM2 on the sorted rows: the decode pair's tasks
 //      (sm90/grouped_kernels.cuh, simt_pair_tasks: CUDA-core dot products, GEMM2's work of an
-//      expert waiting on counters of its GEMM1 work); grid barrier;
+//      expert waiting on counters of its GEMM1 work) on the 16-bit CUDA-core row, or for packed
+//      W4A16 weights (MXFP4, NVFP4 with its per-expert global scale) on the W4A16 one; grid
+//      barrier;
 //   4. combine: each received row with an expert here sums w_j * y (fp32 fused multiply-adds in j
 //      order, as the unpermute does), rounds it once and writes it into its source rank's buffer;
 //      grid barrier; the ranks' barrier; grid barrier;
 //   5. sum each of this rank's tokens over the ranks' partials.
-// The outputs are bitwise those of the launch sequence whose local GEMMs run the decode pair on
-// the same row (tile 1x64simt). Used at decode sizes (Sm90EpPeerExperts decides); larger batches
+// The outputs are bitwise those of the launch sequence whose local GEMMs run on the same row
+// (tile 1x64simt). Used at decode sizes (Sm90EpPeerExperts decides); larger batches
 // run the launch sequence with the tensor-core tiles.
 //
 // Included by .cu files only (sm90_grouped_gemm.h names CUDA runtime types).

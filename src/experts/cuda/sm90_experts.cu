@@ -624,29 +624,43 @@ WorkspaceShapes batched_workspace_shapes(const MoEConfig& moe, const QuantConfig
   return {{rows, N}, {static_cast<int64_t>((ws2 + es - 1) / es)}, {local_num_experts, T, K}};
 }
 
-// The GEMMs of the one-launch expert-parallel forward: w1 / w2, their biases and the fused
+// The GEMMs of the one-launch expert-parallel forward: w1 / w2 (16-bit, or packed W4A16 with
+// their group scales and NVFP4's global scales from the launch state), their biases and the fused
 // activation; A, C and the schedule are the launch's.
 cuda::ep::OneLaunchArgs one_launch_args(const ExpertsModular& experts,
+                                        const sm90::LaunchState& state,
                                         const ExpertsApplyArgs& args) {
   const MoEConfig& moe = experts.moe_config();
   const Tensor& b1 = experts.quant_config().w1_bias();
   const Tensor& b2 = experts.quant_config().w2_bias();
+  const int64_t K = args.hidden_states.size(1);
+  const int64_t N = args.w1.size(1);
   cuda::ep::OneLaunchArgs o;
   cuda::GroupedGemmArgs& g1 = o.g1;
   g1.w = args.w1.data();
   g1.bias = b1.defined() ? b1.data() : nullptr;
   g1.bias_is_fp32 = b1.defined() && b1.dtype() == DType::kF32;
-  g1.n = static_cast<int>(args.w1.size(1));
-  g1.k = static_cast<int>(args.w1.size(2));
+  g1.n = static_cast<int>(N);
+  g1.k = static_cast<int>(K);
   g1.dtype = gemm_dtype_of(moe.in_dtype);
   set_fused_activation(g1, args.activation, moe.activation_params());
   cuda::GroupedGemmArgs& g2 = o.g2;
   g2.w = args.w2.data();
   g2.bias = b2.defined() ? b2.data() : nullptr;
   g2.bias_is_fp32 = b2.defined() && b2.dtype() == DType::kF32;
-  g2.n = static_cast<int>(args.w2.size(1));
-  g2.k = static_cast<int>(args.w2.size(2));
+  g2.n = static_cast<int>(K);
+  g2.k = static_cast<int>(activation_output_dim(args.activation, N));
   g2.dtype = g1.dtype;
+  if (is_w4a16_packing(state.packing)) {
+    g1.w_packing = g2.w_packing = state.packing;
+    g1.w_group_scale = state.w1_scale.data_as<const uint8_t>();
+    g2.w_group_scale = state.w2_scale.data_as<const uint8_t>();
+    if (state.packing == cuda::WPacking::kNvfp4) {
+      g1.w_scale_kind = g2.w_scale_kind = cuda::WScale::kExpert;
+      g1.w_scale = state.w1_global.data_as<const float>();
+      g2.w_scale = state.w2_global.data_as<const float>();
+    }
+  }
   o.workspace = args.workspace2.data();
   return o;
 }
@@ -940,10 +954,17 @@ size_t ep_one_launch_workspace_bytes(const cuda::ep::PeerLayout& layout, int64_t
 }
 
 std::string ep_one_launch_unsupported_reason(const ExpertsModular& experts,
+                                             const LaunchState& state,
                                              const cuda::ep::ForwardArgs& f,
                                              const ExpertsApplyArgs& args) {
   const MoEConfig& moe = experts.moe_config();
-  if (experts.quant_config().is_quantized()) return "the layer is quantized";
+  const QuantConfig& quant = experts.quant_config();
+  if (quant.a1.dtype != QuantDType::kNone || quant.a2.dtype != QuantDType::kNone) {
+    return "the activations are quantized (" + quant.describe() + ")";
+  }
+  if (state.scales != LaunchState::WeightScales::kNone && !is_w4a16_packing(state.packing)) {
+    return "the weights are neither 16-bit nor packed W4A16 (" + quant.describe() + ")";
+  }
   if (moe.in_dtype != DType::kBF16 && moe.in_dtype != DType::kF16) {
     return "activations are " + std::string(dtype_name(moe.in_dtype)) + ", not bf16 / f16";
   }
@@ -958,15 +979,15 @@ std::string ep_one_launch_unsupported_reason(const ExpertsModular& experts,
     return "workspace2 holds " + std::to_string(args.workspace2.nbytes()) + " bytes, needs " +
            std::to_string(need);
   }
-  return cuda::ep::one_launch_unsupported_reason(f, one_launch_args(experts, args));
+  return cuda::ep::one_launch_unsupported_reason(f, one_launch_args(experts, state, args));
 }
 
-void ep_one_launch_apply(const ExpertsModular& experts, const cuda::ep::ForwardArgs& f,
-                         const ExpertsApplyArgs& args) {
-  const std::string why = ep_one_launch_unsupported_reason(experts, f, args);
+void ep_one_launch_apply(const ExpertsModular& experts, const LaunchState& state,
+                         const cuda::ep::ForwardArgs& f, const ExpertsApplyArgs& args) {
+  const std::string why = ep_one_launch_unsupported_reason(experts, state, f, args);
   MOEKIT_CHECK(why.empty(), "the one-launch expert-parallel forward: {}", why);
-  MOEKIT_CUDA_CHECK(
-      static_cast<cudaError_t>(cuda::ep::launch_one_forward(f, one_launch_args(experts, args))));
+  MOEKIT_CUDA_CHECK(static_cast<cudaError_t>(
+      cuda::ep::launch_one_forward(f, one_launch_args(experts, state, args))));
 }
 
 }  // namespace sm90

@@ -237,12 +237,21 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
 
 std::string can_run_grouped_gemm_pair(const GroupedGemmArgs& g1, const GroupedGemmArgs& g2,
                                       int row) {
-  using std::to_string;
   // W4A16's CUDA-core row ran slower as a pair than as two launches (gpt-oss-120b MXFP4 M = 1
   // 49.4 vs 45.2 us, bench/results/2026-12-03-h200-decode-pair): 16-bit only.
-  const sm90::TileFamily family = tile_family_of(g1);
-  if (family != sm90::TileFamily::k16Bit || tile_family_of(g2) != family) {
+  if (tile_family_of(g1) != sm90::TileFamily::k16Bit) {
     return "the decode pair runs 16-bit problems only";
+  }
+  return detail::simt_pair_unsupported_reason(g1, g2, row);
+}
+
+std::string detail::simt_pair_unsupported_reason(const GroupedGemmArgs& g1,
+                                                 const GroupedGemmArgs& g2, int row) {
+  using std::to_string;
+  const sm90::TileFamily family = tile_family_of(g1);
+  if ((family != sm90::TileFamily::k16Bit && family != sm90::TileFamily::kW4A16) ||
+      tile_family_of(g2) != family) {
+    return "the pair's tasks run 16-bit or W4A16 problems of one family";
   }
   if (row < 0 || row >= sm90::kNumTiles || sm90::kTileTable[row].family != family ||
       sm90::kTileTable[row].kind != sm90::MainloopKind::kSimt) {

@@ -277,6 +277,10 @@ std::string can_implement_w4a16(const GroupedGemmArgs& args);
 cudaError_t prepare_w4a16(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache);
 cudaError_t run_w4a16(const GroupedGemmArgs& args, int row, const GroupedGemmParams& params,
                       cudaStream_t stream);
+// Whether GEMM1 and GEMM2 can run as the CUDA-core pair's tasks on `row` (can_run_grouped_gemm_pair
+// without its 16-bit policy: the expert-parallel one launch runs W4A16 problems on them too).
+std::string simt_pair_unsupported_reason(const GroupedGemmArgs& g1, const GroupedGemmArgs& g2,
+                                         int row);
 // The decode pair of the 16-bit family (run_grouped_gemm_pair, checked).
 cudaError_t run_16bit_pair(const GroupedGemmArgs& g1, const GroupedGemmArgs& g2, int row,
                            int32_t* expert_done, const sm90::WeightLaunchCache* cache,
