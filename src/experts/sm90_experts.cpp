@@ -903,6 +903,28 @@ std::string describe_sm90_grouped_tiles(const MoEConfig& moe, const std::optiona
   return {};
 }
 
+// The megakernel deployment's forms by batch size (Sm90EpPeerExperts::Launch), then the tiles of
+// its launch sequence's local GEMMs.
+std::string describe_sm90_ep_peer(const MoEConfig& moe, const std::optional<QuantKey>& weight,
+                                  const std::optional<QuantKey>& activation) {
+  const int64_t per_token = Sm90EpPeerExperts::kOneLaunchExpertsPerSlot *
+                            std::max(1, moe.parallel.ep_size) * moe.experts_per_token;
+  const int64_t most = per_token > 0 ? moe.num_experts / per_token : 0;
+  const bool bf16_acts = !activation.has_value();
+  std::string out =
+      most < 1 || !bf16_acts
+          ? fmt::format("forward: the launch sequence at every size ({})\n",
+                        !bf16_acts ? "the one launch takes unquantized activations only"
+                                   : "a token alone would exceed a quarter of a row per expert")
+          : fmt::format(
+                "forward: one persistent launch (dispatch, CUDA-core GEMMs, combine, sum) up to M "
+                "= "
+                "{} tokens per rank (4 x {} ranks x M x top_k {} <= {} experts), the launch "
+                "sequence above; MOEKIT_EP_PEER_LAUNCH=one|sequence forces a form\n",
+                most, std::max(1, moe.parallel.ep_size), moe.experts_per_token, moe.num_experts);
+  return out + describe_sm90_grouped_tiles(moe, weight, activation);
+}
+
 ExpertsBackend sm90_backend(std::string name, const ExpertsClass& klass, int priority) {
   ExpertsBackend b;
   b.oracle = QuantOracleKind::kUnquantized;
@@ -988,7 +1010,7 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_ep_peer, [] {
       "pass-through prepare/finalize: dispatch, the GEMMs on the received rows, combine and the "
       "sum of the partials; at decode sizes one persistent launch (CUDA-core GEMMs), above them "
       "a stream of launches with the Hopper grouped GEMMs";
-  b.describe_kernels = describe_sm90_grouped_tiles;
+  b.describe_kernels = describe_sm90_ep_peer;
   return b;
 }());
 
@@ -1102,6 +1124,7 @@ ExpertsBackend sm90_ep_peer_fp4_backend(const ExpertsClass& klass, QuantOracleKi
   b.priority = kPriorityNativeGpu - 1;
   b.layout = sm90_mxfp4_weight_layout;
   b.traits.weight_only = weight_only;
+  b.describe_kernels = describe_sm90_ep_peer;
   return b;
 }
 
