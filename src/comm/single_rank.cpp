@@ -22,6 +22,18 @@ std::unique_ptr<PendingCollective> Communicator::all_to_all_v_start(
   return std::make_unique<CompletedCollective>();
 }
 
+std::vector<int64_t> Communicator::all_to_all_host(const std::vector<int64_t>& send) {
+  MOEKIT_CHECK(static_cast<int64_t>(send.size()) == world_size(),
+               "all_to_all_host over {} ranks: send holds {} values, needs one per rank",
+               world_size(), send.size());
+  std::vector<int64_t> out;
+  for (int d = 0; d < world_size(); ++d) {
+    std::vector<int64_t> to_d = all_gather_host(send[static_cast<size_t>(d)]);
+    if (d == rank()) out = std::move(to_d);
+  }
+  return out;
+}
+
 void SingleRankCommunicator::all_gather(const Tensor& send, Tensor& recv, Stream stream) {
   detail::check_collective_pair(send, recv, device_, "all_gather");
   MOEKIT_CHECK(send.shape() == recv.shape(),

@@ -135,14 +135,8 @@ PrepareResult PrepareFinalizeAllToAll::prepare_on_device(const PrepareArgs& args
     // The routing, on the host: the stream has produced it once this returns.
     synchronize(ctx.stream);
     route(args.topk_ids.to_int_vector(), topk);
-    // What every rank sends this one, one host collective per destination (each rank's count for
-    // rank d is gathered in turn).
-    recv_counts_.assign(static_cast<size_t>(world_), 0);
-    for (int d = 0; d < world_; ++d) {
-      const std::vector<int64_t> to_d =
-          comm_->all_gather_host(send_counts_[static_cast<size_t>(d)]);
-      if (d == rank_) recv_counts_ = to_d;
-    }
+    // What every rank sends this one: one host all-to-all of the counts.
+    recv_counts_ = comm_->all_to_all_host(send_counts_);
     const int64_t sent = sum(send_counts_), received = sum(recv_counts_);
     const int64_t K = a1.size(1);
     // The index tables, uploaded (pageable host memory: staged before the copy call returns).

@@ -128,6 +128,21 @@ TEST(MpiComm, AllToAllVUnevenAndEmptyCounts) {
   EXPECT_TRUE(std::isnan(got[static_cast<size_t>(row * 2)])) << "the spare row was written";
 }
 
+// Host counts: rank r sends 100 r + d to rank d; rank d receives 100 r + d from each r.
+TEST(MpiComm, AllToAllHostMovesOneValuePerPair) {
+  REQUIRE_MPI();
+  std::vector<int64_t> send;
+  for (int d = 0; d < W; ++d)
+    send.push_back(100 * R + d);
+  const std::vector<int64_t> got = comm->all_to_all_host(send);
+  ASSERT_EQ(got.size(), static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r)
+    EXPECT_EQ(got[static_cast<size_t>(r)], 100 * r + R) << "from rank " << r;
+  // The default (one all-gather per destination) agrees.
+  const std::vector<int64_t> by_gathers = comm->Communicator::all_to_all_host(send);
+  EXPECT_EQ(by_gathers, got);
+}
+
 TEST(MpiComm, BadArgumentsAreErrorsOnEveryRank) {
   REQUIRE_MPI();
   const Tensor send = Tensor::from_floats(std::vector<float>{1, 2, 3, 4}, {2, 2}, DType::kF32);

@@ -308,6 +308,11 @@ TEST(Communicator, SingleRankCollectivesAreLocalCopies) {
   EXPECT_TRUE(testing::bitwise_equal(recv.slice(0, 0, 4), send.slice(0, 0, 4)));
   EXPECT_TRUE(testing::has_nan(recv.slice(0, 4, 6)));
   comm.all_to_all_v(send, {0}, recv, {0}, {});  // an idle rank
+  EXPECT_EQ(comm.all_to_all_host({7}), std::vector<int64_t>{7});
+  EXPECT_TRUE(contains_all(error_of([&] {
+                             (void)comm.all_to_all_host({1, 2});
+                           }),
+                           {"all_to_all_host over 1 ranks", "one per rank"}));
   comm.barrier();
   EXPECT_TRUE(contains_all(error_of([&] {
                              comm.all_to_all_v(send, {4, 2}, recv, {6}, {});

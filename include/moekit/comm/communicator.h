@@ -58,6 +58,10 @@ class Communicator {
   // memory whatever device() is, so no stream is synchronised (a GPU communicator routes it
   // through its bootstrap transport).
   virtual std::vector<int64_t> all_gather_host(int64_t value) = 0;
+  // One int64 from every rank to every rank, on the host (per-destination counts): send has
+  // world_size() values, send[d] for rank d; out[r] = rank r's send[rank()]. Default: one
+  // all_gather_host per destination; the MPI communicator makes it one MPI_Alltoall.
+  virtual std::vector<int64_t> all_to_all_host(const std::vector<int64_t>& send);
   // Blocks until every rank has arrived (host side; orders nothing on a stream).
   virtual void barrier() = 0;
 };

@@ -221,6 +221,16 @@ class MpiCommunicator final : public Communicator {
     return out;
   }
 
+  std::vector<int64_t> all_to_all_host(const std::vector<int64_t>& send) override {
+    MOEKIT_CHECK(static_cast<int>(send.size()) == size_,
+                 "all_to_all_host over {} ranks: send holds {} values, needs one per rank", size_,
+                 send.size());
+    std::vector<int64_t> out(static_cast<size_t>(size_));
+    MOEKIT_MPI(
+        MPI_Alltoall(send.data(), 1, MPI_INT64_T, out.data(), 1, MPI_INT64_T, MPI_COMM_WORLD));
+    return out;
+  }
+
   void barrier() override { MOEKIT_MPI(MPI_Barrier(MPI_COMM_WORLD)); }
 
  private:

@@ -148,6 +148,9 @@ class NcclCommunicator final : public Communicator {
   std::vector<int64_t> all_gather_host(int64_t value) override {
     return host_->all_gather_host(value);
   }
+  std::vector<int64_t> all_to_all_host(const std::vector<int64_t>& send) override {
+    return host_->all_to_all_host(send);
+  }
   void barrier() override { host_->barrier(); }
 
  private:
