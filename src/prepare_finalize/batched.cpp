@@ -66,12 +66,8 @@ PrepareResult PrepareFinalizeBatched::prepare(const PrepareArgs& args, RunContex
           device_state_, payload.data, payload.scale_has_rows ? payload.scale : Tensor{},
           args.topk_ids, args.expert_map, args.num_experts, num_local_experts_,
           max_num_tokens_ * num_dispatchers_, rank_, ctx);
-      if (payload.quantize_after) {
-        QuantizedInput q = detail::quantize_batched_input(
-            result.a1q, result.expert_tokens_meta->expert_num_tokens, args.quant_config->a1, ctx);
-        result.a1q = std::move(q.data);
-        result.a1q_scale = std::move(q.scale);
-      }
+      detail::finish_batched_dispatch(result, result.expert_tokens_meta->expert_num_tokens, payload,
+                                      args.quant_config, ctx);
       return result;
     } else {
       throw_no_cuda(std::string(kWho) + " on " + a1.device().to_string());

@@ -191,12 +191,8 @@ PrepareResult PrepareFinalizeLowLatency::prepare_on_device(const PrepareArgs& ar
     if (payload.scale_has_rows) {
       result.a1q_scale = exchange(sent.a1q_scale, kScaleRowsSlot, kScalePackedSlot, Tensor{});
     }
-    if (payload.quantize_after) {  // a per-tensor scale: this rank's batch, the rows that exist
-      QuantizedInput q =
-          detail::quantize_batched_input(result.a1q, expert_tokens, args.quant_config->a1, ctx);
-      result.a1q = std::move(q.data);
-      result.a1q_scale = std::move(q.scale);
-    }
+    // A per-tensor scale: this rank's received batch, the rows that exist.
+    detail::finish_batched_dispatch(result, expert_tokens, payload, args.quant_config, ctx);
     ExpertTokensMetadata meta;
     meta.expert_num_tokens = expert_tokens;
     result.expert_tokens_meta = meta;

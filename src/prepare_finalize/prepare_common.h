@@ -211,4 +211,16 @@ inline QuantizedInput quantize_batched_input(const Tensor& rows, const Tensor& c
   }
 }
 
+// The batched activations as the experts take them on a GPU: rows that travelled unquantized (a
+// per-tensor scale, `sent.quantize_after`) quantized now over the rows that exist (counts per
+// expert), in place of result's a1q / a1q_scale; otherwise as they are.
+inline void finish_batched_dispatch(PrepareResult& result, const Tensor& counts,
+                                    const DispatchPayload& sent, const QuantConfig* quant,
+                                    RunContext ctx) {
+  if (!sent.quantize_after) return;
+  QuantizedInput q = quantize_batched_input(result.a1q, counts, quant->a1, ctx);
+  result.a1q = std::move(q.data);
+  result.a1q_scale = std::move(q.scale);
+}
+
 }  // namespace moekit::detail
