@@ -8,17 +8,14 @@
 #include <tuple>
 #include <type_traits>
 
+#include "core/byte_regions.h"
 #include "experts/cuda/ep_peer_device.cuh"
 #include "experts/cuda/sm90/grouped_kernels.cuh"
 
 namespace moekit::cuda::ep {
 namespace {
 
-constexpr size_t kRegionAlign = 256;
-
-size_t round_up(size_t v) {
-  return (v + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
-}
+constexpr size_t kRegionAlign = 256;  // of the workspace's regions (and its base)
 
 // A family's CUDA-core row: the pair's tasks run on it.
 constexpr int simt_row(sm90::TileFamily family) {
@@ -304,19 +301,14 @@ OneLaunchWorkspace one_launch_workspace(const PeerLayout& l, int64_t local_exper
   const size_t slots =
       static_cast<size_t>(l.world) * static_cast<size_t>(l.capacity) * static_cast<size_t>(l.topk);
   OneLaunchWorkspace w;
-  size_t at = 0;
-  auto region = [&at](size_t bytes) {
-    const size_t start = at;
-    at = round_up(at + bytes);
-    return start;
-  };
-  w.offsets = region(static_cast<size_t>(local_experts + 1) * sizeof(int32_t));
-  w.done = region(static_cast<size_t>(local_experts) * sizeof(int32_t));
-  w.gather = region(slots * sizeof(int32_t));
-  w.row_of_slot = region(slots * sizeof(int32_t));
-  w.act = region(slots * static_cast<size_t>(act_cols) * l.elem);
-  w.y = region(slots * static_cast<size_t>(l.hidden) * l.elem);
-  w.bytes = at;
+  ByteRegions r(kRegionAlign);
+  w.offsets = r.take(static_cast<size_t>(local_experts + 1) * sizeof(int32_t));
+  w.done = r.take(static_cast<size_t>(local_experts) * sizeof(int32_t));
+  w.gather = r.take(slots * sizeof(int32_t));
+  w.row_of_slot = r.take(slots * sizeof(int32_t));
+  w.act = r.take(slots * static_cast<size_t>(act_cols) * l.elem);
+  w.y = r.take(slots * static_cast<size_t>(l.hidden) * l.elem);
+  w.bytes = r.size();
   return w;
 }
 

@@ -3,18 +3,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/byte_regions.h"
 #include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/ep_peer.h"
 #include "experts/cuda/ep_peer_device.cuh"
 
 namespace moekit::cuda::ep {
 namespace {
-
-constexpr size_t kRegionAlign = 256;
-
-size_t round_up(size_t v) {
-  return (v + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
-}
 
 // Restores the calling thread's current device.
 class DeviceScope {
@@ -100,21 +95,16 @@ PeerLayout make_peer_layout(int world, int64_t capacity, int64_t hidden, int top
   l.topk = topk;
   l.elem = elem;
   const size_t rows = static_cast<size_t>(world) * static_cast<size_t>(capacity);
-  size_t at = 0;
-  auto region = [&at](size_t bytes) {
-    const size_t start = at;
-    at = round_up(at + bytes);
-    return start;
-  };
-  l.x = region(rows * static_cast<size_t>(hidden) * elem);
-  l.ids = region(rows * static_cast<size_t>(topk) * sizeof(int32_t));
-  l.w = region(rows * static_cast<size_t>(topk) * sizeof(float));
-  l.comb = region(rows * static_cast<size_t>(hidden) * elem);
-  l.count = region(static_cast<size_t>(world) * sizeof(int32_t));
-  l.flag = region(static_cast<size_t>(world) * sizeof(unsigned long long));
-  l.epoch = region(sizeof(unsigned long long));
-  l.grid = region(2 * sizeof(uint32_t));
-  l.bytes = at;
+  ByteRegions r;
+  l.x = r.take(rows * static_cast<size_t>(hidden) * elem);
+  l.ids = r.take(rows * static_cast<size_t>(topk) * sizeof(int32_t));
+  l.w = r.take(rows * static_cast<size_t>(topk) * sizeof(float));
+  l.comb = r.take(rows * static_cast<size_t>(hidden) * elem);
+  l.count = r.take(static_cast<size_t>(world) * sizeof(int32_t));
+  l.flag = r.take(static_cast<size_t>(world) * sizeof(unsigned long long));
+  l.epoch = r.take(sizeof(unsigned long long));
+  l.grid = r.take(2 * sizeof(uint32_t));
+  l.bytes = r.size();
   return l;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "core/byte_regions.h"
 #include "core/cuda/cuda_check.cuh"
 #include "experts/cuda/ep_one_launch.h"
 #include "experts/cuda/moe_activation.h"
@@ -27,9 +28,6 @@ namespace moekit {
 namespace {
 
 constexpr size_t kAlign = 256;
-size_t align_up(size_t v) {
-  return (v + kAlign - 1) / kAlign * kAlign;
-}
 
 // MOEKIT_STREAM_K=1: the layers' swap-AB GEMMs take stream-K where it evens out the SMs' work
 // (cuda::StreamK::kBalance; measured slower so far, so off by default).
@@ -107,36 +105,31 @@ Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, A
   const int64_t capacity =
       cuda::moe_align_capacity(M, static_cast<int>(topk), static_cast<int>(E), 1);
   Ws2Layout l;
-  size_t at = 0;
-  auto take = [&at](size_t bytes) {
-    const size_t here = at;
-    at = align_up(at + bytes);
-    return here;
-  };
-  l.act = take(static_cast<size_t>(rows * d) * es);
-  l.gemm2 = take(static_cast<size_t>(rows * K) * es);
-  l.counts = take(static_cast<size_t>(E) * 4);
-  l.offsets = take(static_cast<size_t>(E + 1) * 4);
-  l.permuted = take(static_cast<size_t>(capacity) * 4);
-  l.slot_to_row = take(static_cast<size_t>(rows) * 4);
-  l.total = take(4);
-  l.token_rows = take(static_cast<size_t>(capacity) * 4);
+  ByteRegions r(kAlign);
+  l.act = r.take(static_cast<size_t>(rows * d) * es);
+  l.gemm2 = r.take(static_cast<size_t>(rows * K) * es);
+  l.counts = r.take(static_cast<size_t>(E) * 4);
+  l.offsets = r.take(static_cast<size_t>(E + 1) * 4);
+  l.permuted = r.take(static_cast<size_t>(capacity) * 4);
+  l.slot_to_row = r.take(static_cast<size_t>(rows) * 4);
+  l.total = r.take(4);
+  l.token_rows = r.take(static_cast<size_t>(capacity) * 4);
   l.align_ws_bytes =
       cuda::moe_align_workspace_bytes(M, static_cast<int>(topk), static_cast<int>(E));
-  l.align_ws = take(l.align_ws_bytes);
-  l.expert_done = take(static_cast<size_t>(E) * 4);  // the decode pair's counters (align zeroes)
+  l.align_ws = r.take(l.align_ws_bytes);
+  l.expert_done = r.take(static_cast<size_t>(E) * 4);  // the decode pair's counters (align zeroes)
   // The grouped GEMMs' stream-K counters (align zeroes them) and partial sums.
-  if (stream_k_enabled()) l.stream_k = take(cuda::stream_k_workspace_bytes());
+  if (stream_k_enabled()) l.stream_k = r.take(cuda::stream_k_workspace_bytes());
   if (mx_activation(a1) || bf16_codes) {
-    l.a1_mx = take(static_cast<size_t>(M * K) * es);  // x, MX-rounded or its fp8 codes
+    l.a1_mx = r.take(static_cast<size_t>(M * K) * es);  // x, MX-rounded or its fp8 codes
   }
   if (a2.dtype != QuantDType::kNone && !mx_activation(a2) && !bf16_codes) {
     const DeviceQuantShapes q = device_quant_shapes(rows, d, a2);
-    l.a2q = take(static_cast<size_t>(numel_of(q.data)));
-    l.a2_scale = take(static_cast<size_t>(numel_of(q.scale)) * 4);
-    l.amax = take(4);
+    l.a2q = r.take(static_cast<size_t>(numel_of(q.data)));
+    l.a2_scale = r.take(static_cast<size_t>(numel_of(q.scale)) * 4);
+    l.amax = r.take(4);
   }
-  l.bytes = at;
+  l.bytes = r.size();
   return l;
 }
 
@@ -604,13 +597,15 @@ struct BatchedWs2Layout {
 
 BatchedWs2Layout batched_ws2_layout(int64_t rows, int64_t d, size_t es, const QuantDesc& a2) {
   BatchedWs2Layout l;
-  l.bytes = static_cast<size_t>(rows * d) * es;
-  if (a2.dtype == QuantDType::kNone) return l;
-  const DeviceQuantShapes qs = device_quant_shapes(rows, d, a2);
-  l.q = align_up(l.bytes);
-  l.scale = align_up(l.q + static_cast<size_t>(numel_of(qs.data)));
-  l.amax = align_up(l.scale + static_cast<size_t>(numel_of(qs.scale)) * 4);
-  l.bytes = l.amax + 4;
+  ByteRegions r(kAlign);
+  r.take(static_cast<size_t>(rows * d) * es);  // the activation, at 0
+  if (a2.dtype != QuantDType::kNone) {
+    const DeviceQuantShapes qs = device_quant_shapes(rows, d, a2);
+    l.q = r.take(static_cast<size_t>(numel_of(qs.data)));
+    l.scale = r.take(static_cast<size_t>(numel_of(qs.scale)) * 4);
+    l.amax = r.take(4);
+  }
+  l.bytes = r.size();
   return l;
 }
 
