@@ -198,6 +198,22 @@ int main(int argc, char** argv) {
       }
     }
     if (*soak) return soak_command(soak_deployment, soak_minutes, soak_check_every, soak_seed);
+    if (*bench && bench_deployment.enable_ep) {
+      // `moekit bench --ep`: the expert-parallel bench (bench-ep) of one model under mpirun; the
+      // single-GPU options have no meaning there and are refused rather than ignored.
+      const auto given = [&](const char* name) { return bench->get_option(name)->count() > 0; };
+      for (const char* name : {"--json", "--quant", "--routing", "--plain-topk", "--tile"}) {
+        MOEKIT_CHECK(!given(name),
+                     "moekit bench --ep (the expert-parallel bench, as bench-ep) takes --models "
+                     "with one preset, --tokens and --reps; {} is for the single-GPU bench",
+                     name);
+      }
+      MOEKIT_CHECK(given("--models") && bench_options.models.size() == 1,
+                   "moekit bench --ep times one model: give --models with one preset (got {})",
+                   bench_options.models.size());
+      bench_deployment.model = bench_options.models.front();
+      return bench_ep_command(bench_deployment, bench_options.tokens, bench_options.reps);
+    }
     if (*bench) {
       bench_deployment.tile_config = bench_tile;
       return bench_command(bench_deployment, bench_options);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `moekit run` under mpirun (ctest label mpi): a DP + EP layer on CPU ranks, every all-to-all
 # backend; each rank checks its rows against a single-process float64 recomputation and must print
-# OK. And `moekit bench-ep` prints its table. Usage: cli_ep.sh MPIEXEC MOEKIT
+# OK. And `moekit bench-ep` (and `moekit bench --ep`) prints its table. Usage: cli_ep.sh MPIEXEC MOEKIT
 set -u
 mpiexec=$1
 moekit=$2
@@ -73,5 +73,21 @@ if [ "$rows" -ne 2 ] || ! grep -q "all2all prepare/finalize" <<<"$out"; then
   echo "FAILED: bench-ep ($rows of 2 rows)"; echo "$out" | tail -n 20; failures=$((failures + 1))
 else
   echo "ok: bench-ep"
+fi
+# bench --ep: the same bench (one --models preset); a single-GPU option is refused.
+out=$("$mpiexec" -np 2 --oversubscribe "$moekit" bench --ep --dp 2 --device cpu --all2all naive \
+  --models small-deepseek --tokens 2 --reps 2 2>&1)
+rows=$(grep -cE "^ +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" <<<"$out")
+if [ "$rows" -ne 1 ] || ! grep -q "naive" <<<"$out"; then
+  echo "FAILED: bench --ep ($rows of 1 row)"; echo "$out" | tail -n 20; failures=$((failures + 1))
+else
+  echo "ok: bench --ep"
+fi
+out=$("$mpiexec" -np 2 --oversubscribe "$moekit" bench --ep --dp 2 --device cpu \
+  --models small-deepseek --tokens 2 --json x.json 2>&1)
+if [ $? -eq 0 ] || ! grep -q -- "--json is for the single-GPU bench" <<<"$out"; then
+  echo "FAILED: bench --ep --json not refused"; echo "$out" | tail -n 10; failures=$((failures + 1))
+else
+  echo "ok: bench --ep refuses --json"
 fi
 [ "$failures" -eq 0 ] || { echo "$failures run(s) failed"; exit 1; }
