@@ -143,7 +143,7 @@ Tensor shared_forward(const SharedMlp& mlp, const Tensor& x, RunContext ctx);
 // for the local experts `experts` with launch state `state` (16-bit or packed W4A16 weights
 // args.w1 / args.w2 with bf16 / f16 activations, their scales, biases and activation): the
 // workspace2 bytes it needs (a forward reads args.workspace2 for its scratch), why a forward
-// cannot take it (empty: it can), and the launch.
+// cannot take it (empty: it can), and the launch (for a forward the reason was asked of).
 size_t ep_one_launch_workspace_bytes(const cuda::ep::PeerLayout& layout, int64_t local_experts,
                                      int64_t N, Activation activation);
 std::string ep_one_launch_unsupported_reason(const ExpertsModular& experts,
