@@ -40,10 +40,27 @@ bool stream_k_enabled() {
 // the int32 routing tables of the align step.
 // With a quantized a2 (fp8 / int8): its codes, its scales and the amax word of a dynamic
 // per-tensor scale follow.
+// Where the requantized activation of 8-bit experts lives in a workspace2: its codes, its scales
+// and the amax word of a dynamic per-tensor scale.
+struct A2Regions {
+  size_t q = 0, scale = 0, amax = 0;
+};
+
+// Takes a2's regions for `rows` activation rows of d columns quantized per `a2`.
+A2Regions take_a2_regions(ByteRegions& r, int64_t rows, int64_t d, const QuantDesc& a2) {
+  const DeviceQuantShapes q = device_quant_shapes(rows, d, a2);
+  A2Regions a;
+  a.q = r.take(static_cast<size_t>(numel_of(q.data)));
+  a.scale = r.take(static_cast<size_t>(numel_of(q.scale)) * 4);
+  a.amax = r.take(4);
+  return a;
+}
+
 struct Ws2Layout {
   size_t act = 0, gemm2 = 0, counts = 0, offsets = 0, permuted = 0, slot_to_row = 0, total = 0,
-         token_rows = 0, align_ws = 0, align_ws_bytes = 0, a2q = 0, a2_scale = 0, amax = 0,
-         a1_mx = 0, expert_done = 0, stream_k = 0, bytes = 0;
+         token_rows = 0, align_ws = 0, align_ws_bytes = 0, a1_mx = 0, expert_done = 0, stream_k = 0,
+         bytes = 0;
+  A2Regions a2;
 };
 
 // The OCP MX element format of an activation descriptor with (1, 32) groups (MXFP4, MXFP6), if
@@ -124,10 +141,7 @@ Ws2Layout ws2_layout(int64_t M, int64_t N, int64_t K, int64_t topk, int64_t E, A
     l.a1_mx = r.take(static_cast<size_t>(M * K) * es);  // x, MX-rounded or its fp8 codes
   }
   if (a2.dtype != QuantDType::kNone && !mx_activation(a2) && !bf16_codes) {
-    const DeviceQuantShapes q = device_quant_shapes(rows, d, a2);
-    l.a2q = r.take(static_cast<size_t>(numel_of(q.data)));
-    l.a2_scale = r.take(static_cast<size_t>(numel_of(q.scale)) * 4);
-    l.amax = r.take(4);
+    l.a2 = take_a2_regions(r, rows, d, a2);
   }
   l.bytes = r.size();
   return l;
@@ -532,11 +546,11 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
     // the a2 scheme.
     if (scaled) {
       const DeviceQuantShapes qs = device_quant_shapes(capacity, d, quant.a2);
-      Tensor a2q = Tensor::from_blob(at<void>(ws2, l.a2q), qs.data, qs.data_dtype, x.device());
+      Tensor a2q = Tensor::from_blob(at<void>(ws2, l.a2.q), qs.data, qs.data_dtype, x.device());
       Tensor a2_scale =
-          Tensor::from_blob(at<void>(ws2, l.a2_scale), qs.scale, DType::kF32, x.device());
+          Tensor::from_blob(at<void>(ws2, l.a2.scale), qs.scale, DType::kF32, x.device());
       const Tensor act_rows = Tensor::from_blob(act, {capacity, d}, dtype, x.device());
-      quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.amax), {total},
+      quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.a2.amax), {total},
                          ctx.stream);
       ctx.stage_done("quantize a2");
       set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);
@@ -592,19 +606,15 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
 // Not workspace13: the modular kernel reuses it for the experts' output, which GEMM2 writes while
 // it reads a2's codes.
 struct BatchedWs2Layout {
-  size_t q = 0, scale = 0, amax = 0, bytes = 0;
+  A2Regions a2;
+  size_t bytes = 0;
 };
 
 BatchedWs2Layout batched_ws2_layout(int64_t rows, int64_t d, size_t es, const QuantDesc& a2) {
   BatchedWs2Layout l;
   ByteRegions r(kAlign);
   r.take(static_cast<size_t>(rows * d) * es);  // the activation, at 0
-  if (a2.dtype != QuantDType::kNone) {
-    const DeviceQuantShapes qs = device_quant_shapes(rows, d, a2);
-    l.q = r.take(static_cast<size_t>(numel_of(qs.data)));
-    l.scale = r.take(static_cast<size_t>(numel_of(qs.scale)) * 4);
-    l.amax = r.take(4);
-  }
+  if (a2.dtype != QuantDType::kNone) l.a2 = take_a2_regions(r, rows, d, a2);
   l.bytes = r.size();
   return l;
 }
@@ -749,10 +759,11 @@ void batched_apply(const ExpertsModular& experts, const LaunchState& state,
     // workspace2 after the activation (batched_ws2_layout).
     const Tensor& ws2 = args.workspace2;
     const DeviceQuantShapes qs = device_quant_shapes(E * T, d, quant.a2);
-    Tensor a2q = Tensor::from_blob(at<void>(ws2, l.q), qs.data, qs.data_dtype, x.device());
-    Tensor a2_scale = Tensor::from_blob(at<void>(ws2, l.scale), qs.scale, DType::kF32, x.device());
+    Tensor a2q = Tensor::from_blob(at<void>(ws2, l.a2.q), qs.data, qs.data_dtype, x.device());
+    Tensor a2_scale =
+        Tensor::from_blob(at<void>(ws2, l.a2.scale), qs.scale, DType::kF32, x.device());
     const Tensor act_rows = Tensor::from_blob(act, {E * T, d}, dtype, x.device());
-    quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.amax),
+    quantize_on_device(act_rows, quant.a2, a2q, a2_scale, at<void>(ws2, l.a2.amax),
                        {nullptr, counts.data_as<const int32_t>(), T}, ctx.stream);
     ctx.stage_done("quantize a2");
     set_scaled_operands(g2, state, codes, state.w2_scale, quant.a2, a2_scale, dtype);
