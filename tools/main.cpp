@@ -105,7 +105,8 @@ int main(int argc, char** argv) {
            "fp8_per_tensor alias fp8_tensor, fp8_per_channel alias fp8_channel_token, int8_w8a8 "
            "(per-channel weights, per-token "
            "activations), int8_per_tensor, "
-           "w4a8_fp8, nvfp4, mxfp4_w4a16, ...): random weights of that scheme; TB/s counts its "
+           "w4a8_fp8, w4a8_fp8_g128 (int4 groups of 128), nvfp4, mxfp4_w4a16, ...): random weights "
+           "of that scheme; TB/s counts its "
            "packed bytes + scales")
         ->capture_default_str();
   };

@@ -331,7 +331,8 @@ Tensor host_f32_scale(const Tensor& scale) {
 }
 
 // The kernel-layout scales of one weight (w1: n = N1 rows in the kernel's order `source`; w2:
-// identity) on `device`: (E,), (E, n) or (E, ceil(n / 32), ceil(k / 128)) (cuda::WScale).
+// identity) on `device`: (E,), (E, n), (E, ceil(k / 128), n) for int4 groups of 128 (K-major) or
+// (E, ceil(n / 32), ceil(k / 128)) for 128x128 blocks (cuda::WScale).
 Tensor kernel_weight_scale(const QuantDesc& w, int64_t E, int64_t n, int64_t k,
                            const std::vector<int32_t>& source, Device device) {
   const Tensor src = host_f32_scale(w.scale);
@@ -345,6 +346,18 @@ Tensor kernel_weight_scale(const QuantDesc& w, int64_t E, int64_t n, int64_t k,
     for (int64_t e = 0; e < E; ++e) {
       for (int64_t r = 0; r < n; ++r)
         o[e * n + r] = s[e * n + source[static_cast<size_t>(r)]];
+    }
+  } else if (w.shape == GroupShape{1, 128}) {
+    const int64_t kb = (k + 127) / 128;
+    MOEKIT_CHECK(src.numel() == E * n * kb, "weight group scales {} (expected ({}, {}, {}))",
+                 src.describe(), E, n, kb);
+    out = Tensor::empty({E, kb, n}, DType::kF32);
+    float* o = out.data_as<float>();
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t j = 0; j < kb; ++j) {
+        for (int64_t r = 0; r < n; ++r)
+          o[(e * kb + j) * n + r] = s[(e * n + source[static_cast<size_t>(r)]) * kb + j];
+      }
     }
   } else {
     const int64_t bn = w.shape.row, bk = w.shape.col;
@@ -379,9 +392,10 @@ QuantConfig with_device_activation_scales(QuantConfig quant, const MoEConfig& mo
 // The weight scales of an 8-bit layer in the kernel's layout (kind and tensors into state).
 void bind_weight_scales(sm90::LaunchState& state, const MoEConfig& moe, const QuantConfig& quant) {
   const QuantDesc& w1 = quant.w1;
-  state.scales = w1.shape.is_per_tensor()    ? sm90::LaunchState::WeightScales::kTensor
-                 : w1.shape.is_per_channel() ? sm90::LaunchState::WeightScales::kChannel
-                                             : sm90::LaunchState::WeightScales::kBlock;
+  state.scales = w1.shape.is_per_tensor()         ? sm90::LaunchState::WeightScales::kTensor
+                 : w1.shape.is_per_channel()      ? sm90::LaunchState::WeightScales::kChannel
+                 : w1.shape == GroupShape{1, 128} ? sm90::LaunchState::WeightScales::kGroup
+                                                  : sm90::LaunchState::WeightScales::kBlock;
   const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
@@ -480,19 +494,23 @@ const ExpertsClass& Sm90W4A8Experts::klass() {
   static const ExpertsClass k = sm90_quantized_class<Sm90W4A8Experts>(
       "Sm90W4A8Experts",
       {{quant_keys::kInt4W4A8StaticChannelSym, quant_keys::kFp8DynamicTokenSym},
-       {quant_keys::kInt4W4A8StaticChannelSym, quant_keys::kFp8StaticTensorSym}},
+       {quant_keys::kInt4W4A8StaticChannelSym, quant_keys::kFp8StaticTensorSym},
+       {quant_keys::kInt4W4A8StaticGroup128Sym, quant_keys::kFp8DynamicTokenSym},
+       {quant_keys::kInt4W4A8StaticGroup128Sym, quant_keys::kFp8StaticTensorSym}},
       sm90_w4a8_shape_check);
   return k;
 }
 
 Sm90W4A8Experts::Sm90W4A8Experts(const MoEConfig& moe, const QuantConfig& quant)
     : Sm90StandardExpertsBase(klass(), moe, with_device_activation_scales(quant, moe)) {
+  const bool groups = quant.w1.shape == GroupShape{1, 128};
   MOEKIT_CHECK(quant.w1.dtype == QuantDType::kInt4 && quant.a1.dtype == QuantDType::kFp8E4M3 &&
-                   quant.w1.shape.is_per_channel() && !quant.w1.zp.defined(),
-               "Sm90W4A8Experts runs symmetric per-channel int4 weights with fp8 activations "
-               "only, got {}",
+                   (quant.w1.shape.is_per_channel() || groups) && !quant.w1.zp.defined(),
+               "Sm90W4A8Experts runs symmetric int4 weights per channel or in groups of 128 with "
+               "fp8 activations only, got {}",
                quant.describe());
-  sm90::choose_tiles(*state_, moe, "Sm90W4A8Experts", cuda::sm90::TileFamily::kW4A8);
+  sm90::choose_tiles(*state_, moe, "Sm90W4A8Experts",
+                     groups ? cuda::sm90::TileFamily::kW4A8Group : cuda::sm90::TileFamily::kW4A8);
   bind_weight_scales(*state_, moe, quant);
   state_->packing = cuda::WPacking::kInt4;
 }

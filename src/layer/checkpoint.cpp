@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <sstream>
 
 #include "moekit/core/error.h"
@@ -18,6 +19,7 @@
 #include "moekit/io/safetensors.h"
 #include "moekit/quant/formats.h"
 #include "moekit/quant/moe_input_quant.h"
+#include "moekit/quant/quantize.h"
 #include "moekit/quantization/compressed_tensors.h"
 #include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/hf_mxfp4.h"
@@ -774,11 +776,67 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   return quark_layer(model, *method, params, std::move(w), options);
 }
 
+namespace {
+
+// w4a8_fp8_g128: int4 weights with a scale per channel and 128 of K and dynamic per-token fp8
+// activations (int4_w4afp8_moe_quant_config with group_size 128, as vLLM's CUTLASS W4A8 MoE takes
+// them; no Quark method writes this layout): the unquantized layer's random weights quantized per
+// expert (uint4b8 codes, f32 group scales), biases and the rest as the unquantized layer has them.
+MoELayer random_w4a8_group_layer(const ModelPreset& model, const MoELayerOptions& options,
+                                 uint64_t seed) {
+  MoELayerOptions host = options;
+  host.device = cpu_device_info();
+  MoELayerWeights w = MoELayer::random_weights(model, host, seed);
+  const MoEConfig moe = MoELayer::make_moe_config(model, options);
+  const quant::QuantScheme scheme =
+      quant::QuantScheme::int_weight_groups(QuantDType::kInt4, 128, true);
+  auto quantize_experts = [&](const Tensor& weight, Tensor* scales) {
+    const int64_t E = weight.size(0), rows = weight.size(1), cols = weight.size(2);
+    const int64_t row_bytes = quant::code_row_bytes(QuantDType::kInt4, cols);
+    const int64_t groups = (cols + 127) / 128;
+    const std::vector<float> v = weight.to_float_vector();
+    Tensor codes = Tensor::empty({E, rows, row_bytes}, DType::kUInt8);
+    *scales = Tensor::empty({E, rows, groups}, DType::kF32);
+    for (int64_t e = 0; e < E; ++e) {
+      const quant::QuantizedTensor q = quant::quantize(
+          std::span<const float>(v.data() + e * rows * cols, static_cast<size_t>(rows * cols)),
+          rows, cols, scheme);
+      std::memcpy(codes.data_as<uint8_t>() + e * rows * row_bytes, q.codes.data(), q.codes.size());
+      std::memcpy(scales->data_as<float>() + e * rows * groups, q.scales.data(),
+                  q.scales.size() * sizeof(float));
+    }
+    return codes;
+  };
+  W4A8Fp8Params p;
+  p.group_size = 128;
+  w.w13 = quantize_experts(w.w13, &p.w1_scale);
+  w.w2 = quantize_experts(w.w2, &p.w2_scale);
+  if (w.w13_bias.defined()) {
+    p.bias = ExpertBiases{w.w13_bias.to_dtype(DType::kF32), w.w2_bias.to_dtype(DType::kF32)};
+    w.w13_bias = w.w2_bias = Tensor();
+  }
+  p.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
+  QuantConfig quant = int4_w4afp8_moe_quant_config(MoEWeightShape::from(moe), p);
+  const Device device = options.device.device();
+  auto placed = [&](const Tensor& t) { return !t.defined() || device.is_cpu() ? t : t.to(device); };
+  for (Tensor* t :
+       {&w.w13, &w.w2, &w.e_score_correction_bias, &w.shared_w13, &w.shared_w2, &w.shared_gate})
+    *t = placed(*t);
+  for (QuantDesc* d : {&quant.a1, &quant.a2, &quant.w1, &quant.w2}) {
+    for (Tensor* t : {&d->scale, &d->alpha_or_gscale, &d->zp, &d->bias})
+      *t = placed(*t);
+  }
+  return MoELayer(model, std::move(quant), std::move(w), options);
+}
+
+}  // namespace
+
 MoELayer random_quantized_layer(const ModelPreset& model, const std::string& scheme,
                                 const MoELayerOptions& options, uint64_t seed) {
   if (scheme == "bf16" || scheme == "unquantized") {
     return MoELayer(model, MoELayer::random_weights(model, options, seed), options);
   }
+  if (scheme == "w4a8_fp8_g128") return random_w4a8_group_layer(model, options, seed);
   const quark::QuarkConfig qc = quark::QuarkConfig::parse(io::fixture_quantization_config(scheme));
   const MoEConfig moe = MoELayer::make_moe_config(model, options);
   const auto method = quark::get_moe_method(

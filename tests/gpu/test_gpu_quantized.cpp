@@ -4,7 +4,8 @@
 // CpuOcpMxExperts / CpuNvfp4Experts, same random weights through the same Quark method) and against
 // the float64 reference: fp8 (128x128 blocks with 1x128 activation groups, per-tensor static,
 // per-channel with per-token activations), int8 (per-channel weights with per-token activations,
-// per-tensor static), W4A8 (int4 per-channel weights, fp8 activations), MXFP4 weights with bf16
+// per-tensor static), W4A8 (int4 weights per channel or in groups of 128 along K, fp8
+// activations), MXFP4 weights with bf16
 // activations (gpt-oss W4A16), MXFP6 weights with MXFP6 (e3m2 and e2m3) or fp8 activations, NVFP4
 // weights with bf16 activations (a W4A16 checkpoint, and a W4A4 one that Hopper runs weight-only:
 // it is held to its own W4A16 float64 recomputation and to the W4A4 emulation within the scheme's
@@ -74,7 +75,9 @@ SchemeInfo scheme_info(const std::string& scheme) {
   if (scheme.rfind("int8_", 0) == 0) {
     return {"Sm90Int8Experts", "CpuInt8Experts", "int8_w8a8_gpu", "int8_w8a8"};
   }
-  if (scheme == "w4a8_fp8") return {"Sm90W4A8Experts", "CpuW4A8Experts", "w4a8_gpu", "w4a8"};
+  if (scheme == "w4a8_fp8" || scheme == "w4a8_fp8_g128") {
+    return {"Sm90W4A8Experts", "CpuW4A8Experts", "w4a8_gpu", "w4a8"};
+  }
   return {"Sm90Fp8Experts", "CpuFp8Experts", "fp8_w8a8_gpu", "fp8_w8a8"};
 }
 
@@ -191,8 +194,8 @@ std::vector<SchemeCase> scheme_cases() {
   std::vector<SchemeCase> v;
   for (const char* scheme :
        {"fp8_block128", "fp8_per_tensor", "fp8_per_channel", "int8_w8a8", "int8_per_tensor",
-        "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8", "mxfp4_a4", "mxfp4_a8", "mxfp6_e3m2",
-        "mxfp6_e2m3", "mxfp6_e3m2_a8", "mxfp6_e2m3_a8"}) {
+        "mxfp4_w4a16", "nvfp4_w4a16", "nvfp4", "w4a8_fp8", "w4a8_fp8_g128", "mxfp4_a4", "mxfp4_a8",
+        "mxfp6_e3m2", "mxfp6_e2m3", "mxfp6_e3m2_a8", "mxfp6_e2m3_a8"}) {
     // small: H 256, I 384 (multiples of 128); small-h320: H 320 (partial K and N blocks);
     // small-deepseek: shared experts, grouped routing; small-gpt-oss: H = I = 192, swigluoai with
     // biases; tiny: H 64, I 96 (block-128 refuses the last two: I is not a multiple of 128;
@@ -235,8 +238,9 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
       {"128x128", {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp6_e3m2", "mxfp6_e2m3"}},
       {"16x64", {"mxfp6_e3m2", "mxfp6_e2m3", "mxfp6_e3m2_a8"}},
       {"1x64simt", {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp6_e3m2", "mxfp6_e2m3"}},
-      {"16x64tma", {"w4a8_fp8"}},
+      {"16x64tma", {"w4a8_fp8", "w4a8_fp8_g128"}},
       {"128x256", {"w4a8_fp8"}},
+      {"128x128", {"w4a8_fp8_g128"}},
   };
   for (const TileCase& tc : cases) {
     const char* tile = tc.tile;
@@ -261,7 +265,7 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
 TEST(QuantizedGpu, ExpertMapRanksMatchEmulation) {
   REQUIRE_SM90_GPU();
   for (const char* scheme :
-       {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16", "w4a8_fp8"}) {
+       {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16", "w4a8_fp8", "w4a8_fp8_g128"}) {
     for (int rank = 0; rank < 2; ++rank) {
       const ParallelConfig par = ParallelConfig::make(2, 1, 0, rank, /*enable_ep=*/true);
       LayerPair p = make_pair(find_preset("small"), scheme, 64, par);
@@ -508,7 +512,7 @@ TEST(QuantizedGpu, CudaGraphReplayIsBitwiseIdentical) {
   REQUIRE_SM90_GPU();
   const ModelPreset m = find_preset("small-deepseek");  // router + shared experts in the graph
   for (const char* scheme :
-       {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16", "w4a8_fp8"}) {
+       {"fp8_block128", "int8_w8a8", "mxfp4_w4a16", "nvfp4_w4a16", "w4a8_fp8", "w4a8_fp8_g128"}) {
     MoELayerOptions opt;
     opt.device = default_device_info();
     opt.max_num_tokens = 128;

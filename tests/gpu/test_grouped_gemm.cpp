@@ -1186,6 +1186,53 @@ TEST(GroupedGemmPair, CanRunGivesReasons) {
 // ---- fp8: both accumulation families against float64
 // ---------------------------------------------
 
+// The e4m3 problem of the 8-bit accuracy tests: A (rows, k) codes, W, C (rows, n) bf16 and the
+// offsets schedule of `experts` experts (scales and packing set by the caller).
+GroupedGemmArgs e4m3_args(const DeviceBuffer& a, const DeviceBuffer& w, const DeviceBuffer& c,
+                          const DeviceBuffer& offsets, int experts, int rows, int n, int k) {
+  GroupedGemmArgs g;
+  g.a = a.get();
+  g.lda = k;
+  g.w = w.get();
+  g.c = c.get();
+  g.ldc = n;
+  g.expert_offsets = offsets.as<int32_t>();
+  g.num_experts = experts;
+  g.num_rows_upper_bound = rows;
+  g.n = n;
+  g.k = k;
+  g.dtype = ElemType::kE4M3;
+  g.out_dtype = ElemType::kBF16;
+  return g;
+}
+
+// C (bf16, ref.size() elements) against ref: relative L2 error and the largest relative error over
+// the finite elements; each non-finite one fails (the first five are named, with `label`).
+struct CErrors {
+  double rel_l2 = 0, max_rel = 0;
+};
+CErrors compare_bf16_c(const DeviceBuffer& d_c, const std::vector<double>& ref,
+                       const std::string& label) {
+  std::vector<uint16_t> c(ref.size());
+  EXPECT_EQ(cudaMemcpy(c.data(), d_c.get(), c.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  double err2 = 0.0, ref2 = 0.0;
+  CErrors out;
+  int bad = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const double got = moekit::bf16_bits_to_float(c[i]);
+    if (!std::isfinite(got)) {
+      if (bad++ < 5) ADD_FAILURE() << label << " element " << i << ": " << got;
+      continue;
+    }
+    err2 += (got - ref[i]) * (got - ref[i]);
+    ref2 += ref[i] * ref[i];
+    out.max_rel = std::max(out.max_rel, std::fabs(got - ref[i]) / (std::fabs(ref[i]) + 1e-30));
+  }
+  EXPECT_EQ(bad, 0) << label;
+  out.rel_l2 = std::sqrt(err2 / ref2);
+  return out;
+}
+
 // Long K (deepseek-v3's hidden size), random e4m3 codes of both signs and many binades, an uneven
 // schedule with an empty expert, every fp8 tile: per-row A and per-channel W scales run the
 // kFp8Direct rows (accumulated in the tensor cores over all of K); the same codes with 1x128 and
@@ -1248,19 +1295,7 @@ TEST(GroupedGemmFp8, LongKBothFamiliesMatchFloat64) {
   DeviceBuffer d_a_row = upload(a_row), d_w_channel = upload(w_channel);
   DeviceBuffer d_ones_a = upload(ones_a), d_ones_w = upload(ones_w);
   DeviceBuffer d_c(static_cast<size_t>(rows) * n * 2);
-  GroupedGemmArgs g;
-  g.a = d_a.get();
-  g.lda = k;
-  g.w = d_w.get();
-  g.c = d_c.get();
-  g.ldc = n;
-  g.expert_offsets = d_offsets.as<int32_t>();
-  g.num_experts = E;
-  g.num_rows_upper_bound = rows;
-  g.n = n;
-  g.k = k;
-  g.dtype = ElemType::kE4M3;
-  g.out_dtype = ElemType::kBF16;
+  GroupedGemmArgs g = e4m3_args(d_a, d_w, d_c, d_offsets, E, rows, n, k);
   for (const bool promoted : {false, true}) {
     if (promoted) {
       g.a_scale_kind = moekit::cuda::AScale::kRowBlock128;
@@ -1294,23 +1329,8 @@ TEST(GroupedGemmFp8, LongKBothFamiliesMatchFloat64) {
       CUDA_OK(cudaMemset(d_c.get(), 0xFF, d_c.bytes()));
       CUDA_OK(moekit::cuda::run_grouped_gemm(g, nullptr, params, stream_k ? ws.get() : nullptr));
       CUDA_OK(cudaDeviceSynchronize());
-      std::vector<uint16_t> c(static_cast<size_t>(rows) * n);
-      CUDA_OK(cudaMemcpy(c.data(), d_c.get(), c.size() * 2, cudaMemcpyDeviceToHost));
-      double err2 = 0.0, ref2 = 0.0, max_rel = 0.0;
-      int bad = 0;
-      for (size_t i = 0; i < c.size(); ++i) {
-        const double got = moekit::bf16_bits_to_float(c[i]);
-        if (!std::isfinite(got)) {
-          if (bad++ < 5)
-            ADD_FAILURE() << sm90::kTileTable[tile].name << " element " << i << ": " << got;
-          continue;
-        }
-        err2 += (got - ref[i]) * (got - ref[i]);
-        ref2 += ref[i] * ref[i];
-        max_rel = std::max(max_rel, std::fabs(got - ref[i]) / (std::fabs(ref[i]) + 1e-30));
-      }
-      EXPECT_EQ(bad, 0);
-      const double rel_l2 = std::sqrt(err2 / ref2);
+      const CErrors err = compare_bf16_c(d_c, ref, sm90::kTileTable[tile].name);
+      const double rel_l2 = err.rel_l2, max_rel = err.max_rel;
       if (stream_k) expect_counters_zero(ws, sm90::kTileTable[tile].name);
       std::cout << "[fp8 accumulation] " << (promoted ? "promoted " : "direct ")
                 << sm90::kTileTable[tile].name << (stream_k ? " stream-K" : "") << " ctas "
@@ -1325,12 +1345,14 @@ TEST(GroupedGemmFp8, LongKBothFamiliesMatchFloat64) {
 
 // ---- W4A8: int4-packed W converted to e4m3 ------------------------------------------------------
 
-// Random uint4b8 weights (every nibble value), e4m3 A codes, per-row A and per-channel W scales,
-// an uneven schedule with an empty expert and experts of 1, 3 and 200 rows, a K that ends inside a
-// K step (k = 352: 2 full steps and 96 of 128) and a long one (deepseek-v3's 7168), n past the
-// last tile: every kW4A8 row against the float64 product (int4 values exactly as e4m3, so only
-// the accumulation and bf16's rounding of C differ). C is poisoned: every written element must be
-// finite. Bad inputs: group scales along K, 1x128 A groups, k not a multiple of 32, 16-bit A.
+// Random uint4b8 weights (every nibble value), e4m3 A codes, per-row A scales and W scales per
+// channel (kW4A8 rows) or per channel and 128 of K (kGroup128, the kW4A8Group rows, which promote
+// each K step), an uneven schedule with an empty expert and experts of 1, 3 and 200 rows, a K that
+// ends inside a K step (k = 352: 2 full steps and 96 of 128) and a long one (deepseek-v3's 7168),
+// n past the last tile: every row of the family against the float64 product (int4 values exactly
+// as e4m3, so only the accumulation and bf16's rounding of C differ). C is poisoned: every written
+// element must be finite. Bad inputs: 32x128 blocks, 1x128 A groups, k not a multiple of 32,
+// 16-bit A, unaligned group scales.
 TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
   REQUIRE_GPU();
   const std::vector<int> counts = {3, 0, 200, 1, 17};
@@ -1342,17 +1364,17 @@ TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
     offsets[e + 1] = offsets[e] + counts[e];
   const int rows = offsets.back();
   for (const int k : {352, 7168}) {
+    const int groups = (k + 127) / 128;
     std::vector<uint8_t> a(static_cast<size_t>(rows) * k), w(static_cast<size_t>(E) * n * k / 2);
     for (auto& c : a)
       c = moekit::quant::encode_e4m3(uni(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 6) - 4));
     for (auto& c : w)
       c = static_cast<uint8_t>(rng());
-    std::vector<float> a_row(rows), w_channel(static_cast<size_t>(E) * n);
+    std::vector<float> a_row(rows);
     for (auto& f : a_row)
       f = std::ldexp(1.0f + 0.5f * uni(rng), -3);
-    for (auto& f : w_channel)
-      f = std::ldexp(1.0f + 0.5f * uni(rng), -4);
-    std::vector<double> ref(static_cast<size_t>(rows) * n), da(a.size()), wv(k);
+    // Products of each row of A with each W row, per group of 128 of K (exact in float64).
+    std::vector<double> partial(static_cast<size_t>(rows) * n * groups), da(a.size()), wv(k);
     for (size_t i = 0; i < a.size(); ++i)
       da[i] = moekit::quant::decode_e4m3(a[i]);
     for (int e = 0; e < E; ++e) {
@@ -1361,88 +1383,90 @@ TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
         for (int kk = 0; kk < k; ++kk)
           wv[kk] = static_cast<double>(((wr[kk / 2] >> (4 * (kk % 2))) & 0xF) - 8);
         for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
-          double sum = 0.0;
           const double* ar = &da[static_cast<size_t>(r) * k];
           for (int kk = 0; kk < k; ++kk)
-            sum += ar[kk] * wv[kk];
-          ref[static_cast<size_t>(r) * n + c] =
-              sum * a_row[r] * w_channel[static_cast<size_t>(e) * n + c];
+            partial[(static_cast<size_t>(r) * n + c) * groups + kk / 128] += ar[kk] * wv[kk];
         }
       }
     }
     DeviceBuffer d_a = upload(a), d_w = upload(w), d_offsets = upload(offsets);
-    DeviceBuffer d_a_row = upload(a_row), d_w_channel = upload(w_channel);
+    DeviceBuffer d_a_row = upload(a_row);
     DeviceBuffer d_c(static_cast<size_t>(rows) * n * 2);
-    GroupedGemmArgs g;
-    g.a = d_a.get();
-    g.lda = k;
-    g.w = d_w.get();
-    g.w_packing = moekit::cuda::WPacking::kInt4;
-    g.c = d_c.get();
-    g.ldc = n;
-    g.expert_offsets = d_offsets.as<int32_t>();
-    g.num_experts = E;
-    g.num_rows_upper_bound = rows;
-    g.n = n;
-    g.k = k;
-    g.dtype = ElemType::kE4M3;
-    g.out_dtype = ElemType::kBF16;
-    g.a_scale_kind = moekit::cuda::AScale::kRow;
-    g.a_scale = d_a_row.as<float>();
-    g.w_scale_kind = moekit::cuda::WScale::kChannel;
-    g.w_scale = d_w_channel.as<float>();
-    ASSERT_EQ(moekit::cuda::tile_family_of(g), sm90::TileFamily::kW4A8);
-    ASSERT_EQ(moekit::cuda::can_implement(g), "");
-    for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
-      if (sm90::kTileTable[tile].family != sm90::TileFamily::kW4A8) continue;
-      GroupedGemmParams params;
-      params.tile = tile;
-      ASSERT_EQ(moekit::cuda::can_implement(g, params), "");
-      CUDA_OK(cudaMemset(d_c.get(), 0xFF, d_c.bytes()));
-      CUDA_OK(moekit::cuda::run_grouped_gemm(g, nullptr, params));
-      CUDA_OK(cudaDeviceSynchronize());
-      std::vector<uint16_t> c(static_cast<size_t>(rows) * n);
-      CUDA_OK(cudaMemcpy(c.data(), d_c.get(), c.size() * 2, cudaMemcpyDeviceToHost));
-      double err2 = 0.0, ref2 = 0.0;
-      int bad = 0;
-      for (size_t i = 0; i < c.size(); ++i) {
-        const double got = moekit::bf16_bits_to_float(c[i]);
-        if (!std::isfinite(got)) {
-          if (bad++ < 5) {
-            ADD_FAILURE() << sm90::kTileTable[tile].name << " k=" << k << " element " << i << ": "
-                          << got;
+    for (const bool grouped : {false, true}) {
+      // W scales: (E, n) per channel; grouped (E, groups, n) in the kernel's K-major layout.
+      const size_t per_expert = static_cast<size_t>(grouped ? groups * n : n);
+      std::vector<float> w_scale(E * per_expert);
+      for (auto& f : w_scale)
+        f = std::ldexp(1.0f + 0.5f * uni(rng), -4 - static_cast<int>(rng() % 3));
+      std::vector<double> ref(static_cast<size_t>(rows) * n);
+      for (int e = 0; e < E; ++e) {
+        for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+          for (int c = 0; c < n; ++c) {
+            double sum = 0.0;
+            for (int j = 0; j < groups; ++j) {
+              const double ws = w_scale[e * per_expert + (grouped ? j * n + c : c)];
+              sum += partial[(static_cast<size_t>(r) * n + c) * groups + j] * (grouped ? ws : 1.0);
+            }
+            ref[static_cast<size_t>(r) * n + c] =
+                sum * a_row[r] * (grouped ? 1.0 : w_scale[e * per_expert + c]);
           }
-          continue;
         }
-        err2 += (got - ref[i]) * (got - ref[i]);
-        ref2 += ref[i] * ref[i];
       }
-      EXPECT_EQ(bad, 0);
-      const double rel_l2 = std::sqrt(err2 / ref2);
-      std::cout << "[w4a8] " << sm90::kTileTable[tile].name << " k=" << k << ": rel_l2 " << rel_l2
-                << "\n";
-      // bf16's rounding of C (~1.7e-3) and the tensor cores' accumulator (fp8's direct rows:
-      // 2.8e-3 in all at k = 7168).
-      EXPECT_LE(rel_l2, 3.5e-3) << sm90::kTileTable[tile].name << " k=" << k;
+      DeviceBuffer d_w_scale = upload(w_scale);
+      GroupedGemmArgs g = e4m3_args(d_a, d_w, d_c, d_offsets, E, rows, n, k);
+      g.w_packing = moekit::cuda::WPacking::kInt4;
+      g.a_scale_kind = moekit::cuda::AScale::kRow;
+      g.a_scale = d_a_row.as<float>();
+      g.w_scale_kind = grouped ? moekit::cuda::WScale::kGroup128 : moekit::cuda::WScale::kChannel;
+      g.w_scale = d_w_scale.as<float>();
+      const sm90::TileFamily family =
+          grouped ? sm90::TileFamily::kW4A8Group : sm90::TileFamily::kW4A8;
+      ASSERT_EQ(moekit::cuda::tile_family_of(g), family);
+      ASSERT_EQ(moekit::cuda::can_implement(g), "");
+      for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+        if (sm90::kTileTable[tile].family != family) continue;
+        GroupedGemmParams params;
+        params.tile = tile;
+        ASSERT_EQ(moekit::cuda::can_implement(g, params), "");
+        CUDA_OK(cudaMemset(d_c.get(), 0xFF, d_c.bytes()));
+        CUDA_OK(moekit::cuda::run_grouped_gemm(g, nullptr, params));
+        CUDA_OK(cudaDeviceSynchronize());
+        const double rel_l2 =
+            compare_bf16_c(d_c, ref,
+                           std::string(sm90::kTileTable[tile].name) + " k=" + std::to_string(k))
+                .rel_l2;
+        std::cout << "[w4a8] " << (grouped ? "groups of 128 " : "per channel ")
+                  << sm90::kTileTable[tile].name << " k=" << k << ": rel_l2 " << rel_l2 << "\n";
+        // bf16's rounding of C (~1.7e-3) and the tensor cores' accumulator (fp8's direct rows:
+        // 2.8e-3 in all at k = 7168; promoted per 128 of K: the rounding of C alone, as block-128).
+        EXPECT_LE(rel_l2, grouped ? 2e-3 : 3.5e-3) << sm90::kTileTable[tile].name << " k=" << k;
+      }
+      if (grouped) {
+        GroupedGemmArgs bad = g;
+        bad.w_scale = reinterpret_cast<const float*>(d_w_scale.as<uint8_t>() + 4);
+        EXPECT_EQ(moekit::cuda::can_implement(bad),
+                  "W4A8 group scales (w_scale) must be 16-byte aligned");
+        continue;
+      }
+      GroupedGemmArgs bad = g;
+      bad.w_scale_kind = moekit::cuda::WScale::kBlock32x128;
+      EXPECT_EQ(moekit::cuda::can_implement(bad),
+                "W4A8 W takes a per-expert or per-channel scale, or one per channel and 128 of K");
+      bad = g;
+      bad.a_scale_kind = moekit::cuda::AScale::kRowBlock128;
+      bad.a_scale_ld = (k + 127) / 128;
+      EXPECT_EQ(moekit::cuda::can_implement(bad),
+                "W4A8 A takes a per-tensor or per-row scale (no 1x128 groups)");
+      bad = g;
+      bad.k = 336;
+      bad.lda = 336;
+      EXPECT_EQ(moekit::cuda::can_implement(bad),
+                "k=336 is not a multiple of 32 (whole 16-byte chunks of int4)");
+      bad = g;
+      bad.dtype = ElemType::kBF16;
+      EXPECT_EQ(moekit::cuda::can_implement(bad),
+                "dtype bf16 is not e4m3 (int4 W runs with fp8 activations)");
     }
-    GroupedGemmArgs bad = g;
-    bad.w_scale_kind = moekit::cuda::WScale::kBlock32x128;
-    EXPECT_EQ(moekit::cuda::can_implement(bad),
-              "W4A8 W takes a per-expert or per-channel scale (no groups along K)");
-    bad = g;
-    bad.a_scale_kind = moekit::cuda::AScale::kRowBlock128;
-    bad.a_scale_ld = (k + 127) / 128;
-    EXPECT_EQ(moekit::cuda::can_implement(bad),
-              "W4A8 A takes a per-tensor or per-row scale (no 1x128 groups)");
-    bad = g;
-    bad.k = 336;
-    bad.lda = 336;
-    EXPECT_EQ(moekit::cuda::can_implement(bad),
-              "k=336 is not a multiple of 32 (whole 16-byte chunks of int4)");
-    bad = g;
-    bad.dtype = ElemType::kBF16;
-    EXPECT_EQ(moekit::cuda::can_implement(bad),
-              "dtype bf16 is not e4m3 (int4 W runs with fp8 activations)");
   }
 }
 

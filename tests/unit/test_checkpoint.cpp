@@ -226,8 +226,9 @@ TEST(Checkpoint, QuantizedLayerForwardIntoWithExpertMap) {
 }
 
 // Random quantized layers of a model shape (what `moekit bench --quant` builds): every scheme's
-// layer runs through the same MoELayer and matches its float64 recomputation, with outputs of a
-// sane magnitude (the random codes and scales are scaled like real weights).
+// layer (the fixture schemes and w4a8_fp8_g128) runs through the same MoELayer and matches its
+// float64 recomputation, with outputs of a sane magnitude (the random codes and scales are scaled
+// like real weights).
 TEST(Checkpoint, RandomQuantizedLayersOfEveryScheme) {
   const ModelPreset& model = find_preset("small");
   const int64_t M = 13, H = model.hidden_size;
@@ -236,7 +237,9 @@ TEST(Checkpoint, RandomQuantizedLayersOfEveryScheme) {
   std::vector<int64_t> rows(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m)
     rows[m] = m;
-  for (const std::string& scheme : io::fixture_schemes()) {
+  std::vector<std::string> schemes = io::fixture_schemes();
+  schemes.push_back("w4a8_fp8_g128");  // int4 groups of 128: built without a Quark method
+  for (const std::string& scheme : schemes) {
     SCOPED_TRACE(scheme);
     MoELayer layer = random_quantized_layer(model, scheme, {}, 7);
     EXPECT_EQ(layer.is_quantized(), scheme != "bf16");

@@ -543,10 +543,9 @@ TEST_F(OracleTest, CpuSelectionPicksCpuReference) {
   EXPECT_EQ(oracle.moe_config().activation, Activation::kSilu);
 }
 
-// W4A8 on an H200: sm90_w4a8 takes per-channel int4 with fp8 activations; int4 groups of 128
-// along K it refuses with the scheme in its reason (the CPU emulation serves them on the CPU),
-// and then no backend serves the H200.
-TEST_F(OracleTest, W4A8OnHopperTakesPerChannelInt4Only) {
+// W4A8 on an H200: sm90_w4a8 takes int4 per channel and in groups of 128 along K (the kW4A8Group
+// rows), with dynamic per-token or static per-tensor fp8 activations.
+TEST_F(OracleTest, W4A8OnHopperTakesPerChannelAndGroupedInt4) {
   if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA (the sm90 classes refuse first)";
   MoEConfig moe = cpu_moe();
   moe.device = h200_info();
@@ -560,17 +559,12 @@ TEST_F(OracleTest, W4A8OnHopperTakesPerChannelInt4Only) {
                                                       quant_keys::kFp8StaticTensorSym)
                                       .explain();
   EXPECT_EQ(static_act.chosen_backend, "sm90_w4a8") << static_act.to_string();
-  const OracleReport group =
-      W4A8MoEKernelOracle(moe, quant_keys::kInt4W4A8StaticGroup128Sym).explain();
-  EXPECT_FALSE(group.ok());
-  bool seen = false;
-  for (const OracleReport::Candidate& c : group.candidates) {
-    if (c.backend != "sm90_w4a8") continue;
-    seen = true;
-    EXPECT_FALSE(c.supported);
-    EXPECT_TRUE(contains(c.reason, "quantization scheme")) << c.reason;
+  for (const QuantKey& act : {quant_keys::kFp8DynamicTokenSym, quant_keys::kFp8StaticTensorSym}) {
+    const OracleReport group =
+        W4A8MoEKernelOracle(moe, quant_keys::kInt4W4A8StaticGroup128Sym, act).explain();
+    EXPECT_EQ(group.chosen_backend, "sm90_w4a8") << group.to_string();
+    EXPECT_EQ(group.chosen_experts, "Sm90W4A8Experts");
   }
-  EXPECT_TRUE(seen) << group.to_string();
 }
 
 TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {

@@ -67,8 +67,12 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
   // W4A8 converts in the producer warpgroup: only the producer kinds.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8), "16x64tma, 128x256");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8Group), "16x64tma, 128x128");
   for (int i = 0; i < sm90::kNumTiles; ++i) {
-    if (sm90::kTileTable[i].family != sm90::TileFamily::kW4A8) continue;
+    if (sm90::kTileTable[i].family != sm90::TileFamily::kW4A8 &&
+        sm90::kTileTable[i].family != sm90::TileFamily::kW4A8Group) {
+      continue;
+    }
     EXPECT_TRUE(sm90::kTileTable[i].kind == sm90::MainloopKind::kSwapABTma ||
                 sm90::kTileTable[i].kind == sm90::MainloopKind::kWarpSpecializedTma)
         << sm90::kTileTable[i].name;
@@ -76,6 +80,15 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   sm90::TileConfig single_role_w4a8 = sm90::kTileTable[sm90::find_tile("64x64")];
   single_role_w4a8.family = sm90::TileFamily::kW4A8;
   EXPECT_FALSE(sm90::valid_tile(single_role_w4a8));
+  single_role_w4a8.family = sm90::TileFamily::kW4A8Group;
+  EXPECT_FALSE(sm90::valid_tile(single_role_w4a8));
+  // Groups of 128: swap-AB up to 8 rows per expert, then the 128-wide prefill row.
+  std::string why;
+  EXPECT_EQ(sm90::select_tile(8, &why, sm90::TileFamily::kW4A8Group),
+            sm90::find_tile("16x64tma", sm90::TileFamily::kW4A8Group));
+  EXPECT_EQ(sm90::select_tile(9, &why, sm90::TileFamily::kW4A8Group),
+            sm90::find_tile("128x128", sm90::TileFamily::kW4A8Group));
+  EXPECT_TRUE(testing::contains_all(why, {"128x128", "group scales"})) << why;
 }
 
 // Selection by rows per expert, as measured (bench/grouped_gemm_notes.md): swap-AB up to 8 rows

@@ -194,16 +194,18 @@ void set_fused_activation(cuda::GroupedGemmArgs& g, Activation act,
 }
 
 // The GEMM's scale kinds for these group shapes: activations per tensor, per token or in 1x128
-// groups; weights per expert tensor, per channel or in 128x128 blocks.
+// groups; weights per expert tensor, per channel, per channel and 128 of K (int4 groups) or in
+// 128x128 blocks.
 cuda::AScale activation_scale_kind(const GroupShape& g) {
   return g.is_per_tensor()  ? cuda::AScale::kTensor
          : g.is_per_token() ? cuda::AScale::kRow
                             : cuda::AScale::kRowBlock128;
 }
 cuda::WScale weight_scale_kind(const GroupShape& g) {
-  return g.is_per_tensor()    ? cuda::WScale::kExpert
-         : g.is_per_channel() ? cuda::WScale::kChannel
-                              : cuda::WScale::kBlock32x128;
+  return g.is_per_tensor()         ? cuda::WScale::kExpert
+         : g.is_per_channel()      ? cuda::WScale::kChannel
+         : g == GroupShape{1, 128} ? cuda::WScale::kGroup128
+                                   : cuda::WScale::kBlock32x128;
 }
 
 // The 8-bit operands of a GEMM: `codes` (e4m3 or int8) A and W, out in `out`, A's scales
@@ -232,6 +234,9 @@ void set_scaled_operands(cuda::GroupedGemmArgs& g, const sm90::LaunchState& stat
       break;
     case sm90::LaunchState::WeightScales::kChannel:
       g.w_scale_kind = cuda::WScale::kChannel;
+      break;
+    case sm90::LaunchState::WeightScales::kGroup:
+      g.w_scale_kind = cuda::WScale::kGroup128;
       break;
     default:
       g.w_scale_kind = cuda::WScale::kBlock32x128;

@@ -46,7 +46,8 @@ struct LaunchState {
   // codes (E, N, K / 32) in the kernel row order (cuda::WPacking::kMxfp4, kMxfp6E2M3, kMxfp6E3M2).
   // kNvfp4: e2m1 pairs with the kernel scale codes (E, N, K / 16) of the ue4m3 scales and
   // w1_global / w2_global (E,) f32, each expert's global scale x 2^8 (cuda::WPacking::kNvfp4).
-  enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock, kMxfp4, kNvfp4 };
+  // kGroup: per channel and 128 of K (int4 W4A8 groups, cuda::WScale::kGroup128).
+  enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock, kGroup, kMxfp4, kNvfp4 };
   WeightScales scales = WeightScales::kNone;
   // How W's codes are packed (kNone: one code per element, in its dtype). kInt4 (W4A8): uint4b8
   // pairs (K / 2 bytes per row) with kTensor / kChannel scales; the activations are e4m3 codes.

@@ -138,7 +138,10 @@ sm90::TileFamily tile_family_of(const GroupedGemmArgs& args) {
       args.w_packing == WPacking::kMxfp6E2M3 || args.w_packing == WPacking::kMxfp6E3M2) {
     return sm90::TileFamily::kW4A16;
   }
-  if (args.w_packing == WPacking::kInt4) return sm90::TileFamily::kW4A8;
+  if (args.w_packing == WPacking::kInt4) {
+    return args.w_scale_kind == WScale::kGroup128 ? sm90::TileFamily::kW4A8Group
+                                                  : sm90::TileFamily::kW4A8;
+  }
   if (args.dtype == ElemType::kS8) return sm90::TileFamily::kInt8;
   if (elem_bytes(args.dtype) != 1) return sm90::TileFamily::k16Bit;
   const bool block_scales =
@@ -160,6 +163,7 @@ std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& 
       why = detail::can_implement_w4a16(args);
       break;
     case sm90::TileFamily::kW4A8:
+    case sm90::TileFamily::kW4A8Group:
       why = detail::can_implement_w4a8(args);
       break;
     default:
@@ -175,7 +179,8 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
   *cache = sm90::WeightLaunchCache{};
   const sm90::TileFamily family = tile_family_of(args);
   const bool scaled = family == sm90::TileFamily::kFp8 || family == sm90::TileFamily::kFp8Direct ||
-                      family == sm90::TileFamily::kInt8 || family == sm90::TileFamily::kW4A8;
+                      family == sm90::TileFamily::kInt8 || family == sm90::TileFamily::kW4A8 ||
+                      family == sm90::TileFamily::kW4A8Group;
   if (family == sm90::TileFamily::kW4A16 && args.dtype != ElemType::kBF16) {
     return cudaErrorInvalidValue;
   }
@@ -199,6 +204,7 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
       e = detail::prepare_w4a16(args, &c);
       break;
     case sm90::TileFamily::kW4A8:
+    case sm90::TileFamily::kW4A8Group:
       e = detail::prepare_w4a8(args, &c);
       break;
     default:
@@ -229,6 +235,7 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
     case sm90::TileFamily::kW4A16:
       return detail::run_w4a16(args, row, params, stream);
     case sm90::TileFamily::kW4A8:
+    case sm90::TileFamily::kW4A8Group:
       return detail::run_w4a8(args, row, params, stream);
     default:
       return detail::run_16bit(args, row, params, stream, workspace);

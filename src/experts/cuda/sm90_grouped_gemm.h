@@ -72,6 +72,8 @@ enum class WScale : uint8_t {
   kBlock32x128,  // w_scale (E, ceil(n / 32), ceil(k / 128)): per 32 rows x 128 K (a 128x128
                  // weight block's scale repeated for its four quarters, which the gate/up
                  // blocks-of-32 reorder moves apart)
+  kGroup128,     // w_scale (E, ceil(k / 128), n): per output channel and 128 of K (int4 groups
+                 // of 128 along K, W4A8 only), K-major so that a K step's n scales lie together
 };
 
 // Row alignment the kernel requires of expert_offsets: none. Offsets need not be padded to the tile

@@ -3,7 +3,9 @@
 // bf16 / f16 output. The producer warpgroup streams the packed weights (half the bytes of fp8)
 // with the tokens and converts each K step exactly to e4m3 (sm90/int4_layout.h) for the consumers'
 // e4m3 wgmma, which accumulate over all of K like the kFp8Direct rows; the scales are applied once
-// in the epilogue. The mainloops of sm90/grouped_kernels.cuh over the kW4A8 rows of the tile table.
+// in the epilogue. With a scale per channel and 128 of K (WScale::kGroup128: int4 groups of 128)
+// the kW4A8Group rows promote every K step instead, each weight row times its group's scale. The
+// mainloops of sm90/grouped_kernels.cuh over the kW4A8 and kW4A8Group rows of the tile table.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -18,9 +20,9 @@ namespace detail {
 using namespace sm90;  // NOLINT: the kit
 
 // Supported and compiled: e4m3 A with kTensor / kRow scales; W int4-packed with kExpert /
-// kChannel scales (scales that vary along K, e.g. int4 groups of 128, would need a promotion per
-// group; they are not taken); bf16 or f16 out; k a multiple of 32 (whole 16-byte packed chunks);
-// every kW4A8 row.
+// kChannel scales, or kGroup128 (16-byte aligned: the producer copies them in 16-byte chunks);
+// bf16 or f16 out; k a multiple of 32 (whole 16-byte packed chunks); every kW4A8 and kW4A8Group
+// row.
 std::string can_implement_w4a8(const GroupedGemmArgs& args) {
   using std::to_string;
   if (args.w_packing != WPacking::kInt4) return "W is not int4-packed";
@@ -35,8 +37,13 @@ std::string can_implement_w4a8(const GroupedGemmArgs& args) {
   if (args.a_scale_kind != AScale::kTensor && args.a_scale_kind != AScale::kRow) {
     return "W4A8 A takes a per-tensor or per-row scale (no 1x128 groups)";
   }
-  if (args.w_scale_kind != WScale::kExpert && args.w_scale_kind != WScale::kChannel) {
-    return "W4A8 W takes a per-expert or per-channel scale (no groups along K)";
+  if (args.w_scale_kind != WScale::kExpert && args.w_scale_kind != WScale::kChannel &&
+      args.w_scale_kind != WScale::kGroup128) {
+    return "W4A8 W takes a per-expert or per-channel scale, or one per channel and 128 of K";
+  }
+  if (args.w_scale_kind == WScale::kGroup128 &&
+      reinterpret_cast<uintptr_t>(args.w_scale) % 16 != 0) {
+    return "W4A8 group scales (w_scale) must be 16-byte aligned";
   }
   return "";
 }
@@ -44,7 +51,9 @@ std::string can_implement_w4a8(const GroupedGemmArgs& args) {
 cudaError_t prepare_w4a8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache) {
   return with_out_type(args.out_dtype, [&](auto tag) {
     using OutT = decltype(tag);
-    return prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8>(args, cache);
+    return args.w_scale_kind == WScale::kGroup128
+               ? prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8Group>(args, cache)
+               : prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8>(args, cache);
   });
 }
 
@@ -52,9 +61,11 @@ cudaError_t run_w4a8(const GroupedGemmArgs& args, int row, const GroupedGemmPara
                      cudaStream_t stream) {
   return with_out_type(args.out_dtype, [&](auto tag) {
     using OutT = decltype(tag);
-    return with_tile<TileFamily::kW4A8>(row, [&](auto tile) {
+    auto run_row = [&](auto tile) {
       return launch<__nv_fp8_e4m3, OutT, decltype(tile)::value>(args, params, stream);
-    });
+    };
+    return args.w_scale_kind == WScale::kGroup128 ? with_tile<TileFamily::kW4A8Group>(row, run_row)
+                                                  : with_tile<TileFamily::kW4A8>(row, run_row);
   });
 }
 

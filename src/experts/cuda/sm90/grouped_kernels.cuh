@@ -98,11 +98,15 @@ __device__ __forceinline__ FragmentRows fragment_rows(const KernelParams& p, con
 // called with the parity of kt (kOverlapped picks its temporary by it at compile time: ptxas
 // serializes wgmma whose accumulator registers are chosen at run time); end() once after the last
 // step. A stage may be released release_lag steps after its run: then its wgmma are done.
-template <typename T, int kBN, Promotion kPromotion>
+// kColumnScales (W4A8 groups of 128, kChunked only): W's scale varies per column and K step; the
+// kernel points col_scales at the step's kBN scales in shared memory before each run, and the
+// promotion multiplies each column by its own (the A scales, constant along K, wait for finish).
+template <typename T, int kBN, Promotion kPromotion, bool kColumnScales = false>
 struct KStep {
   static_assert(kPromotion == Promotion::kNone || kIsFp8<T>, "only fp8 promotes K blocks");
   static_assert(kPromotion != Promotion::kOverlapped || kBN <= 128, "3 * bn / 2 registers");
   static_assert(kPromotion != Promotion::kChunked || kBN % 128 == 0, "128-column chunks");
+  static_assert(!kColumnScales || kPromotion == Promotion::kChunked, "column scales: chunked");
   static constexpr int kAcc = kBN / 2;
   using Acc = typename MmaOperand<T>::Acc;  // float, or int32 for int8
   static constexpr int release_lag = kPromotion == Promotion::kChunked ? 0 : 1;
@@ -126,6 +130,7 @@ struct KStep {
   const float* w_blocks;
   int w_valid;
   float w_fill;
+  uint32_t col_scales = 0;  // kColumnScales: the step's kBN W scales (shared memory)
 
   __device__ __forceinline__ void load_block_scales(const KernelParams& p, int kt) {
     if constexpr (kPromotion != Promotion::kNone) {
@@ -158,6 +163,24 @@ struct KStep {
     }
   }
 
+  // acc[first, first + kCount) += t * a (this thread's rows) * (each column's W scale at `scales`,
+  // the chunk's first column's; kColumnScales): columns 8 j + 2 (lane % 4) + {0, 1} of the chunk.
+  template <int kCount>
+  static __device__ __forceinline__ void promote_columns(Acc (&acc)[kAcc], int first,
+                                                         const float (&t)[kCount],
+                                                         const float (&a)[2], uint32_t scales) {
+    const uint32_t mine = scales + static_cast<uint32_t>((threadIdx.x & 3) * 2 * sizeof(float));
+#pragma unroll
+    for (int j = 0; j < kCount / 4; ++j) {
+      const float2 s = ld_shared_f32x2(mine + static_cast<uint32_t>(j * 8 * sizeof(float)));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        acc[first + 4 * j + 2 * h] += t[4 * j + 2 * h] * (a[h] * s.x);
+        acc[first + 4 * j + 2 * h + 1] += t[4 * j + 2 * h + 1] * (a[h] * s.y);
+      }
+    }
+  }
+
   // Before the first K step of a work item.
   __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w,
                                         const FragmentRows& rows) {
@@ -168,7 +191,7 @@ struct KStep {
         a_row[h] = a_blocks && rows.src[h] >= 0 ? p.a_scale + rows.src[h] * p.a_scale_ld : nullptr;
         a_fill[h] = a_blocks ? 0.0f : 1.0f;
       }
-      const bool w_block_scales = p.w_scale_kind == WScale::kBlock32x128;
+      const bool w_block_scales = !kColumnScales && p.w_scale_kind == WScale::kBlock32x128;
       const int first = w.n0 / 32;
       w_blocks = w_block_scales
                      ? p.w_scale + (static_cast<int64_t>(w.expert) * p.w_scale_row_blocks + first) *
@@ -211,7 +234,12 @@ struct KStep {
             tmp[0], sa, sb + static_cast<uint32_t>(c * kChunkCols * kRowBytes));
         wgmma_wait<0>();
         fence_registers(tmp[0]);
-        promote(acc, c * kChunkCols / 2, tmp[0], a, b);
+        if constexpr (kColumnScales) {
+          promote_columns(acc, c * kChunkCols / 2, tmp[0], a,
+                          col_scales + static_cast<uint32_t>(c * kChunkCols * sizeof(float)));
+        } else {
+          promote(acc, c * kChunkCols / 2, tmp[0], a, b);
+        }
       }
     }
   }
@@ -295,17 +323,27 @@ struct Rings {
   uint32_t load;       // the ring
   uint32_t packed;     // kW4A8: the packed ring
   uint32_t epilogue;   // kStagedEpilogue: the consumers' staging tiles
+  uint32_t scales;     // kGroupScales: the packed slots' weight scales, then the W tiles'
 
   __device__ __forceinline__ explicit Rings(const void* smem_dynamic)
       : converted(ring_base(smem_dynamic)),
         load(converted + Shape::kConvertedBytes),
         packed(load + Shape::kStages * Shape::kStageBytes),
-        epilogue(packed + Shape::kPackedStages * Shape::kStageBBytes) {}
+        epilogue(packed + Shape::kPackedStages * Shape::kStageBBytes),
+        scales(epilogue + Shape::kEpilogueBytes) {}
   __device__ __forceinline__ uint32_t stage(int it) const {
     return load + static_cast<uint32_t>((it % Shape::kStages) * Shape::kStageBytes);
   }
   __device__ __forceinline__ uint32_t packed_slot(int it) const {
     return packed + static_cast<uint32_t>((it % Shape::kPackedStages) * Shape::kStageBBytes);
+  }
+  // kGroupScales: step it's kBN weight scales as copied (packed slot) and beside its W tile.
+  __device__ __forceinline__ uint32_t packed_scales(int it) const {
+    return scales + static_cast<uint32_t>((it % Shape::kPackedStages) * Shape::kScaleSlotBytes);
+  }
+  __device__ __forceinline__ uint32_t w_scales(int it) const {
+    return scales +
+           static_cast<uint32_t>((Shape::kPackedStages + it % kWSlots) * Shape::kScaleSlotBytes);
   }
   __device__ __forceinline__ uint32_t w_tile(int it) const {
     if constexpr (Shape::kPackedInt4) {
@@ -361,7 +399,9 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* s_full, uint64_t* s
 // (kStages >= kLag + 3: they need only steps converted two or more iterations earlier, so the
 // producer never waits on the step it has just converted). Rows past N and K past k are
 // zero-filled codes, which read as -8: their products meet zero tokens (past K) or columns that
-// are never stored (past N).
+// are never stored (past N). kGroupScales: the first kBN / 4 threads also copy 16 bytes each of
+// the step's kBN weight scales (WScale::kGroup128: K-major, zeros past N) with the packed chunks,
+// and move them beside the converted tile before they arrive.
 template <typename Shape>
 struct Int4Converter {
   static constexpr int kChunks = Shape::kBN * 4 / 128;  // per thread and step
@@ -369,17 +409,31 @@ struct Int4Converter {
   static_assert(!Shape::kPackedInt4 || (kLag >= 1 && Shape::kStages >= kLag + 3),
                 "steps converted while the next ones load; token stages beyond the lag");
   static constexpr int kPackedRow = Shape::kPackedRowBytes;  // 64 bytes: 128 elements of K
-  const uint8_t* w_first;  // this thread's first row (row ptid / 4) of the item, its quarter
-  int rows_left;           // W rows of the item from that row on (n - n0 - ptid / 4)
+  static constexpr int kScaleCopiers = Shape::kGroupScales ? Shape::kBN / 4 : 0;
+  const uint8_t* w_first;    // this thread's first row (row ptid / 4) of the item, its quarter
+  int rows_left;             // W rows of the item from that row on (n - n0 - ptid / 4)
+  const float* scale_first;  // kGroupScales: step 0's scales of columns n0 + 4 ptid .. + 3
+  bool scale_ok;             // ... which exist (n is a multiple of 8)
 
   __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w, int ptid) {
     const int row = w.n0 + ptid / 4;
     rows_left = p.n - row;
     w_first = p.w + (static_cast<int64_t>(w.expert) * p.n + row) * (p.k / 2) + (ptid & 3) * 16;
+    if constexpr (Shape::kGroupScales) {
+      scale_ok = ptid < kScaleCopiers && w.n0 + 4 * ptid < p.n;
+      scale_first = p.w_scale + static_cast<int64_t>(w.expert) * p.k_tiles * p.n + w.n0 + 4 * ptid;
+    }
   }
-  // The packed chunks of K step kt of the item into the packed slot at `slot`.
+  // The packed chunks of K step kt of the item into the packed slot at `slot` (kGroupScales: its
+  // scales into `scale_slot`).
   __device__ __forceinline__ void load(const KernelParams& p, int kt, uint32_t slot,
-                                       int ptid) const {
+                                       uint32_t scale_slot, int ptid) const {
+    if constexpr (Shape::kGroupScales) {
+      if (ptid < kScaleCopiers) {
+        cp_async_16(scale_slot + 16 * ptid,
+                    scale_ok ? scale_first + static_cast<int64_t>(kt) * p.n : p.w_scale, scale_ok);
+      }
+    }
     const bool k_ok = kt * Shape::kBK + (ptid & 3) * 32 < p.k;
     const uint32_t dst = slot + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
 #pragma unroll
@@ -407,6 +461,13 @@ struct Int4Converter {
                               int4x4_to_e4m3(q.w, perm), int4x4_to_e4m3(q.w >> 16, perm)};
       st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3)), lo);
       st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3) + 1), hi);
+    }
+    if constexpr (Shape::kGroupScales) {
+      if (ptid < kScaleCopiers) {
+        const uint4 v = ld_shared_v4(rings.packed_scales(c) + 16 * ptid);
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        st_shared_v4(rings.w_scales(c) + 16 * ptid, words);
+      }
     }
     fence_proxy_async();  // the converted tile, seen by the tensor cores
     mbar_arrive(smem_u32(&s_full[c % kW]));
@@ -527,7 +588,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
                       ok ? p.a + off + k_bytes : p.a, ok);
         }
         if constexpr (Shape::kPackedInt4) {
-          int4.load(p, kt, rings.packed_slot(it), ptid);
+          int4.load(p, kt, rings.packed_slot(it), rings.packed_scales(it), ptid);
           cp_async_commit();
           int4.after_step(rings, s_full, s_w_empty, it, ptid);
         } else {
@@ -549,7 +610,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   // ---- consumer warpgroups ----------------------------------------------------------------------
   if constexpr (Shape::kRebalanceRegisters) setmaxnreg_inc<Shape::kConsumerRegisters>();
   const int lane = tid & 31;
-  using Step = KStep<T, kBN, Shape::kPromotion>;
+  using Step = KStep<T, kBN, Shape::kPromotion, Shape::kGroupScales>;
   constexpr int kLag = Step::release_lag;
   Step step;
   int it = 0;                       // K steps consumed so far by this CTA (all items)
@@ -567,6 +628,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
       mbar_wait(smem_u32(&s_full[it % kWSlots]), (it / kWSlots) & 1);
       fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
+      if constexpr (Shape::kGroupScales) step.col_scales = rings.w_scales(it);
       step.template run<decltype(parity)::value>(
           acc, rings.stage(it) + static_cast<uint32_t>(warpgroup * 64 * kRowBytes),
           rings.w_tile(it), p, w, rows, kt);
@@ -1445,7 +1507,9 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // The block scales of a swap-AB thread (kFp8 rows): its two weight rows r0, r0 + 8 lie in one
 // 32-row W scale block, its kBM / 4 tokens 8j + 2 (lane % 4) + v (i = 2j + v) have one 1x128 A
 // scale each per K step. Set per work item (begin); load(kt) fetches step kt's, which promote uses
-// one step later (the loads' latency hides behind a step of wgmma).
+// one step later (the loads' latency hides behind a step of wgmma). W4A8 groups of 128 (kW4A8Group
+// rows): load_rows takes the two rows' own scales from beside the step's converted W tile (the
+// tokens' scales, constant along K, are the epilogue's).
 template <int kBM>
 struct SwapBlockScales {
   static constexpr int kTokens = kBM / 4;
@@ -1454,7 +1518,7 @@ struct SwapBlockScales {
   const float* w_block;  // null: w_fill (1 without block W scales, 0 past N)
   float w_fill;
   float fa[kTokens];
-  float fw;
+  float fw[2];  // rows r0 and r0 + 8
 
   __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w, int tid) {
     const int lane = tid & 31;
@@ -1481,17 +1545,26 @@ struct SwapBlockScales {
 #pragma unroll
     for (int i = 0; i < kTokens; ++i)
       fa[i] = a_row[i] != nullptr ? __ldg(a_row[i] + kt) : a_fill[i];
-    fw = w_block != nullptr ? __ldg(w_block + kt) : w_fill;
+    fw[0] = fw[1] = w_block != nullptr ? __ldg(w_block + kt) : w_fill;
+  }
+  // kW4A8Group: the step's scales of this thread's rows, from `scales` (kBN f32 beside its W tile).
+  __device__ __forceinline__ void load_rows(uint32_t scales, int tid) {
+#pragma unroll
+    for (int i = 0; i < kTokens; ++i)
+      fa[i] = a_fill[i];
+    const int r0 = 16 * (tid >> 5) + ((tid & 31) >> 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      fw[h] = ld_shared_f32(scales + static_cast<uint32_t>((r0 + 8 * h) * sizeof(float)));
   }
 
   // acc += t * (the scales of the step last loaded).
   __device__ __forceinline__ void promote(float (&acc)[kBM / 2], const float (&t)[kBM / 2]) const {
 #pragma unroll
     for (int i = 0; i < kTokens; ++i) {
-      const float f = fw * fa[i];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        acc[4 * (i / 2) + 2 * h + i % 2] += t[4 * (i / 2) + 2 * h + i % 2] * f;
+        acc[4 * (i / 2) + 2 * h + i % 2] += t[4 * (i / 2) + 2 * h + i % 2] * (fw[h] * fa[i]);
     }
   }
 };
@@ -1635,7 +1708,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   constexpr int kBN = Shape::kBN;  // weight rows of an item: the wgmma's M
   static_assert(kBM == 16 && kBN == 64 && Shape::kThreads == 256 && Shape::kAPasses == 1);
   constexpr int kStages = Shape::kStages;
-  constexpr bool kPromote = Shape::kConfig.family == TileFamily::kFp8;
+  constexpr bool kPromote = Shape::kConfig.family == TileFamily::kFp8 || Shape::kGroupScales;
   using RingsT = Rings<Shape>;
   constexpr int kWSlots = RingsT::kWSlots;
 
@@ -1686,7 +1759,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
         copy_a_stage<Shape>(p, src, stage + dst, k_ok, static_cast<int64_t>(kt) * kRowBytes);
         if constexpr (Shape::kPackedInt4) {
-          int4.load(p, kt, rings.packed_slot(it), ptid);
+          int4.load(p, kt, rings.packed_slot(it), rings.packed_scales(it), ptid);
           cp_async_commit();
           int4.after_step(rings, s_full, s_w_empty, it, ptid);
         } else {
@@ -1728,7 +1801,11 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         fence_registers(tmp[kParity ^ 1]);
         mma_stage<T, kBM, /*kOverwrite=*/true>(tmp[kParity], weights, tokens);
         if (kt > 0) scales.promote(acc, tmp[kParity ^ 1]);  // step kt - 1, its scales
-        scales.load(kt);
+        if constexpr (Shape::kGroupScales) {
+          scales.load_rows(rings.w_scales(it), tid);  // step kt's tile is held until kt + 1
+        } else {
+          scales.load(kt);
+        }
       } else {
         mma_stage<T, kBM>(acc, weights, tokens);
         wgmma_wait<1>();  // step kt - 1's wgmma are done

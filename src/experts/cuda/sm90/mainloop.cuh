@@ -44,7 +44,12 @@ struct TileShape {
   static constexpr bool kEpilogueWarps = kConfig.kind == MainloopKind::kWarpSpecializedEpilogue;
   static constexpr int kEpilogueThreads = kEpilogueWarps ? 64 : 0;
   // W4A8: the producer streams packed int4 W with the tokens and converts it (kConvertedTiles).
-  static constexpr bool kPackedInt4 = kConfig.family == TileFamily::kW4A8;
+  static constexpr bool kPackedInt4 =
+      kConfig.family == TileFamily::kW4A8 || kConfig.family == TileFamily::kW4A8Group;
+  // W4A8 with groups of 128 along K: the producer copies each K step's kBN weight scales (f32)
+  // beside the packed and the converted tiles (kScaleSlotBytes per slot, behind everything else),
+  // and the consumers promote every step with them.
+  static constexpr bool kGroupScales = kConfig.family == TileFamily::kW4A8Group;
   // W by TMA from the producer warpgroup.
   static constexpr bool kTma = kProducer && !kPackedInt4;
   static constexpr int kBM = kConfig.bm;
@@ -54,7 +59,9 @@ struct TileShape {
   static constexpr int kConsumers = kConfig.consumers;
   // fp8 block scales: each K stage promoted out of the tensor cores (KStep), overlapped with the
   // next stage's wgmma where two temporaries fit.
-  static constexpr Promotion kPromotion = kConfig.family != TileFamily::kFp8 ? Promotion::kNone
+  // W4A8 groups: chunked (no room for two temporaries beside a converting producer).
+  static constexpr Promotion kPromotion = kGroupScales                         ? Promotion::kChunked
+                                          : kConfig.family != TileFamily::kFp8 ? Promotion::kNone
                                           : kBN <= 128 ? Promotion::kOverlapped
                                                        : Promotion::kChunked;
   static constexpr int kBK = kRowBytes / kElemBytes;            // K elements per stage
@@ -91,10 +98,12 @@ struct TileShape {
                                                           : 0;
   // CUDA-core rows: no ring, no shared memory beyond the scheduler's prefix (and L1 for A).
   static constexpr bool kSimt = kConfig.kind == MainloopKind::kSimt;
+  static constexpr int kScaleSlotBytes = kGroupScales ? kBN * 4 : 0;
+  static constexpr int kScaleBytes = (kConvertedTiles + kPackedStages) * kScaleSlotBytes;
   static constexpr int kDynamicSmem = kSimt ? 0
                                             : kConvertedBytes + kStages * kStageBytes +
                                                   kPackedStages * kStageBBytes + kEpilogueBytes +
-                                                  kSmemAlign;
+                                                  kScaleBytes + kSmemAlign;
   static constexpr int kRowsPerPass = kLoaderThreads / (kRowBytes / kChunkBytes);
   static constexpr int kAPasses = kBM / kRowsPerPass;
   static constexpr int kBPasses = kBN / kRowsPerPass;  // single-role: W by cp.async too

@@ -70,6 +70,11 @@ enum class TileFamily : uint8_t {
                // and K step) with the tokens into a load ring and converts each step exactly to
                // e4m3 into a ring of W tiles; the consumers run the kFp8Direct K step (the tensor
                // cores accumulate over all of K, the scales applied in the epilogue)
+  kW4A8Group,  // int4 weights with a scale per output channel and 128 of K (WScale::kGroup128)
+               // with e4m3 activations: kW4A8's converting producer, which also copies each K
+               // step's weight scales beside the converted tile; the consumers promote every K
+               // step (one scale group) out of the tensor cores with the scale of each weight row
+               // (as kFp8's blocks, per row), the activations' scales in the epilogue
 };
 
 struct TileConfig {
@@ -205,6 +210,13 @@ inline constexpr TileConfig kTileTable[] = {
      "swap-AB: 64 weight rows x 16 tokens per item, 8 K steps of packed weights in flight"},
     {"128x256", TileFamily::kW4A8, 128, 256, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each converted W and A tile"},
+    // W4A8 with groups of 128: the kW4A8 rows' shapes, promoting each K step; the prefill row is
+    // 128 wide (an accumulator and a 128-column temporary fit the 168 registers of a consumer
+    // thread of a CTA whose producer converts: no register rebalancing).
+    {"16x64tma", TileFamily::kW4A8Group, 16, 64, 14, 1, 2, MainloopKind::kSwapABTma, 8,
+     "swap-AB: 64 weight rows x 16 tokens per item, each step promoted with its rows' scales"},
+    {"128x128", TileFamily::kW4A8Group, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "each K step promoted with its 128 columns' group scales"},
 };
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
 
@@ -223,8 +235,8 @@ constexpr bool valid_tile(const TileConfig& t) {
            (t.bm == 1 || t.bm == 2 || t.bm == 4) && t.bn == 64 &&
            (t.consumers == 2 || t.consumers == 4);
   }
-  if (t.family == TileFamily::kW4A8 && t.kind != MainloopKind::kSwapABTma &&
-      t.kind != MainloopKind::kWarpSpecializedTma) {
+  if ((t.family == TileFamily::kW4A8 || t.family == TileFamily::kW4A8Group) &&
+      t.kind != MainloopKind::kSwapABTma && t.kind != MainloopKind::kWarpSpecializedTma) {
     return false;  // only the producer kinds convert
   }
   if (t.kind == MainloopKind::kWarpSpecializedEpilogue) {  // the handoff tile is 128 x 256

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Device call for W4A8 with int4 groups of 128 along K (the kW4A8Group rows, 2026-12-07), sized
+# for one call of at most 600 s. Pack first: bash scripts/pack-for-device.sh ../shared/peers/triton_peer.py
+# Parts (arguments, in order):
+#   kernels   test_grouped_gemm's W4A8 rows against float64 (per channel and groups of 128) and the
+#             quantized layers' W4A8 cases against the CPU emulation (every preset and M, every
+#             W4A8 tile forced, an expert map, graph replay)
+#   memcheck  compute-sanitizer memcheck on the grouped kernels and one layer of each W4A8 form
+#   bench     moekit bench --quant w4a8_fp8_g128 / w4a8_fp8 / fp8_per_channel on qwen3-30b-a3b and
+#             mixtral-8x7b (decode and prefill sizes)
+#   exchange  the earlier session's unverified commits: bench/exchange_gpu_session.sh's quick
+#             and eppeer parts
+# shellcheck source=bench/device_prelude.sh
+. bench/device_prelude.sh
+part_kernels() {
+  run_gtest grouped_w4a8 120 build/tests/test_grouped_gemm 'GroupedGemmW4A8*'
+  grep -h "^\[w4a8\]" "$log/grouped_w4a8.log"
+  run_gtest quantized_w4a8 240 build/tests/test_gpu_quantized \
+    '*w4a8*:QuantizedGpu.Every8BitTile*:QuantizedGpu.ExpertMap*:QuantizedGpu.CudaGraph*'
+  grep -h "^\[quantized\] w4a8" "$log/quantized_w4a8.log" | sort -t' ' -k3,3 | head -60
+}
+part_memcheck() {
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_grouped_gemm \
+    --gtest_brief=1 --gtest_filter='GroupedGemmW4A8*' >"$log/w4a8_memcheck.log" 2>&1
+  echo "memcheck grouped w4a8 rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/w4a8_memcheck.log" | tr '\n' ' ')"
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_gpu_quantized \
+    --gtest_brief=1 --gtest_filter='*w4a8_fp8*small_M33*:*w4a8_fp8*small_M257*' \
+    >"$log/w4a8_layer_memcheck.log" 2>&1
+  echo "memcheck layers w4a8 rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/w4a8_layer_memcheck.log" | tr '\n' ' ')"
+}
+part_bench() {
+  local q
+  for q in w4a8_fp8_g128 w4a8_fp8 fp8_per_channel; do
+    timeout 120 build/moekit bench --quant "$q" --models qwen3-30b-a3b mixtral-8x7b \
+      --tokens ${W4A8_TOKENS:-1 64 1024 16384} --json "$log/bench_$q.json" >"$log/bench_$q.log" 2>&1
+    echo "bench --quant $q rc=$?"
+    grep -E "^[a-z0-9-]+:|experts:|^ +[0-9]" "$log/bench_$q.log"
+  done
+}
+part_exchange() { bash bench/exchange_gpu_session.sh quick eppeer; }
+run_parts "$@"
