@@ -130,6 +130,11 @@ expect 0 "sm90_mxfp6 +Sm90Mxfp6Experts +CHOSEN" \
 expect 0 "sm90_w4a8 +Sm90W4A8Experts +CHOSEN" explain --device h200 --model small --quant w4a8_fp8
 expect 0 "M=1 +gemm1 16x64tma +gemm2 16x64tma" \
   explain --device h200 --model qwen3-30b-a3b --quant w4a8_fp8
+# ... and with int4 groups of 128 along K (no Quark method: the quant config itself), each K step
+# promoted with its groups' scales; the prefill row is 128 wide.
+expect 0 "sm90_w4a8 +Sm90W4A8Experts +CHOSEN" explain --device h200 --model small --quant w4a8_fp8_g128
+expect 0 "M=16384 +gemm1 128x128 +gemm2 128x128 .*group scales" \
+  explain --device h200 --model qwen3-30b-a3b --quant w4a8_fp8_g128
 # Decode on the CUDA cores: one token per expert runs the simt rows (no tuned table for MXFP4).
 expect 0 "M=1 +gemm1 1x64simt +gemm2 1x64simt .*CUDA-core" \
   explain --device h200 --model gpt-oss-120b --quant mxfp4_w4a16
