@@ -48,12 +48,13 @@ std::string can_implement_w4a8(const GroupedGemmArgs& args) {
   return "";
 }
 
+// Both families' rows: the weights are prepared (Experts::bind_weights) before their scales are
+// bound, so args may not say how the scales group.
 cudaError_t prepare_w4a8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache) {
   return with_out_type(args.out_dtype, [&](auto tag) {
     using OutT = decltype(tag);
-    return args.w_scale_kind == WScale::kGroup128
-               ? prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8Group>(args, cache)
-               : prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8>(args, cache);
+    MOEKIT_CUDA_TRY((prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8>(args, cache)));
+    return prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8Group>(args, cache);
   });
 }
 
