@@ -8,8 +8,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
-#include <span>
 #include <sstream>
 
 #include "moekit/core/error.h"
@@ -780,43 +780,53 @@ namespace {
 
 // w4a8_fp8_g128: int4 weights with a scale per channel and 128 of K and dynamic per-token fp8
 // activations (int4_w4afp8_moe_quant_config with group_size 128, as vLLM's CUTLASS W4A8 MoE takes
-// them; no Quark method writes this layout): the unquantized layer's random weights quantized per
-// expert (uint4b8 codes, f32 group scales), biases and the rest as the unquantized layer has them.
+// them; no Quark method writes this layout). Random uint4b8 codes and f32 group scales sized as
+// quark::fill_random_parameters sizes the Quark schemes' (dequantized weights of about 2/sqrt(K),
+// drawn eight codes per random word: a layer of a real model's shape builds in seconds), biases
+// of +-0.1 where the model has them, the router and the shared experts as the unquantized layer's.
 MoELayer random_w4a8_group_layer(const ModelPreset& model, const MoELayerOptions& options,
                                  uint64_t seed) {
   MoELayerOptions host = options;
   host.device = cpu_device_info();
-  MoELayerWeights w = MoELayer::random_weights(model, host, seed);
+  MoELayerWeights w = MoELayer::random_weights(model, host, seed, /*routed_experts=*/false);
   const MoEConfig moe = MoELayer::make_moe_config(model, options);
-  const quant::QuantScheme scheme =
-      quant::QuantScheme::int_weight_groups(QuantDType::kInt4, 128, true);
-  auto quantize_experts = [&](const Tensor& weight, Tensor* scales) {
-    const int64_t E = weight.size(0), rows = weight.size(1), cols = weight.size(2);
-    const int64_t row_bytes = quant::code_row_bytes(QuantDType::kInt4, cols);
-    const int64_t groups = (cols + 127) / 128;
-    const std::vector<float> v = weight.to_float_vector();
-    Tensor codes = Tensor::empty({E, rows, row_bytes}, DType::kUInt8);
-    *scales = Tensor::empty({E, rows, groups}, DType::kF32);
-    for (int64_t e = 0; e < E; ++e) {
-      const quant::QuantizedTensor q = quant::quantize(
-          std::span<const float>(v.data() + e * rows * cols, static_cast<size_t>(rows * cols)),
-          rows, cols, scheme);
-      std::memcpy(codes.data_as<uint8_t>() + e * rows * row_bytes, q.codes.data(), q.codes.size());
-      std::memcpy(scales->data_as<float>() + e * rows * groups, q.scales.data(),
-                  q.scales.size() * sizeof(float));
+  const MoEWeightShape shape = MoEWeightShape::from(moe);
+  const int64_t E = moe.num_local_experts;
+  std::mt19937_64 rng(seed * 1000003ull + static_cast<uint64_t>(options.parallel.ep_rank));
+  std::uniform_real_distribution<float> jitter(0.75f, 1.25f);
+  // Codes (E, rows, cols / 2) and scales (E, rows, ceil(cols / 128)) of one projection.
+  auto random_int4 = [&](int64_t rows, int64_t cols, Tensor* scales) {
+    Tensor codes =
+        Tensor::empty({E, rows, quant::code_row_bytes(QuantDType::kInt4, cols)}, DType::kUInt8);
+    auto* bytes = codes.data_as<uint8_t>();
+    const int64_t n = static_cast<int64_t>(codes.nbytes());
+    for (int64_t i = 0; i < n; i += 8) {
+      const uint64_t r = rng();
+      std::memcpy(bytes + i, &r, static_cast<size_t>(std::min<int64_t>(8, n - i)));
     }
+    *scales = Tensor::empty({E, rows, (cols + 127) / 128}, DType::kF32);
+    const float target = 2.0f / std::sqrt(static_cast<float>(cols));
+    float* f = scales->data_as<float>();
+    for (int64_t i = 0; i < scales->numel(); ++i)
+      f[i] = target / 8.0f * jitter(rng);
     return codes;
   };
   W4A8Fp8Params p;
   p.group_size = 128;
-  w.w13 = quantize_experts(w.w13, &p.w1_scale);
-  w.w2 = quantize_experts(w.w2, &p.w2_scale);
-  if (w.w13_bias.defined()) {
-    p.bias = ExpertBiases{w.w13_bias.to_dtype(DType::kF32), w.w2_bias.to_dtype(DType::kF32)};
-    w.w13_bias = w.w2_bias = Tensor();
+  w.w13 = random_int4(shape.n1(), shape.hidden, &p.w1_scale);
+  w.w2 = random_int4(shape.hidden, shape.intermediate, &p.w2_scale);
+  if (model.has_bias) {
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    auto bias = [&](int64_t n) {
+      std::vector<float> v(static_cast<size_t>(E * n));
+      for (float& x : v)
+        x = u(rng);
+      return Tensor::from_floats(v, {E, n}, DType::kF32);
+    };
+    p.bias = ExpertBiases{bias(shape.n1()), bias(shape.hidden)};
   }
   p.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
-  QuantConfig quant = int4_w4afp8_moe_quant_config(MoEWeightShape::from(moe), p);
+  QuantConfig quant = int4_w4afp8_moe_quant_config(shape, p);
   const Device device = options.device.device();
   auto placed = [&](const Tensor& t) { return !t.defined() || device.is_cpu() ? t : t.to(device); };
   for (Tensor* t :
