@@ -8,8 +8,8 @@
 #   memcheck  compute-sanitizer memcheck on the grouped kernels and one layer of each W4A8 form
 #   bench     moekit bench --quant w4a8_fp8_g128 / w4a8_fp8 / fp8_per_channel on qwen3-30b-a3b and
 #             mixtral-8x7b (decode and prefill sizes)
-#   exchange  the earlier session's unverified commits: bench/exchange_gpu_session.sh's quick
-#             and eppeer parts
+#   exchange  bench/exchange_gpu_session.sh's quick and eppeer parts (the 2026-12-06 commits'
+#             check), logs in exchange/
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 part_kernels() {
@@ -31,11 +31,14 @@ part_memcheck() {
 part_bench() {
   local q
   for q in w4a8_fp8_g128 w4a8_fp8 fp8_per_channel; do
+    # shellcheck disable=SC2086  # one argument per size
     timeout 120 build/moekit bench --quant "$q" --models qwen3-30b-a3b mixtral-8x7b \
       --tokens ${W4A8_TOKENS:-1 64 1024 16384} --json "$log/bench_$q.json" >"$log/bench_$q.log" 2>&1
     echo "bench --quant $q rc=$?"
     grep -E "^[a-z0-9-]+:|experts:|^ +[0-9]" "$log/bench_$q.log"
   done
 }
-part_exchange() { bash bench/exchange_gpu_session.sh quick eppeer; }
+part_exchange() {  # its own logs, packed into $out/exchange/ (it packs and removes its log dir)
+  OUT=$out/exchange bash bench/exchange_gpu_session.sh quick eppeer
+}
 run_parts "$@"
