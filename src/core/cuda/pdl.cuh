@@ -40,7 +40,10 @@ inline bool pdl_enabled() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization when PDL
-// is enabled. The kernel must start with pdl_wait_and_release() or pdl_wait().
+// is enabled. The kernel must start with pdl_wait_and_release() or pdl_wait(). A launch that fails
+// returns its error and leaves none pending: the runtime also records it as the thread's last
+// error, which the next unrelated cudaGetLastError() check would report as its own (seen on the
+// GPU: a W4A8 GEMM launched without its shared-memory attribute failed the next test's check).
 template <typename... Params, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                        cudaStream_t stream, Args&&... args) {
@@ -54,7 +57,9 @@ cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
 }
 
 }  // namespace moekit::cuda
