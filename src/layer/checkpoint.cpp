@@ -586,21 +586,29 @@ void load_shared(const Reader& r, const LayerNames& names, const ModelPreset& mo
   std::memcpy(static_cast<char*>(w13.data()) + g.nbytes(), u.data(), u.nbytes());
 }
 
+// A quantized layer from host codes (w13, w2; the rest of w already where the layer runs) and
+// `quant`: the codes and the QuantConfig's scales and biases moved to the layer's device.
+MoELayer placed_quantized_layer(const ModelPreset& model, QuantConfig quant, const Tensor& w13,
+                                const Tensor& w2, MoELayerWeights w, const MoELayerOptions& options,
+                                std::optional<MoEPlan> plan = std::nullopt) {
+  const Device device = options.device.device();
+  auto placed = [&](const Tensor& t) { return !t.defined() || device.is_cpu() ? t : t.to(device); };
+  w.w13 = placed(w13);
+  w.w2 = placed(w2);
+  for (QuantDesc* d : {&quant.a1, &quant.a2, &quant.w1, &quant.w2}) {
+    for (Tensor* t : {&d->scale, &d->alpha_or_gscale, &d->zp, &d->bias})
+      *t = placed(*t);
+  }
+  return MoELayer(model, std::move(quant), std::move(w), options, std::move(plan));
+}
+
 // The layer of a processed Quark method: its codes, its QuantConfig's scales and biases (on the
 // layer's device) and its plan (the method planned once; the layer does not select again).
 MoELayer quark_layer(const ModelPreset& model, const quark::QuarkMoEMethod& method,
                      const quark::ExpertParams& params, MoELayerWeights w,
                      const MoELayerOptions& options) {
-  const Device device = options.device.device();
-  auto placed = [&](const Tensor& t) { return !t.defined() || device.is_cpu() ? t : t.to(device); };
-  w.w13 = placed(params.get("w13_weight"));
-  w.w2 = placed(params.get("w2_weight"));
-  QuantConfig quant = method.moe_quant_config();
-  for (QuantDesc* d : {&quant.a1, &quant.a2, &quant.w1, &quant.w2}) {
-    for (Tensor* t : {&d->scale, &d->alpha_or_gscale, &d->zp, &d->bias})
-      *t = placed(*t);
-  }
-  return MoELayer(model, std::move(quant), std::move(w), options, method.plan());
+  return placed_quantized_layer(model, method.moe_quant_config(), params.get("w13_weight"),
+                                params.get("w2_weight"), std::move(w), options, method.plan());
 }
 
 // The checkpoint's quantization: its Quark config (other formats' configs translated) and the
@@ -786,9 +794,7 @@ namespace {
 // of +-0.1 where the model has them, the router and the shared experts as the unquantized layer's.
 MoELayer random_w4a8_group_layer(const ModelPreset& model, const MoELayerOptions& options,
                                  uint64_t seed) {
-  MoELayerOptions host = options;
-  host.device = cpu_device_info();
-  MoELayerWeights w = MoELayer::random_weights(model, host, seed, /*routed_experts=*/false);
+  MoELayerWeights w = MoELayer::random_weights(model, options, seed, /*routed_experts=*/false);
   const MoEConfig moe = MoELayer::make_moe_config(model, options);
   const MoEWeightShape shape = MoEWeightShape::from(moe);
   const int64_t E = moe.num_local_experts;
@@ -813,8 +819,8 @@ MoELayer random_w4a8_group_layer(const ModelPreset& model, const MoELayerOptions
   };
   W4A8Fp8Params p;
   p.group_size = 128;
-  w.w13 = random_int4(shape.n1(), shape.hidden, &p.w1_scale);
-  w.w2 = random_int4(shape.hidden, shape.intermediate, &p.w2_scale);
+  const Tensor w13 = random_int4(shape.n1(), shape.hidden, &p.w1_scale);
+  const Tensor w2 = random_int4(shape.hidden, shape.intermediate, &p.w2_scale);
   if (model.has_bias) {
     std::uniform_real_distribution<float> u(-0.1f, 0.1f);
     auto bias = [&](int64_t n) {
@@ -826,17 +832,8 @@ MoELayer random_w4a8_group_layer(const ModelPreset& model, const MoELayerOptions
     p.bias = ExpertBiases{bias(shape.n1()), bias(shape.hidden)};
   }
   p.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
-  QuantConfig quant = int4_w4afp8_moe_quant_config(shape, p);
-  const Device device = options.device.device();
-  auto placed = [&](const Tensor& t) { return !t.defined() || device.is_cpu() ? t : t.to(device); };
-  for (Tensor* t :
-       {&w.w13, &w.w2, &w.e_score_correction_bias, &w.shared_w13, &w.shared_w2, &w.shared_gate})
-    *t = placed(*t);
-  for (QuantDesc* d : {&quant.a1, &quant.a2, &quant.w1, &quant.w2}) {
-    for (Tensor* t : {&d->scale, &d->alpha_or_gscale, &d->zp, &d->bias})
-      *t = placed(*t);
-  }
-  return MoELayer(model, std::move(quant), std::move(w), options);
+  return placed_quantized_layer(model, int4_w4afp8_moe_quant_config(shape, p), w13, w2,
+                                std::move(w), options);
 }
 
 }  // namespace
