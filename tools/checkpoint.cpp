@@ -89,8 +89,6 @@ int explain_quant_command(const DeploymentOptions& deployment, const std::string
   std::optional<quark::QuarkConfig> qc;
   if (from_checkpoint) {
     qc = read_quark_config(checkpoint_dir);
-  } else if (scheme == "w4a8_fp8_g128") {
-    // below: no Quark config
   } else if (const std::string json = io::fixture_quantization_config(scheme); !json.empty()) {
     qc = quark::QuarkConfig::parse(json);
   }
@@ -98,25 +96,6 @@ int explain_quant_command(const DeploymentOptions& deployment, const std::string
   PlanOptions plan_options;
   plan_options.log = false;
   plan_options.preview = true;
-  if (!from_checkpoint && scheme == "w4a8_fp8_g128") {
-    // No Quark method writes int4 groups of 128 (random_quantized_layer builds them): the W4A8
-    // quant config itself, its scales placeholders of the checkpoint's shapes.
-    const MoEWeightShape shape = MoEWeightShape::from(moe);
-    W4A8Fp8Params p;
-    p.group_size = 128;
-    auto ones = [](Shape s) {
-      Tensor t = Tensor::empty(s, DType::kF32);
-      std::fill_n(t.data_as<float>(), t.numel(), 1.0f);
-      return t;
-    };
-    const int64_t E = moe.num_local_experts;
-    p.w1_scale = ones({E, shape.n1(), (shape.hidden + 127) / 128});
-    p.w2_scale = ones({E, shape.hidden, (shape.intermediate + 127) / 128});
-    std::cout << "quantization w4a8_fp8_g128 (int4 groups of 128, dynamic per-token fp8)\n\n";
-    const MoEPlan plan = plan_moe(moe, int4_w4afp8_moe_quant_config(shape, p), plan_options);
-    std::cout << plan.to_string();
-    return plan.ok() ? 0 : 1;
-  }
   if (!qc || qc->is_excluded(layer_name)) {
     std::cout << "quantization unquantized\n\n";
     const MoEPlan plan = plan_moe(moe, QuantConfig::unquantized(), plan_options);

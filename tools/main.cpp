@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   CLI::Option* explain_quant_option = explain->add_option(
       "--quant", explain_quant,
       "quantization scheme (a make-fixture scheme name, e.g. fp8_per_channel, nvfp4, mxfp4_a4, "
-      "or w4a8_fp8_g128: int4 groups of 128): the Quark method and its oracle's decisions");
+      "w4a8_fp8_g128): the Quark method and its oracle's decisions");
   explain
       ->add_option("--checkpoint", explain_checkpoint,
                    "read the model and the scheme from this checkpoint's config.json")

@@ -181,6 +181,7 @@ std::string quark_scheme_of(const std::string& scheme) {
   if (scheme == "mo_fp8") return "fp8_per_tensor";
   if (scheme == "mo_nvfp4" || scheme == "ct_nvfp4") return "nvfp4";
   if (scheme == "ct_nvfp4a16") return "nvfp4_w4a16";
+  if (scheme == "ct_w4afp8") return "w4a8_fp8_g128";
   return scheme;
 }
 
@@ -194,9 +195,10 @@ std::optional<quantization::ModelOptConfig> modelopt_of(const std::string& schem
   return c;
 }
 
-// The compressed-tensors schemes (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK, W8A8, NVFP4 and
-// NVFP4A16): their config; their tensors are the Quark scheme's of quark_scheme_of (NVFP4's
-// renamed, the global scales as reciprocals: CompressedTensorsConfig::file_suffix).
+// The compressed-tensors schemes (llm-compressor's FP8, FP8_DYNAMIC, FP8_BLOCK, W8A8, NVFP4,
+// NVFP4A16 and W4AFP8): their config; their tensors are the Quark scheme's of quark_scheme_of
+// (NVFP4's renamed, the global scales as reciprocals: CompressedTensorsConfig::file_suffix;
+// W4AFP8's weight_packed int32 words of offset codes, bf16 group scales, weight_shape).
 std::optional<quantization::CompressedTensorsConfig> compressed_tensors_of(
     const std::string& scheme) {
   using Args = quantization::CompressedTensorsArgs;
@@ -219,6 +221,10 @@ std::optional<quantization::CompressedTensorsConfig> compressed_tensors_of(
     c.format = "nvfp4-pack-quantized";
     c.weights = Args{"float", "tensor_group", false, 16, {}, 4};
     if (scheme == "ct_nvfp4") c.input = Args{"float", "tensor_group", true, 16, {}, 4};
+  } else if (scheme == "ct_w4afp8") {  // W4AFP8
+    c.format = "pack-quantized";
+    c.weights = Args{"int", "group", false, 128, {}, 4};
+    c.input = Args{"float", "token", true, 0, {}};
   } else {
     return std::nullopt;
   }
@@ -256,6 +262,11 @@ std::pair<json, json> scheme_hints(const std::string& scheme) {
     int4["ch_axis"] = 0;
     return {json::array({spec("fp8_e4m3", "per_tensor", false), int4}),
             spec("fp8_e4m3", "per_tensor", true)};
+  }
+  if (scheme == "w4a8_fp8_g128") {
+    json a = spec("fp8_e4m3", "per_channel", true);  // per token
+    a["ch_axis"] = 1;
+    return {group_spec("int4", 128, false, false), a};
   }
   if (scheme == "nvfp4") {
     return {
@@ -361,10 +372,37 @@ float amax(const std::vector<float>& v) {
   return m;
 }
 
+// int4 codes in groups of 128 along a row (uint4b8), their scales rounded to bf16 after
+// quantizing: the w4a8_fp8_g128 and ct_w4afp8 (bf16 scales in the file) fixtures of a seed load
+// bitwise alike.
+quant::QuantizedTensor int4_groups(const std::vector<float>& w, int64_t rows, int64_t cols) {
+  quant::QuantizedTensor q =
+      quant::quantize(w, rows, cols, QuantScheme::int_weight_groups(QuantDType::kInt4, 128, true));
+  for (float& s : q.scales)
+    s = bf16_bits_to_float(float_to_bf16_bits(s));
+  return q;
+}
+
 // One projection (rows, cols) under `scheme`, its tensors named `<p>.weight`, `<p>.weight_scale`..
 // act_amax: the expected |input| bound of this projection (static activation scales).
 void emit_projection(Emitter& out, const std::string& p, const std::vector<float>& w, int64_t rows,
                      int64_t cols, const std::string& scheme, float act_amax) {
+  if (scheme == "ct_w4afp8") {
+    // Eight offset codes per int32 word, rows padded to whole words; group scales in bf16 (the
+    // model's dtype).
+    const quant::QuantizedTensor q = int4_groups(w, rows, cols);
+    const int64_t row_bytes = quant::code_row_bytes(QuantDType::kInt4, cols);
+    const int64_t words = (cols + 7) / 8;
+    std::vector<uint8_t> packed(static_cast<size_t>(rows * words * 4), 0x88);  // zero codes
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(packed.data() + r * words * 4, q.codes.data() + r * row_bytes,
+                  static_cast<size_t>(row_bytes));
+    out.bytes(p + ".weight_packed", "I32", {rows, words}, packed.data(), packed.size());
+    out.bf16(p + ".weight_scale", {q.scale_rows, q.scale_cols}, q.scales);
+    const int64_t shape[2] = {rows, cols};
+    out.bytes(p + ".weight_shape", "I64", {2}, shape, sizeof(shape));
+    return;
+  }
   if (compressed_tensors_of(scheme) || modelopt_of(scheme)) {  // the Quark scheme's names
     emit_projection(out, p, w, rows, cols, quark_scheme_of(scheme), act_amax);
     return;
@@ -428,6 +466,16 @@ void emit_projection(Emitter& out, const std::string& p, const std::vector<float
               signed_codes.size());
     out.f32(p + ".weight_scale", {rows, 1}, q.scales);
     out.scalar(p + ".weight_scale_2", s2);
+    return;
+  }
+  if (scheme == "w4a8_fp8_g128") {  // int4 groups of 128 along K, signed nibbles
+    const quant::QuantizedTensor q = int4_groups(w, rows, cols);
+    std::vector<uint8_t> signed_codes = q.codes;  // uint4b8 -> two's complement nibbles
+    for (uint8_t& b : signed_codes)
+      b ^= 0x88;
+    out.bytes(p + ".weight", "U8", {rows, (cols + 1) / 2}, signed_codes.data(),
+              signed_codes.size());
+    out.f32(p + ".weight_scale", {q.scale_rows, q.scale_cols}, q.scales);
     return;
   }
   if (scheme.rfind("mxfp", 0) == 0) {
@@ -616,33 +664,13 @@ void write_checkpoint(const std::filesystem::path& dir, const std::vector<Entry>
 }  // namespace
 
 const std::vector<std::string>& fixture_schemes() {
-  static const std::vector<std::string> kSchemes = {"bf16",
-                                                    "fp8_per_tensor",
-                                                    "fp8_per_channel",
-                                                    "fp8_block128",
-                                                    "w4a8_fp8",
-                                                    "nvfp4",
-                                                    "nvfp4_w4a16",
-                                                    "mxfp4_w4a16",
-                                                    "mxfp4_a8",
-                                                    "mxfp4_a4",
-                                                    "mxfp6_e3m2",
-                                                    "mxfp6_e2m3",
-                                                    "mxfp6_e3m2_a8",
-                                                    "mxfp6_e2m3_a8",
-                                                    "int8_w8a8",
-                                                    "int8_per_tensor",
-                                                    "hf_fp8_block128",
-                                                    "hf_fp8_per_tensor",
-                                                    "hf_mxfp4",
-                                                    "ct_fp8_static",
-                                                    "ct_fp8_dynamic",
-                                                    "ct_fp8_block128",
-                                                    "ct_int8_w8a8",
-                                                    "ct_nvfp4",
-                                                    "ct_nvfp4a16",
-                                                    "mo_fp8",
-                                                    "mo_nvfp4"};
+  static const std::vector<std::string> kSchemes = {
+      "bf16",          "fp8_per_tensor",  "fp8_per_channel", "fp8_block128",      "w4a8_fp8",
+      "w4a8_fp8_g128", "nvfp4",           "nvfp4_w4a16",     "mxfp4_w4a16",       "mxfp4_a8",
+      "mxfp4_a4",      "mxfp6_e3m2",      "mxfp6_e2m3",      "mxfp6_e3m2_a8",     "mxfp6_e2m3_a8",
+      "int8_w8a8",     "int8_per_tensor", "hf_fp8_block128", "hf_fp8_per_tensor", "hf_mxfp4",
+      "ct_fp8_static", "ct_fp8_dynamic",  "ct_fp8_block128", "ct_int8_w8a8",      "ct_nvfp4",
+      "ct_nvfp4a16",   "ct_w4afp8",       "mo_fp8",          "mo_nvfp4"};
   return kSchemes;
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -177,6 +178,9 @@ struct LayerNames {
   // Quark parameter suffixes whose file tensors hold the parameter's reciprocal
   // (compressed-tensors NVFP4's global scales).
   std::set<std::string> reciprocal_suffixes = {};
+  // Quark parameter suffixes whose file tensors hold int4 codes as int32 words of eight
+  // offset-binary nibbles (compressed-tensors pack-quantized), read as Quark's signed-nibble bytes.
+  std::set<std::string> int4_word_suffixes = {};
   ExpertStorage storage = ExpertStorage::kPerExpert;
   std::string router = "gate";  // gpt-oss and Llama 4: "router" (gpt-oss's with a bias)
   bool fused() const { return storage != ExpertStorage::kPerExpert; }
@@ -213,7 +217,7 @@ LayerNames find_names(const Reader& r, int n, const ModelPreset& model) {
                  "layer",
                  n, prefix);
   }
-  // A projection's weight: "weight", or compressed-tensors NVFP4's packed "weight_packed".
+  // A projection's weight: "weight", or compressed-tensors' packed "weight_packed" (NVFP4, int4).
   auto has_weight = [&](const std::string& proj) {
     return r.contains(proj + ".weight") || r.contains(proj + ".weight_packed");
   };
@@ -309,6 +313,27 @@ Tensor reciprocal_scales(const Tensor& t, const std::string& name, const std::st
   return Tensor::from_floats(v, t.shape(), DType::kF32);
 }
 
+// compressed-tensors pack-quantized int4: int32 words of eight offset-binary codes (code + 8),
+// code j of a row at bits 4 (j % 8) of word j / 8, so little-endian byte j / 2 holds codes j and
+// j + 1 low nibble first: the words' bytes are uint4b8 pairs, and Quark's signed nibbles differ
+// from them in each nibble's top bit. (N, W) int32 -> (N, 4 W) uint8.
+Tensor int4_words_as_signed_bytes(const Reader& r, const std::string& name) {
+  const Tensor t = r.read(name);
+  MOEKIT_CHECK(t.dtype() == DType::kInt32 && t.dim() >= 1,
+               "tensor '{}' has dtype {} and shape {}: pack-quantized int4 weights are int32 "
+               "words of eight codes",
+               name, r.dtype_string(name), shape_to_string(t.shape()));
+  Shape s = t.shape();
+  s.back() *= 4;
+  Tensor b = Tensor::empty(s, DType::kUInt8);
+  static_assert(std::endian::native == std::endian::little, "word byte j = bits 8j .. 8j + 7");
+  if (t.nbytes() > 0) std::memcpy(b.data(), t.data(), t.nbytes());
+  auto* p = b.data_as<uint8_t>();
+  for (int64_t i = 0; i < b.numel(); ++i)
+    p[i] ^= 0x88;
+  return b;
+}
+
 // Fills one Quark parameter from the per-expert checkpoint tensors (this tensor-parallel rank's
 // part; down's bias on rank 0 only, so that the ranks' partial outputs sum to one bias).
 void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& params,
@@ -320,6 +345,7 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
   const auto renamed = names.file_suffixes.find(param_suffix);
   const std::string suffix = renamed != names.file_suffixes.end() ? renamed->second : param_suffix;
   const bool reciprocal = names.reciprocal_suffixes.count(param_suffix) > 0;
+  const bool int4_words = names.int4_word_suffixes.count(param_suffix) > 0;
   std::vector<std::string> projs =
       w13 ? std::vector<std::string>{names.gate, names.up} : std::vector<std::string>{names.down};
   projs.resize(w13 ? static_cast<size_t>(shards) : 1);
@@ -360,7 +386,10 @@ void load_param(const Reader& r, const LayerNames& names, quark::ExpertParams& p
     for (int64_t s = 0; s < S; ++s) {
       const std::string name =
           names.expert(first_expert + e, projs[static_cast<size_t>(s)], suffix);
-      Tensor t = read_piece(r, name, piece, spec.dtype, param, parallel);
+      Tensor t = int4_words ? tp_part(int4_words_as_signed_bytes(r, name), piece, parallel, name,
+                                      "parameter " + param + " (as the bytes of its int32 words)",
+                                      " per expert and projection")
+                            : read_piece(r, name, piece, spec.dtype, param, parallel);
       if (reciprocal) t = reciprocal_scales(t, name, param);
       std::memcpy(dst + (e * per_expert + s * piece_numel) * esz, t.data(),
                   static_cast<size_t>(piece_numel) * esz);
@@ -617,6 +646,7 @@ struct CheckpointQuant {
   std::optional<quark::QuarkConfig> quark;
   std::map<std::string, std::string> file_suffixes = {};
   std::set<std::string> reciprocal_suffixes = {};  // LayerNames::reciprocal_suffixes
+  std::set<std::string> int4_word_suffixes = {};   // LayerNames::int4_word_suffixes
   bool hf_mxfp4 = false;                           // quant_method "mxfp4" (gpt-oss's fused layout)
   bool dequantize_mxfp4 = false;  // ... with "dequantize": the experts decoded, run unquantized
 };
@@ -635,7 +665,7 @@ CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
                      method == "compressed-tensors" || method == "modelopt",
                  "{}.quant_method: '{}' is not supported: moekit loads Quark (\"quark\"), "
                  "HuggingFace fp8 (\"fp8\") and MXFP4 (\"mxfp4\", gpt-oss), compressed-tensors "
-                 "(8-bit, NVFP4) and ModelOpt (FP8, NVFP4) checkpoints",
+                 "(8-bit, NVFP4, W4AFP8) and ModelOpt (FP8, NVFP4) checkpoints",
                  where, method);
   }
   CheckpointQuant q;
@@ -654,6 +684,7 @@ CheckpointQuant read_checkpoint_quant(const std::filesystem::path& dir) {
     for (const char* suffix : {"weight", "weight_scale_2", "input_scale_2"}) {
       if (ct.file_suffix(suffix) != suffix) q.file_suffixes[suffix] = ct.file_suffix(suffix);
       if (ct.reciprocal_in_file(suffix)) q.reciprocal_suffixes.insert(suffix);
+      if (ct.int4_words_in_file(suffix)) q.int4_word_suffixes.insert(suffix);
     }
   } else if (quantization::is_hf_mxfp4_config(*it)) {
     const quantization::HfMxfp4Config hf = quantization::parse_hf_mxfp4_config(*it, where);
@@ -683,6 +714,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   LayerNames names = find_names(r, layer_index, model);
   names.file_suffixes = quant.file_suffixes;
   names.reciprocal_suffixes = quant.reciprocal_suffixes;
+  names.int4_word_suffixes = quant.int4_word_suffixes;
   const int64_t E = moe.num_local_experts, H = moe.hidden_dim;
   const int64_t I = moe.intermediate_size_per_partition();
   const int64_t first = moe.parallel.ep_rank * E;  // this rank's experts
@@ -784,66 +816,11 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
   return quark_layer(model, *method, params, std::move(w), options);
 }
 
-namespace {
-
-// w4a8_fp8_g128: int4 weights with a scale per channel and 128 of K and dynamic per-token fp8
-// activations (int4_w4afp8_moe_quant_config with group_size 128, as vLLM's CUTLASS W4A8 MoE takes
-// them; no Quark method writes this layout). Random uint4b8 codes and f32 group scales sized as
-// quark::fill_random_parameters sizes the Quark schemes' (dequantized weights of about 2/sqrt(K),
-// drawn eight codes per random word: a layer of a real model's shape builds in seconds), biases
-// of +-0.1 where the model has them, the router and the shared experts as the unquantized layer's.
-MoELayer random_w4a8_group_layer(const ModelPreset& model, const MoELayerOptions& options,
-                                 uint64_t seed) {
-  MoELayerWeights w = MoELayer::random_weights(model, options, seed, /*routed_experts=*/false);
-  const MoEConfig moe = MoELayer::make_moe_config(model, options);
-  const MoEWeightShape shape = MoEWeightShape::from(moe);
-  const int64_t E = moe.num_local_experts;
-  std::mt19937_64 rng(seed * 1000003ull + static_cast<uint64_t>(options.parallel.ep_rank));
-  std::uniform_real_distribution<float> jitter(0.75f, 1.25f);
-  // Codes (E, rows, cols / 2) and scales (E, rows, ceil(cols / 128)) of one projection.
-  auto random_int4 = [&](int64_t rows, int64_t cols, Tensor* scales) {
-    Tensor codes =
-        Tensor::empty({E, rows, quant::code_row_bytes(QuantDType::kInt4, cols)}, DType::kUInt8);
-    auto* bytes = codes.data_as<uint8_t>();
-    const int64_t n = static_cast<int64_t>(codes.nbytes());
-    for (int64_t i = 0; i < n; i += 8) {
-      const uint64_t r = rng();
-      std::memcpy(bytes + i, &r, static_cast<size_t>(std::min<int64_t>(8, n - i)));
-    }
-    *scales = Tensor::empty({E, rows, (cols + 127) / 128}, DType::kF32);
-    const float target = 2.0f / std::sqrt(static_cast<float>(cols));
-    float* f = scales->data_as<float>();
-    for (int64_t i = 0; i < scales->numel(); ++i)
-      f[i] = target / 8.0f * jitter(rng);
-    return codes;
-  };
-  W4A8Fp8Params p;
-  p.group_size = 128;
-  const Tensor w13 = random_int4(shape.n1(), shape.hidden, &p.w1_scale);
-  const Tensor w2 = random_int4(shape.hidden, shape.intermediate, &p.w2_scale);
-  if (model.has_bias) {
-    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
-    auto bias = [&](int64_t n) {
-      std::vector<float> v(static_cast<size_t>(E * n));
-      for (float& x : v)
-        x = u(rng);
-      return Tensor::from_floats(v, {E, n}, DType::kF32);
-    };
-    p.bias = ExpertBiases{bias(shape.n1()), bias(shape.hidden)};
-  }
-  p.swiglu = SwigluParams{model.swiglu_alpha, model.swiglu_beta, model.swiglu_limit};
-  return placed_quantized_layer(model, int4_w4afp8_moe_quant_config(shape, p), w13, w2,
-                                std::move(w), options);
-}
-
-}  // namespace
-
 MoELayer random_quantized_layer(const ModelPreset& model, const std::string& scheme,
                                 const MoELayerOptions& options, uint64_t seed) {
   if (scheme == "bf16" || scheme == "unquantized") {
     return MoELayer(model, MoELayer::random_weights(model, options, seed), options);
   }
-  if (scheme == "w4a8_fp8_g128") return random_w4a8_group_layer(model, options, seed);
   const quark::QuarkConfig qc = quark::QuarkConfig::parse(io::fixture_quantization_config(scheme));
   const MoEConfig moe = MoELayer::make_moe_config(model, options);
   const auto method = quark::get_moe_method(

@@ -29,20 +29,24 @@ CompressedTensorsArgs parse_args(const json& a, const std::string& where, bool w
       io::json_integer(required(a, "num_bits", where), where + ".num_bits", 1, 64));
   if (c.num_bits != 8 && c.num_bits != 4) {
     throw Error(fmt::format(
-        "{}.num_bits={}: moekit serves 8-bit compressed-tensors quantizers (fp8 e4m3 or int8) "
-        "and NVFP4 (4-bit float, strategy \"tensor_group\", group_size 16)",
+        "{}.num_bits={}: moekit serves 8-bit compressed-tensors quantizers (fp8 e4m3 or int8), "
+        "NVFP4 (4-bit float, strategy \"tensor_group\", group_size 16) and int4 weights in "
+        "groups of 128 (W4AFP8)",
         where, c.num_bits));
   }
   c.type = io::json_choice(required(a, "type", where), where + ".type", {"float", "int"});
   c.strategy = weights ? io::json_choice(required(a, "strategy", where), where + ".strategy",
-                                         {"tensor", "channel", "block", "tensor_group"})
+                                         {"tensor", "channel", "block", "group", "tensor_group"})
                        : io::json_choice(required(a, "strategy", where), where + ".strategy",
                                          {"tensor", "token", "group", "tensor_group"});
   const bool nvfp4 = c.strategy == "tensor_group";
-  if ((c.num_bits == 4) != nvfp4 || (nvfp4 && c.type != "float")) {
+  const bool int4 = c.num_bits == 4 && c.type == "int";
+  const bool four_bit_ok = nvfp4 ? c.type == "float" : weights && c.strategy == "group";
+  if ((c.num_bits == 4) != (nvfp4 || int4) || (c.num_bits == 4 && !four_bit_ok)) {
     throw Error(fmt::format(
         "{}: num_bits {} with type \"{}\" and strategy \"{}\" is not served: 4 bits are NVFP4 "
-        "(type float, strategy tensor_group), the other strategies take 8 bits",
+        "(type float, strategy tensor_group) or int4 weights (type int, strategy group), the "
+        "other strategies take 8 bits",
         where, c.num_bits, c.type, c.strategy));
   }
   if (const auto it = a.find("symmetric"); it != a.end() && !it->is_null()) {
@@ -72,7 +76,13 @@ CompressedTensorsArgs parse_args(const json& a, const std::string& where, bool w
           where, c.group_size));
     }
   }
-  if (c.strategy == "block" || c.strategy == "group") {
+  if (weights && c.strategy == "group" && !int4) {
+    throw Error(fmt::format(
+        "{}.strategy=\"group\" with {}-bit {} weights: weight groups are served for int4 "
+        "(W4AFP8); 8-bit weights per tensor, channel or 128x128 block",
+        where, c.num_bits, c.type));
+  }
+  if (c.strategy == "block" || (c.strategy == "group" && !int4)) {
     if (c.type != "float") {
       throw Error(
           fmt::format("{}.strategy=\"{}\" with type \"int\": int8 is served per tensor, "
@@ -91,7 +101,27 @@ CompressedTensorsArgs parse_args(const json& a, const std::string& where, bool w
     }
     c.block_structure = {128, 128};
   }
-  if (c.strategy == "group") {
+  if (int4) {
+    c.group_size =
+        io::json_integer(required(a, "group_size", where), where + ".group_size", 1, 1 << 20);
+    if (c.group_size != 128) {
+      throw Error(
+          fmt::format("{}.group_size={}: int4 weights are served in groups of 128 along K (W4AFP8)",
+                      where, c.group_size));
+    }
+    // actorder "group" permutes the columns (a g_idx tensor); "weight" only orders the
+    // quantization, the stored groups stay contiguous.
+    if (const auto it = a.find("actorder");
+        it != a.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>())) {
+      const std::string order = io::json_choice(*it, where + ".actorder", {"group", "weight"});
+      if (order == "group") {
+        throw Error(fmt::format(
+            "{}.actorder=\"group\": activation-ordered groups (a g_idx permutation) are not "
+            "served",
+            where));
+      }
+    }
+  } else if (c.strategy == "group") {
     c.group_size =
         io::json_integer(required(a, "group_size", where), where + ".group_size", 1, 1 << 20);
     if (c.group_size != 128 || !c.dynamic) {
@@ -119,7 +149,8 @@ json quark_spec(const CompressedTensorsArgs& a) {
   for (const auto& [strategy, q] : kQschemes) {
     if (a.strategy == strategy) qscheme = q;
   }
-  json s = quark::spec_json(a.type == "float" ? "fp8_e4m3" : "int8", qscheme, a.dynamic);
+  const char* dtype = a.type == "float" ? "fp8_e4m3" : a.num_bits == 4 ? "int4" : "int8";
+  json s = quark::spec_json(dtype, qscheme, a.dynamic);
   if (a.strategy == "channel") s["ch_axis"] = 0;
   if (a.strategy == "token") s["ch_axis"] = 1;
   if (a.strategy == "block") s["block_size"] = a.block_structure;
@@ -161,11 +192,12 @@ CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& qc
   if (const auto it = qc.find("format"); it != qc.end() && !it->is_null()) {
     c.format = io::json_string(*it, where + ".format");
     if (c.format != "float-quantized" && c.format != "int-quantized" &&
-        c.format != "naive-quantized" && c.format != "nvfp4-pack-quantized") {
+        c.format != "naive-quantized" && c.format != "nvfp4-pack-quantized" &&
+        c.format != "pack-quantized") {
       throw Error(fmt::format(
           "{}.format=\"{}\" is not served: moekit reads the 8-bit formats float-quantized, "
-          "int-quantized and naive-quantized and NVFP4's nvfp4-pack-quantized (the int4 "
-          "pack-quantized, marlin-24 and sparse formats are not read)",
+          "int-quantized and naive-quantized, NVFP4's nvfp4-pack-quantized and int4's "
+          "pack-quantized (the marlin-24 and sparse formats are not read)",
           where, c.format));
     }
   }
@@ -207,10 +239,12 @@ CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& qc
                     gw, fmt::join(targets, ", ")));
   }
   c.weights = parse_args(required(g, "weights", gw), gw + ".weights", true);
-  if ((c.format == "nvfp4-pack-quantized") != c.nvfp4()) {
+  if ((c.format == "nvfp4-pack-quantized") != c.nvfp4() ||
+      (c.format == "pack-quantized") != c.int4_packed()) {
     throw Error(fmt::format(
         "{}.format=\"{}\" with {}-bit {} weights: NVFP4 weights (strategy tensor_group) are "
-        "stored as nvfp4-pack-quantized, 8-bit ones in the other formats",
+        "stored as nvfp4-pack-quantized, int4 ones as pack-quantized, 8-bit ones in the other "
+        "formats",
         where, c.format, c.weights.num_bits, c.weights.strategy));
   }
   if (const auto it = g.find("output_activations"); it != g.end() && !it->is_null()) {
@@ -220,10 +254,10 @@ CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& qc
   if (in == g.end() || in->is_null()) {
     if (!c.nvfp4()) {
       throw Error(
-          fmt::format("{}.input_activations is null: weight-only 8-bit experts (W8A16) are "
-                      "not served; moekit reads W8A8 schemes and NVFP4 with or without "
-                      "activation quantization",
-                      gw));
+          fmt::format("{}.input_activations is null: weight-only {}-bit experts (W{}A16) are "
+                      "not served; moekit reads W8A8 schemes, int4 weights with fp8 "
+                      "activations (W4AFP8) and NVFP4 with or without activation quantization",
+                      gw, c.weights.num_bits, c.weights.num_bits));
     }
   } else {
     c.input = parse_args(*in, gw + ".input_activations", false);
@@ -231,14 +265,20 @@ CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& qc
   const CompressedTensorsArgs& w = c.weights;
   // The pairs the W8A8 methods serve (vLLM's compressed-tensors MoE methods take the same), and
   // NVFP4 weights with NVFP4 activations or none (NVFP4A16).
-  const bool ok = c.input
-                      ? w.type == c.input->type &&
+  // W4AFP8: int4 groups with fp8 activations per token (dynamic) or per tensor (static).
+  const auto w4afp8 = [&](const CompressedTensorsArgs& in) {
+    return in.type == "float" &&
+           (in.strategy == "token" || (in.strategy == "tensor" && !in.dynamic));
+  };
+  const bool ok = !c.input ? w.strategy == "tensor_group"
+                  : c.int4_packed()
+                      ? w4afp8(*c.input)
+                      : w.type == c.input->type &&
                             ((w.strategy == "tensor" && c.input->strategy == "tensor" &&
                               (w.type == "float" || !c.input->dynamic)) ||
                              (w.strategy == "channel" && c.input->strategy == "token") ||
                              (w.strategy == "block" && c.input->strategy == "group") ||
-                             (w.strategy == "tensor_group" && c.input->strategy == "tensor_group"))
-                      : w.strategy == "tensor_group";
+                             (w.strategy == "tensor_group" && c.input->strategy == "tensor_group"));
   const CompressedTensorsArgs none;
   const CompressedTensorsArgs& a = c.input ? *c.input : none;
   if (!ok) {
@@ -246,7 +286,8 @@ CompressedTensorsConfig parse_compressed_tensors_config(const nlohmann::json& qc
         "{}: {} weights per {} with {} activations per {} ({}) are not served: the pairs are "
         "per-tensor weights with per-tensor activations (int8: static), per-channel weights "
         "with dynamic per-token activations, 128x128 float blocks with dynamic 1x128 groups, "
-        "NVFP4 (tensor_group) weights with NVFP4 activations or none",
+        "int4 groups of 128 with float activations per token (dynamic) or per tensor "
+        "(static), NVFP4 (tensor_group) weights with NVFP4 activations or none",
         gw, w.type, w.strategy, c.input ? a.type : "no", c.input ? a.strategy : "-",
         a.dynamic ? "dynamic" : "static"));
   }
@@ -265,6 +306,7 @@ constexpr std::pair<const char*, const char*> kNvfp4Suffixes[] = {
 }  // namespace
 
 std::string CompressedTensorsConfig::file_suffix(const std::string& quark_suffix) const {
+  if (int4_packed() && quark_suffix == "weight") return "weight_packed";
   if (nvfp4()) {
     for (const auto& [quark_name, file_name] : kNvfp4Suffixes) {
       if (quark_suffix == quark_name) return file_name;

@@ -130,7 +130,7 @@ expect 0 "sm90_mxfp6 +Sm90Mxfp6Experts +CHOSEN" \
 expect 0 "sm90_w4a8 +Sm90W4A8Experts +CHOSEN" explain --device h200 --model small --quant w4a8_fp8
 expect 0 "M=1 +gemm1 16x64tma +gemm2 16x64tma" \
   explain --device h200 --model qwen3-30b-a3b --quant w4a8_fp8
-# ... and with int4 groups of 128 along K (no Quark method: the quant config itself), each K step
+# ... and with int4 groups of 128 along K (the Quark method's int4 per_group 128 form), each K step
 # promoted with its groups' scales; the prefill row is 128 wide.
 expect 0 "sm90_w4a8 +Sm90W4A8Experts +CHOSEN" explain --device h200 --model small --quant w4a8_fp8_g128
 expect 0 "M=16384 +gemm1 128x128 +gemm2 128x128 .*group scales" \
@@ -193,6 +193,13 @@ expect 0 "Sm90Nvfp4Experts" explain --checkpoint "$tmp/mo" --device h200
 expect 0 "QuarkNvfp4MoEMethod.*|-> OK" run --checkpoint "$tmp/ctfp4" --layer 1 -m 7
 expect 0 "-> OK" run --checkpoint "$tmp/ctfp4" --layer 1 -m 5 --tp 2 --tp-rank 1
 expect 0 "Sm90Nvfp4Experts" explain --checkpoint "$tmp/ctfp4" --device h200
+# compressed-tensors W4AFP8 (int4 groups of 128 as int32 words of offset codes): read through the
+# Quark W4A8 method's group form; a tensor-parallel rank takes its columns of down's words (I =
+# 128: one group per row, which both ranks' halves share).
+"$moekit" make-fixture --scheme ct_w4afp8 --model tiny-deepseek --out "$tmp/ctw4" >/dev/null || exit 1
+expect 0 "QuarkW4A8Fp8MoEMethod.*|-> OK" run --checkpoint "$tmp/ctw4" --layer 1 -m 7
+expect 0 "-> OK" run --checkpoint "$tmp/ctw4" --layer 1 -m 5 --tp 2 --tp-rank 1
+expect 0 "sm90_w4a8 +Sm90W4A8Experts +CHOSEN" explain --checkpoint "$tmp/ctw4" --device h200
 # Llama 4's layout (language_model.*, text_config, fused experts, a shared expert), TP rank 1.
 "$moekit" make-fixture --scheme bf16 --model tiny-llama4 --out "$tmp/llama4" >/dev/null || exit 1
 expect 0 "-> OK" run --checkpoint "$tmp/llama4" --layer 1 -m 9 --tp 2 --tp-rank 1

@@ -23,6 +23,7 @@
 #include "moekit/quantization/hf_fp8.h"
 #include "moekit/quantization/hf_mxfp4.h"
 #include "moekit/quantization/modelopt.h"
+#include "moekit/quantization/quark/quark_moe.h"
 #include "testing.h"
 
 namespace moekit {
@@ -85,6 +86,7 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
       {"fp8_per_channel", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"fp8_block128", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"w4a8_fp8", "QuarkW4A8Fp8MoEMethod", "w4a8", "CpuW4A8Experts"},
+      {"w4a8_fp8_g128", "QuarkW4A8Fp8MoEMethod", "w4a8", "CpuW4A8Experts"},
       {"nvfp4", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
       {"nvfp4_w4a16", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
       {"mxfp4_w4a16", "QuarkOCP_MX_MoEMethod", "mxfp4", "CpuMxfp4Experts"},
@@ -105,6 +107,7 @@ TEST(Checkpoint, EverySchemeEndToEnd) {
       {"ct_int8_w8a8", "QuarkW8A8Int8MoEMethod", "int8_w8a8", "CpuInt8Experts"},
       {"ct_nvfp4", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
       {"ct_nvfp4a16", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
+      {"ct_w4afp8", "QuarkW4A8Fp8MoEMethod", "w4a8", "CpuW4A8Experts"},
       {"mo_fp8", "QuarkW8A8Fp8MoEMethod", "fp8_w8a8", "CpuFp8Experts"},
       {"mo_nvfp4", "QuarkNvfp4MoEMethod", "nvfp4", "CpuNvfp4Experts"},
   };
@@ -226,7 +229,7 @@ TEST(Checkpoint, QuantizedLayerForwardIntoWithExpertMap) {
 }
 
 // Random quantized layers of a model shape (what `moekit bench --quant` builds): every scheme's
-// layer (the fixture schemes and w4a8_fp8_g128) runs through the same MoELayer and matches its
+// layer (the fixture schemes) runs through the same MoELayer and matches its
 // float64 recomputation, with outputs of a sane magnitude (the random codes and scales are scaled
 // like real weights).
 TEST(Checkpoint, RandomQuantizedLayersOfEveryScheme) {
@@ -237,9 +240,7 @@ TEST(Checkpoint, RandomQuantizedLayersOfEveryScheme) {
   std::vector<int64_t> rows(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m)
     rows[m] = m;
-  std::vector<std::string> schemes = io::fixture_schemes();
-  schemes.push_back("w4a8_fp8_g128");  // int4 groups of 128: built without a Quark method
-  for (const std::string& scheme : schemes) {
+  for (const std::string& scheme : io::fixture_schemes()) {
     SCOPED_TRACE(scheme);
     MoELayer layer = random_quantized_layer(model, scheme, {}, 7);
     EXPECT_EQ(layer.is_quantized(), scheme != "bf16");
@@ -422,7 +423,7 @@ TEST(Checkpoint, HuggingFaceFp8EqualsQuarkFp8) {
         std::pair{"ct_fp8_dynamic", "fp8_per_channel"},
         std::pair{"ct_fp8_block128", "fp8_block128"}, std::pair{"ct_int8_w8a8", "int8_w8a8"},
         std::pair{"ct_nvfp4", "nvfp4"}, std::pair{"ct_nvfp4a16", "nvfp4_w4a16"},
-        std::pair{"mo_nvfp4", "nvfp4"}}) {
+        std::pair{"mo_nvfp4", "nvfp4"}, std::pair{"ct_w4afp8", "w4a8_fp8_g128"}}) {
     for (const char* model : {"tiny", "tiny-deepseek"}) {
       SCOPED_TRACE(std::string(hf) + " " + model);
       const fs::path a = fixture(hf, model), b = fixture(quark_scheme, model);
@@ -456,6 +457,25 @@ TEST(Checkpoint, HuggingFaceFp8EqualsQuarkFp8) {
         const float g = scalar(f, p + "weight_global_scale");
         EXPECT_EQ(scalar(q, p + "weight_scale_2"), 1.0f / g);
         EXPECT_GT(g, 1.0f);  // (448 * 6) / amax: the scale that quantizes
+      }
+      if (std::string(hf) == "ct_w4afp8") {  // int32 words of offset codes, bf16 group scales
+        const io::SafetensorsFile f = io::SafetensorsFile::open(a / "model.safetensors");
+        const io::SafetensorsFile q = io::SafetensorsFile::open(b / "model.safetensors");
+        const std::string p = fmt::format("model.layers.{}.mlp.experts.0.down_proj.", layer);
+        const io::TensorInfo& words = f.info(p + "weight_packed");
+        const io::TensorInfo& nibbles = q.info(p + "weight");
+        EXPECT_EQ(words.dtype, "I32");
+        EXPECT_EQ(words.shape[1] * 8, la.model().intermediate_size);
+        EXPECT_EQ(f.info(p + "weight_scale").dtype, "BF16");
+        EXPECT_EQ(f.info(p + "weight_shape").dtype, "I64");
+        EXPECT_FALSE(f.contains(p + "weight"));
+        // Byte j of a row: codes 2j (low nibble) and 2j + 1, each + 8 where Quark's are signed.
+        ASSERT_EQ(words.bytes.size(), nibbles.bytes.size());
+        for (size_t i = 0; i < words.bytes.size(); ++i) {
+          ASSERT_EQ(static_cast<uint8_t>(words.bytes[i]),
+                    static_cast<uint8_t>(static_cast<uint8_t>(nibbles.bytes[i]) ^ 0x88))
+              << i;
+        }
       }
       fs::remove_all(a);
       fs::remove_all(b);
@@ -539,8 +559,9 @@ TEST(Checkpoint, CompressedTensorsConfigsAreValidated) {
     return error_of([&] { parse_compressed_tensors_config(j, "ckpt/config.json: q"); });
   };
   auto group = [](nlohmann::json& j) -> nlohmann::json& { return j["config_groups"]["group_0"]; };
-  EXPECT_TRUE(testing::contains_all(bad([](auto& j) { j["format"] = "pack-quantized"; }),
-                                    {"format=\"pack-quantized\"", "float-quantized"}));
+  EXPECT_TRUE(testing::contains_all(
+      bad([](auto& j) { j["format"] = "pack-quantized"; }),
+      {"format=\"pack-quantized\"", "8-bit channel weights", "int4 ones as pack-quantized"}));
   EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["num_bits"] = 4; }),
                                     {"group_0.weights", "num_bits 4", "NVFP4", "tensor_group"}));
   EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["num_bits"] = 6; }),
@@ -584,6 +605,88 @@ TEST(Checkpoint, CompressedTensorsConfigsAreValidated) {
                               j["transform_config"] = {{"config_groups", nlohmann::json::object()}};
                             }),
                             {"transform_config", "rotated"}));
+}
+
+// llm-compressor's W4AFP8 config (int4 groups of 128, pack-quantized): its Quark equivalent, the
+// file's names and encoding, and the refusals.
+TEST(Checkpoint, CompressedTensorsW4Afp8ConfigsAreValidated) {
+  using quantization::parse_compressed_tensors_config;
+  const nlohmann::json int4 = {{"num_bits", 4},      {"type", "int"},    {"strategy", "group"},
+                               {"group_size", 128},  {"dynamic", false}, {"symmetric", true},
+                               {"actorder", nullptr}};
+  const nlohmann::json token = {
+      {"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}};
+  const nlohmann::json good = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "pack-quantized"},
+      {"config_groups",
+       {{"group_0", {{"targets", {"Linear"}}, {"weights", int4}, {"input_activations", token}}}}},
+      {"ignore", {"lm_head"}}};
+  const quantization::CompressedTensorsConfig c = parse_compressed_tensors_config(good, "q");
+  EXPECT_TRUE(c.int4_packed());
+  EXPECT_FALSE(c.nvfp4());
+  EXPECT_EQ(c.file_suffix("weight"), "weight_packed");
+  EXPECT_EQ(c.file_suffix("weight_scale"), "weight_scale");
+  EXPECT_TRUE(c.int4_words_in_file("weight"));
+  EXPECT_FALSE(c.int4_words_in_file("weight_scale"));
+  EXPECT_FALSE(c.reciprocal_in_file("weight_scale"));
+  const quark::QuarkConfig qc = c.to_quark_config();
+  ASSERT_EQ(qc.global_quant_config.weight.size(), 1u);
+  EXPECT_EQ(qc.global_quant_config.weight[0].dtype, "int4");
+  EXPECT_EQ(qc.global_quant_config.weight[0].qscheme, "per_group");
+  EXPECT_EQ(qc.global_quant_config.weight[0].group_size, 128);
+  const quark::QuarkMoETarget t = quark::get_moe_method_target(qc, "model.layers.1.mlp.experts");
+  EXPECT_EQ(t.weight_key, quant_keys::kInt4W4A8StaticGroup128Sym);
+  EXPECT_EQ(t.activation_key, quant_keys::kFp8DynamicTokenSym);
+  EXPECT_EQ(parse_compressed_tensors_config(c.to_json(), "q").to_json(), c.to_json());
+  auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return j;
+  };
+  auto bad = [&](const std::function<void(nlohmann::json&)>& edit) {
+    return error_of([&] { parse_compressed_tensors_config(edited(edit), "ckpt/config.json: q"); });
+  };
+  auto group = [](nlohmann::json& j) -> nlohmann::json& { return j["config_groups"]["group_0"]; };
+  // Static per-tensor fp8 activations, and actorder "weight" (the groups stay contiguous).
+  const auto static_tensor =
+      parse_compressed_tensors_config(edited([&](auto& j) {
+                                        group(j)["input_activations"]["strategy"] = "tensor";
+                                        group(j)["input_activations"]["dynamic"] = false;
+                                        group(j)["weights"]["actorder"] = "weight";
+                                      }),
+                                      "q");
+  EXPECT_EQ(
+      quark::get_moe_method_target(static_tensor.to_quark_config(), "model.layers.1.mlp.experts")
+          .activation_key,
+      quant_keys::kFp8StaticTensorSym);
+  EXPECT_TRUE(testing::contains_all(bad([](auto& j) { j["format"] = "int-quantized"; }),
+                                    {"format=\"int-quantized\"", "int4 ones as pack-quantized"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["group_size"] = 64; }),
+                                    {"weights.group_size=64", "groups of 128"}));
+  EXPECT_TRUE(
+      testing::contains_all(bad([&](auto& j) { group(j)["weights"]["actorder"] = "group"; }),
+                            {"actorder=\"group\"", "g_idx"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["weights"]["symmetric"] = false; }),
+                                    {"symmetric=false"}));
+  EXPECT_TRUE(
+      testing::contains_all(bad([&](auto& j) { group(j)["weights"]["strategy"] = "channel"; }),
+                            {"num_bits 4", "\"int\"", "\"channel\"", "int4 weights"}));
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) { group(j)["input_activations"] = nullptr; }),
+                                    {"input_activations is null", "W4A16"}));
+  EXPECT_TRUE(testing::contains_all(
+      bad([&](auto& j) { group(j)["input_activations"]["type"] = "int"; }),
+      {"int weights per group with int activations per token", "int4 groups of 128"}));
+  EXPECT_TRUE(testing::contains_all(
+      bad([&](auto& j) { group(j)["input_activations"]["strategy"] = "tensor"; }),
+      {"activations per tensor (dynamic)", "not served"}));
+  // 8-bit weight groups are not a served scheme.
+  EXPECT_TRUE(testing::contains_all(bad([&](auto& j) {
+                                      j["format"] = "float-quantized";
+                                      group(j)["weights"]["num_bits"] = 8;
+                                      group(j)["weights"]["type"] = "float";
+                                    }),
+                                    {"strategy=\"group\" with 8-bit float weights"}));
 }
 
 // llm-compressor's NVFP4 (W4A4) and NVFP4A16 configs: their Quark equivalent, the file names,
@@ -739,6 +842,7 @@ TEST(Checkpoint, TensorParallelRanksSumToTheWholeLayer) {
     cases.push_back({scheme, "tiny", 2});
   }
   cases.push_back({"bf16", "tiny", 4});
+  cases.push_back({"ct_w4afp8", "tiny", 4});  // a rank's 32 columns: 4 of the file's int32 words
   cases.push_back({"fp8_per_channel", "tiny-mixtral", 2});
   // Shared experts: each rank holds its slice of them too (DeepSeek's, Qwen2-MoE's gated one).
   cases.push_back({"bf16", "tiny-deepseek", 2});

@@ -2,7 +2,9 @@
 // parameters each method declares, and process_weights_after_loading's checks and conversions.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -53,6 +55,8 @@ const char* kNvA = R"([{"dtype": "fp4", "qscheme": "per_group", "group_size": 16
 const char* kW4A8W = R"([{"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": false},
                          {"dtype": "int4", "qscheme": "per_channel", "ch_axis": 0,
                           "symmetric": true, "is_dynamic": false}])";
+const char* kInt4G128 = R"({"dtype": "int4", "qscheme": "per_group", "group_size": 128,
+                            "ch_axis": 1, "symmetric": true, "is_dynamic": false})";
 
 std::string layer_json(const std::string& w, const std::string& a, const std::string& extra = "") {
   return "{\"weight\": " + w + ", \"input_tensors\": " + a + extra + "}";
@@ -174,6 +178,34 @@ TEST(QuarkMatch, Int8Branches) {
   EXPECT_ERROR_HAS(target(kInt8C, static_c), "Unsupported FusedMoe scheme");
 }
 
+TEST(QuarkMatch, Int4GroupsWithFp8Activations) {
+  // Per-token fp8 (per_channel or per_token, dynamic) or static per-tensor fp8.
+  auto t = target(kInt4G128, kFp8CDyn);
+  EXPECT_EQ(t.scheme, QuarkMoEScheme::kW4A8Fp8);
+  EXPECT_EQ(t.weight_key, qk::kInt4W4A8StaticGroup128Sym);
+  EXPECT_EQ(t.activation_key, qk::kFp8DynamicTokenSym);
+  const std::string per_token = R"({"dtype": "fp8_e4m3", "qscheme": "per_token",
+                                    "is_dynamic": true})";
+  EXPECT_EQ(target(kInt4G128, per_token).activation_key, qk::kFp8DynamicTokenSym);
+  EXPECT_EQ(target(kInt4G128, kFp8T).activation_key, qk::kFp8StaticTensorSym);
+  const std::string last_axis = R"({"dtype": "int4", "qscheme": "per_group", "group_size": 128,
+                                    "ch_axis": -1})";
+  EXPECT_EQ(target(last_axis, kFp8CDyn).weight_key, qk::kInt4W4A8StaticGroup128Sym);
+  // Not the form: other group sizes, groups along N, asymmetric or dynamic weights, dynamic
+  // per-tensor or no activation quantization.
+  for (const char* w : {R"({"dtype": "int4", "qscheme": "per_group", "group_size": 64})",
+                        R"({"dtype": "int4", "qscheme": "per_group", "group_size": 128,
+                            "ch_axis": 0})",
+                        R"({"dtype": "int4", "qscheme": "per_group", "group_size": 128,
+                            "symmetric": false})",
+                        R"({"dtype": "int4", "qscheme": "per_group", "group_size": 128,
+                            "is_dynamic": true})"}) {
+    EXPECT_ERROR_HAS(target(w, kFp8CDyn), "Unsupported FusedMoe scheme") << w;
+  }
+  EXPECT_ERROR_HAS(target(kInt4G128, kFp8TDyn), "Unsupported FusedMoe scheme");
+  EXPECT_ERROR_HAS(target(kInt4G128, "null"), "Unsupported FusedMoe scheme");
+}
+
 TEST(QuarkMatch, TwoEntryLists) {
   auto t = target(kNvW, kNvA);
   EXPECT_EQ(t.scheme, QuarkMoEScheme::kNvfp4);
@@ -282,8 +314,11 @@ TEST(QuarkMethod, Fp8MixesTheSeedRejects) {
   EXPECT_ERROR_HAS(QuarkW8A8Fp8MoEMethod(moe, qk::kFp8StaticTensorSym, std::nullopt),
                    "Unsupported activation quant key: None");
   EXPECT_ERROR_HAS(QuarkNvfp4MoEMethod(moe, qk::kMxfp4Dynamic), "Unsupported activation quant key");
-  EXPECT_ERROR_HAS(QuarkW4A8Fp8MoEMethod(moe, qk::kFp8DynamicTensorSym),
-                   "Unsupported activation quant key");
+  EXPECT_ERROR_HAS(
+      QuarkW4A8Fp8MoEMethod(moe, qk::kInt4W4A8StaticChannelSym, qk::kFp8DynamicTensorSym),
+      "Unsupported activation quant key");
+  EXPECT_ERROR_HAS(QuarkW4A8Fp8MoEMethod(moe, qk::kFp8StaticTensorSym, qk::kFp8DynamicTokenSym),
+                   "Unsupported weight quant key");
 }
 
 TEST(QuarkMethod, OcpMxSchemesAndErrors) {
@@ -393,6 +428,23 @@ TEST(QuarkCreateWeights, EverySchemeNamesShapesDtypes) {
                                             {"w2_weight_scale", {4, 64, 1}, f32},
                                             {"w13_weight_scale_2", {4, 2}, f32},
                                             {"w2_weight_scale_2", {4}, f32}});
+  // Groups of 128: ceil(K / 128) scales per row (H = 64, I = 32: one group each), no second
+  // stage; static activations add the input scales.
+  expect_params(*method(kInt4G128, kFp8T), {{"w13_weight", {4, 64, 32}, u8},
+                                            {"w2_weight", {4, 64, 16}, u8},
+                                            {"w13_weight_scale", {4, 64, 1}, f32},
+                                            {"w2_weight_scale", {4, 64, 1}, f32},
+                                            {"w13_input_scale", {4}, f32},
+                                            {"w2_input_scale", {4}, f32}});
+  {
+    ExpertParams p;  // H = 320, I = 256: 3 (one partial) and 2 groups per row
+    method(kInt4G128, kFp8CDyn, make_moe(4, 320, 256))
+        ->create_weights(p, 4, 320, 256, DType::kBF16);
+    EXPECT_EQ(p.names().size(), 4u);
+    EXPECT_EQ(p.spec("w13_weight").shape, (Shape{4, 512, 160}));
+    EXPECT_EQ(p.spec("w13_weight_scale").shape, (Shape{4, 512, 3}));
+    EXPECT_EQ(p.spec("w2_weight_scale").shape, (Shape{4, 320, 2}));
+  }
   expect_params(*method(kNvW, kNvA), {{"w13_weight", {4, 64, 32}, u8},
                                       {"w2_weight", {4, 64, 16}, u8},
                                       {"w13_weight_scale", {4, 64, 4}, DType::kFp8E4M3},
@@ -514,6 +566,72 @@ TEST(QuarkProcess, BadScalesAreClearErrors) {
     l.p.load("w13_weight_scale", s);
     EXPECT_ERROR_HAS(l.m->process_weights_after_loading(l.p), "must be finite and > 0");
   }
+}
+
+TEST(QuarkProcess, Int4GroupsDequantizeOneScalePer128OfK) {
+  // H = 320: w13 rows hold groups [0, 128), [128, 256) and a partial [256, 320).
+  const MoEConfig moe = make_moe(2, 320, 256);
+  const std::unique_ptr<QuarkMoEMethod> m = method(kInt4G128, kFp8CDyn, moe);
+  ExpertParams p;
+  m->create_weights(p, 2, 320, 256, DType::kBF16);
+  std::mt19937_64 rng(5);
+  for (const char* n : {"w13_weight", "w2_weight"}) {
+    Tensor t = Tensor::empty(p.spec(n).shape, DType::kUInt8);
+    for (size_t i = 0; i < t.nbytes(); ++i)
+      t.data_as<uint8_t>()[i] = static_cast<uint8_t>(rng());
+    p.load(n, t);
+  }
+  for (const char* n : {"w13_weight_scale", "w2_weight_scale"})
+    p.load(n, testing::random_tensor(p.spec(n).shape, DType::kF32, 7, 0.01f, 0.02f));
+  const Tensor codes = p.get("w13_weight").clone();
+  const std::vector<float> scales = p.get("w13_weight_scale").to_float_vector();
+  m->process_weights_after_loading(p);
+  const Tensor w13 = m->dequantized_weights(p).first;
+  ASSERT_EQ(w13.shape(), (Shape{2, 512, 320}));
+  const std::vector<float> v = w13.to_float_vector();
+  // Signed nibbles, low first, times the scale of (expert, row, k / 128).
+  for (const auto& [e, r, k] : {std::array<int64_t, 3>{0, 0, 0},
+                                {0, 3, 127},
+                                {0, 3, 128},
+                                {1, 511, 255},
+                                {1, 200, 256},
+                                {1, 7, 319}}) {
+    const uint8_t byte = codes.data_as<uint8_t>()[(e * 512 + r) * 160 + k / 2];
+    const int nibble = k % 2 == 0 ? byte & 0xF : byte >> 4;
+    const int code = nibble >= 8 ? nibble - 16 : nibble;
+    EXPECT_EQ(v[static_cast<size_t>((e * 512 + r) * 320 + k)],
+              static_cast<float>(code) * scales[static_cast<size_t>((e * 512 + r) * 3 + k / 128)])
+        << e << " " << r << " " << k;
+  }
+  const QuantConfig q = m->get_fused_moe_quant_config(p);
+  EXPECT_EQ(q.w1.shape, (GroupShape{1, 128}));
+  EXPECT_EQ(q.w1.scale.shape(), (Shape{2, 512, 3}));
+  EXPECT_EQ(q.w2.scale.shape(), (Shape{2, 320, 2}));
+  // Tensor parallelism: a rank's columns of down start on a group of the checkpoint (I = 192 over
+  // 2 ranks would split the second group), unless the whole row is one group (I = 128).
+  for (const auto& [I, ok] : {std::pair{192, false}, std::pair{256, true}, std::pair{128, true}}) {
+    MoEConfig tp = make_moe(2, 320, I);
+    tp.parallel = ParallelConfig::make(2, 1, 0, 1, false);
+    ExpertParams q;
+    const auto create = [&] {
+      method(kInt4G128, kFp8CDyn, tp)->create_weights(q, 2, 320, I / 2, DType::kBF16);
+    };
+    if (ok) {
+      EXPECT_NO_THROW(create()) << I;
+    } else {
+      EXPECT_ERROR_HAS(create(), "rank 1 of 2 would hold intermediate_size_per_partition=96");
+    }
+  }
+  // A bad group scale names the parameter and the expert.
+  ExpertParams bad;
+  m->create_weights(bad, 2, 320, 256, DType::kBF16);
+  Tensor s =
+      testing::random_tensor(bad.spec("w2_weight_scale").shape, DType::kF32, 9, 0.01f, 0.02f);
+  s.data_as<float>()[320 * 2 + 1] = 0.0f;  // expert 1
+  bad.load("w2_weight_scale", s);
+  bad.load("w13_weight_scale", testing::random_tensor(bad.spec("w13_weight_scale").shape,
+                                                      DType::kF32, 3, 0.01f, 0.02f));
+  EXPECT_ERROR_HAS(m->process_weights_after_loading(bad), "w2_weight_scale: expert 1");
 }
 
 TEST(QuarkProcess, Nvfp4WarnsWhenShardGlobalScalesDiffer) {

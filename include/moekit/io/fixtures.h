@@ -10,6 +10,8 @@
 //   fp8_per_channel   fp8 W8A8, per-channel weights, dynamic per-token activations
 //   fp8_block128      fp8 W8A8, 128x128 weight blocks, dynamic (1, 128) activation groups
 //   w4a8_fp8          int4 per-channel over an fp8 per-tensor scale, dynamic per-token fp8 acts
+//   w4a8_fp8_g128     int4 with an f32 scale per channel and 128 of K (int4 per_group 128: the
+//                     Quark form of compressed-tensors' W4AFP8), dynamic per-token fp8 acts
 //   nvfp4             NVFP4 weights and activations
 //   mxfp4_w4a16       mxfp4 weights, bf16 activations
 //   mxfp4_a8          mxfp4 weights, static fp8 per-tensor activations
@@ -24,6 +26,9 @@
 //   ct_fp8_dynamic    fp8_per_channel as compressed-tensors (FP8_DYNAMIC: channel / token)
 //   ct_fp8_block128   fp8_block128 as compressed-tensors (FP8_BLOCK)
 //   ct_int8_w8a8      int8_w8a8 as compressed-tensors (W8A8: channel / dynamic token, int)
+//   ct_w4afp8         w4a8_fp8_g128 as compressed-tensors (W4AFP8, format pack-quantized:
+//                     weight_packed int32 words of eight offset codes, bf16 weight_scale per
+//                     128 of K, weight_shape)
 //   mo_fp8            fp8_per_tensor as an NVIDIA ModelOpt checkpoint (quant_algo FP8)
 //   mo_nvfp4          nvfp4 as ModelOpt (quant_algo NVFP4: the activations' global scale named
 //                     input_scale)

@@ -68,9 +68,7 @@ MoELayer load_moe_layer(const std::filesystem::path& dir, int layer_index,
 // A layer of `model`'s real shape with random weights quantized as `scheme` (a make-fixture scheme
 // name: fp8_block128, fp8_per_tensor, nvfp4, mxfp4_w4a16, ...; "bf16" = unquantized), built
 // through the same Quark method as a checkpoint of that scheme (quark::fill_random_parameters):
-// for benchmarks (`moekit bench --quant`) and tests, without a checkpoint on disk. Also
-// "w4a8_fp8_g128": int4 weights in groups of 128 along K with dynamic per-token fp8 activations
-// (int4_w4afp8_moe_quant_config; a layout no Quark method writes): random codes and group scales.
+// for benchmarks (`moekit bench --quant`) and tests, without a checkpoint on disk.
 MoELayer random_quantized_layer(const ModelPreset& model, const std::string& scheme,
                                 const MoELayerOptions& options, uint64_t seed);
 

@@ -519,6 +519,24 @@ std::optional<QuantKeyMatch> is_fp8_w4a8(const TensorHint& w, const TensorHint& 
                        in.dynamic() ? qk::kFp8DynamicTokenSym : qk::kFp8StaticTensorSym};
 }
 
+std::optional<QuantKeyMatch> is_int4_group_w4a8(const QuantSpec* w, const QuantSpec* a) {
+  if (w == nullptr || a == nullptr) return std::nullopt;
+  if (!is_spec(w, "int4") || !qscheme_is(w, "per_group") || w->group_size != 128 || w->dynamic() ||
+      !w->symmetric.value_or(true)) {
+    return std::nullopt;
+  }
+  // Groups along K, the last axis of a (N, K) weight.
+  if (const int64_t axis = w->ch_axis.value_or(-1); axis != 1 && axis != -1) return std::nullopt;
+  if (!is_spec(a, "fp8_e4m3") || !a->symmetric.value_or(true)) return std::nullopt;
+  if (a->dynamic() && (qscheme_is(a, "per_channel") || qscheme_is(a, "per_token"))) {
+    return QuantKeyMatch{qk::kInt4W4A8StaticGroup128Sym, qk::kFp8DynamicTokenSym};
+  }
+  if (!a->dynamic() && qscheme_is(a, "per_tensor")) {
+    return QuantKeyMatch{qk::kInt4W4A8StaticGroup128Sym, qk::kFp8StaticTensorSym};
+  }
+  return std::nullopt;
+}
+
 std::optional<QuantKeyMatch> is_nvfp4(const TensorHint& w, const TensorHint& a) {
   if (w.size() != 2 || (a.size() != 2 && !a.empty())) return std::nullopt;
   auto fp4_group16 = [](const QuantSpec& s) {

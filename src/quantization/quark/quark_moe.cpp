@@ -379,6 +379,9 @@ QuarkMoETarget get_moe_method_target(const QuarkConfig& config, std::string_view
   if (auto m = is_w8a8_int8(w, a)) {
     return {m->weight_key, m->activation_key, QuarkMoEScheme::kW8A8Int8};
   }
+  if (auto m = is_int4_group_w4a8(w, a)) {
+    return {m->weight_key, m->activation_key, QuarkMoEScheme::kW4A8Fp8};
+  }
   throw unsupported();
 }
 
@@ -387,7 +390,8 @@ std::unique_ptr<QuarkMoEMethod> get_moe_method(const QuarkConfig& /*config*/, co
   if (!target.weight_key) throw UnsupportedError("Unsupported FusedMoe scheme (no weight key)");
   switch (target.scheme) {
     case QuarkMoEScheme::kW4A8Fp8:
-      return std::make_unique<QuarkW4A8Fp8MoEMethod>(moe, target.activation_key);
+      return std::make_unique<QuarkW4A8Fp8MoEMethod>(moe, *target.weight_key,
+                                                     target.activation_key);
     case QuarkMoEScheme::kNvfp4:
       return std::make_unique<QuarkNvfp4MoEMethod>(moe, target.activation_key);
     case QuarkMoEScheme::kW8A8Fp8:
@@ -710,10 +714,12 @@ std::pair<Tensor, Tensor> QuarkW8A8Int8MoEMethod::dequantized_weights(
 
 // ---- fp8 W4A8 -----------------------------------------------------------------------------
 
-QuarkW4A8Fp8MoEMethod::QuarkW4A8Fp8MoEMethod(MoEConfig moe, std::optional<QuantKey> ak)
-    : QuarkMoEMethod(std::move(moe), qk::kInt4W4A8StaticChannelSym, ak,
+QuarkW4A8Fp8MoEMethod::QuarkW4A8Fp8MoEMethod(MoEConfig moe, QuantKey weight_key,
+                                             std::optional<QuantKey> ak)
+    : QuarkMoEMethod(std::move(moe), weight_key, ak,
                      {qk::kFp8DynamicTokenSym, qk::kFp8StaticTensorSym},
-                     {qk::kInt4W4A8StaticChannelSym}) {
+                     {qk::kInt4W4A8StaticChannelSym, qk::kInt4W4A8StaticGroup128Sym}),
+      group_size_(weight_key == qk::kInt4W4A8StaticGroup128Sym ? kGroupSize : -1) {
   static_input_scales_ = activation_key_->scale.is_static;
   select_backend(QuantOracleKind::kW4A8);
 }
@@ -724,43 +730,62 @@ void QuarkW4A8Fp8MoEMethod::create_weights(ExpertParams& layer, int64_t E, int64
   const int64_t N1 = S * I;
   layer.register_parameter("w13_weight", {E, N1, packed_dim(QuantDType::kInt4, H)}, DType::kUInt8);
   layer.register_parameter("w2_weight", {E, H, packed_dim(QuantDType::kInt4, I)}, DType::kUInt8);
-  layer.register_parameter("w13_weight_scale", {E, N1, 1}, DType::kF32, 1.0);
-  layer.register_parameter("w2_weight_scale", {E, H, 1}, DType::kF32, 1.0);
-  layer.register_parameter("w13_weight_scale_2", {E, S}, DType::kF32, 1.0);
-  layer.register_parameter("w2_weight_scale_2", {E}, DType::kF32, 1.0);
+  if (grouped()) {
+    // A tensor-parallel rank's columns of down must start on a group of the checkpoint's rows
+    // (its scales are the file's groups from tp_rank * I / 128 on), unless a row is one group.
+    MOEKIT_CHECK(
+        moe_.parallel.tp_size == 1 || I % kGroupSize == 0 || moe_.intermediate_size <= kGroupSize,
+        "int4 groups of {} along K: tensor-parallel rank {} of {} would hold "
+        "intermediate_size_per_partition={} columns of down (intermediate_size={}), "
+        "not a multiple of {}: a group would straddle two ranks",
+        kGroupSize, moe_.parallel.tp_rank, moe_.parallel.tp_size, I, moe_.intermediate_size,
+        kGroupSize);
+    const int64_t g13 = (H + kGroupSize - 1) / kGroupSize, g2 = (I + kGroupSize - 1) / kGroupSize;
+    layer.register_parameter("w13_weight_scale", {E, N1, g13}, DType::kF32, 1.0);
+    layer.register_parameter("w2_weight_scale", {E, H, g2}, DType::kF32, 1.0);
+  } else {
+    layer.register_parameter("w13_weight_scale", {E, N1, 1}, DType::kF32, 1.0);
+    layer.register_parameter("w2_weight_scale", {E, H, 1}, DType::kF32, 1.0);
+    layer.register_parameter("w13_weight_scale_2", {E, S}, DType::kF32, 1.0);
+    layer.register_parameter("w2_weight_scale_2", {E}, DType::kF32, 1.0);
+  }
   register_input_scales(layer, static_input_scales_, E);
   register_biases(layer, has_bias(), E, N1, H);
 }
 
 void QuarkW4A8Fp8MoEMethod::process_weights_after_loading(ExpertParams& layer) {
   const int64_t E = layer.get("w13_weight").size(0);
-  for (const char* n :
-       {"w13_weight_scale", "w2_weight_scale", "w13_weight_scale_2", "w2_weight_scale_2"}) {
+  for (const char* n : {"w13_weight_scale", "w2_weight_scale"})
     check_f32_scales(layer.get(n), n, E);
-  }
   reduce_input_scales(layer, E);
-  // Fold the fp8 per-tensor scale into the int4 per-channel one; signed int4 -> uint4b8.
-  auto fold = [&](const char* wn, const char* sn, const char* s2n, int64_t shards) {
-    Tensor w = layer.get(wn).clone();
+  // Signed int4 -> uint4b8.
+  for (const char* n : {"w13_weight", "w2_weight"}) {
+    Tensor w = layer.get(n).clone();
     auto* b = w.data_as<uint8_t>();
-    const int64_t n = w.numel();
-    for (int64_t i = 0; i < n; ++i)
+    const int64_t bytes = w.numel();
+    for (int64_t i = 0; i < bytes; ++i)
       b[i] ^= 0x88;
-    const Tensor& s = layer.get(sn);
-    const int64_t R = s.size(1);
-    const std::vector<float> sv = s.to_float_vector();
-    const std::vector<float> s2 = layer.get(s2n).to_float_vector();
-    std::vector<float> out(sv.size());
-    for (int64_t e = 0; e < E; ++e) {
-      for (int64_t r = 0; r < R; ++r)
-        out[e * R + r] = sv[e * R + r] * s2[e * shards + r / (R / shards)];
-    }
-    layer.replace(wn, w);
-    layer.replace(sn, Tensor::from_floats(out, {E, R}, DType::kF32));
-    layer.erase(s2n);
-  };
-  fold("w13_weight", "w13_weight_scale", "w13_weight_scale_2", moe_.w13_num_shards());
-  fold("w2_weight", "w2_weight_scale", "w2_weight_scale_2", 1);
+    layer.replace(n, w);
+  }
+  if (!grouped()) {
+    // Fold the fp8 per-tensor scale into the int4 per-channel one.
+    auto fold = [&](const char* sn, const char* s2n, int64_t shards) {
+      check_f32_scales(layer.get(s2n), s2n, E);
+      const Tensor& s = layer.get(sn);
+      const int64_t R = s.size(1);
+      const std::vector<float> sv = s.to_float_vector();
+      const std::vector<float> s2 = layer.get(s2n).to_float_vector();
+      std::vector<float> out(sv.size());
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t r = 0; r < R; ++r)
+          out[e * R + r] = sv[e * R + r] * s2[e * shards + r / (R / shards)];
+      }
+      layer.replace(sn, Tensor::from_floats(out, {E, R}, DType::kF32));
+      layer.erase(s2n);
+    };
+    fold("w13_weight_scale", "w13_weight_scale_2", moe_.w13_num_shards());
+    fold("w2_weight_scale", "w2_weight_scale_2", 1);
+  }
   finish_loading(layer);
 }
 
@@ -768,7 +793,7 @@ QuantConfig QuarkW4A8Fp8MoEMethod::get_fused_moe_quant_config(const ExpertParams
   W4A8Fp8Params p;
   p.w1_scale = layer.get("w13_weight_scale");
   p.w2_scale = layer.get("w2_weight_scale");
-  p.group_size = -1;
+  p.group_size = group_size_;
   p.a1_scale = layer.get_or_none("w13_input_scale");
   p.a2_scale = layer.get_or_none("w2_input_scale");
   p.bias = biases_of(layer);
@@ -778,12 +803,17 @@ QuantConfig QuarkW4A8Fp8MoEMethod::get_fused_moe_quant_config(const ExpertParams
 
 std::pair<Tensor, Tensor> QuarkW4A8Fp8MoEMethod::dequantized_weights(
     const ExpertParams& layer) const {
+  // Scales (E, R, groups): per channel one group of the whole row, else one per kGroupSize of K.
   auto one = [&](const char* wn, const char* sn, int64_t C) {
     const Tensor& w = layer.get(wn);
-    const std::vector<float> sv = layer.get(sn).to_float_vector();
+    const Tensor& s = layer.get(sn);
+    const std::vector<float> sv = s.to_float_vector();
     const int64_t R = w.size(1);
-    return dequantize_codes(w, QuantDType::kInt4, C,
-                            [&](int64_t e, int64_t r, int64_t) { return sv[e * R + r]; });
+    const int64_t G = grouped() ? s.size(2) : 1;
+    const int64_t width = grouped() ? kGroupSize : C;
+    return dequantize_codes(w, QuantDType::kInt4, C, [&](int64_t e, int64_t r, int64_t c) {
+      return sv[(e * R + r) * G + c / width];
+    });
   };
   const int64_t H = moe_.hidden_dim, I = moe_.intermediate_size_per_partition();
   return {one("w13_weight", "w13_weight_scale", H), one("w2_weight", "w2_weight_scale", I)};

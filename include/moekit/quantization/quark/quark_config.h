@@ -113,6 +113,11 @@ std::optional<QuantKeyMatch> is_w_ocp_mx_a_x(const QuantSpec* weight, const Quan
 std::optional<QuantKeyMatch> is_w8a8_int8(const QuantSpec* weight, const QuantSpec* input);
 std::optional<QuantKeyMatch> is_fp8_w4a8(const TensorHint& weight, const TensorHint& input);
 std::optional<QuantKeyMatch> is_nvfp4(const TensorHint& weight, const TensorHint& input);
+// Beyond the seed's rules: int4 weights per_group 128 along K (symmetric, static; no fp8 stage)
+// with fp8 activations, dynamic per token (per_channel / per_token) or static per tensor. The
+// Quark form of compressed-tensors' W4AFP8 (quantization/compressed_tensors.h); vLLM serves it
+// through its compressed-tensors W4A8 method, Quark's W4A8 method takes only per-channel int4.
+std::optional<QuantKeyMatch> is_int4_group_w4a8(const QuantSpec* weight, const QuantSpec* input);
 
 // The OCP MX element type names of a spec's dtype: "fp4" -> "mxfp4", "fp6_e3m2" -> "mxfp6_e3m2",
 // "fp6_e2m3" -> "mxfp6_e2m3"; nullopt otherwise.

@@ -249,20 +249,26 @@ class QuarkW8A8Int8MoEMethod final : public QuarkMoEMethod {
   bool static_input_scales_;
 };
 
-// fp8 W4A8: int4 per-channel weights over an fp8 per-tensor scale, fp8 activations (dynamic
-// per-token or static per-tensor).
+// fp8 W4A8: int4 weights (signed nibbles, low first), fp8 activations (dynamic per-token or static
+// per-tensor). Per channel (weight key kInt4W4A8StaticChannelSym: Quark's W4A8, int4 per channel
+// under an fp8 per-tensor weight_scale_2, folded at load) or with a scale per output channel and
+// kGroupSize of K (kInt4W4A8StaticGroup128Sym: weight_scale (E, N, ceil(K / 128)), no second
+// stage; the Quark form of compressed-tensors' W4AFP8, quark_config.h's is_int4_group_w4a8).
 class QuarkW4A8Fp8MoEMethod final : public QuarkMoEMethod {
  public:
-  QuarkW4A8Fp8MoEMethod(MoEConfig moe, std::optional<QuantKey> act_key);
+  static constexpr int64_t kGroupSize = 128;
+  QuarkW4A8Fp8MoEMethod(MoEConfig moe, QuantKey weight_key, std::optional<QuantKey> act_key);
   std::string name() const override { return "QuarkW4A8Fp8MoEMethod"; }
   void create_weights(ExpertParams& layer, int64_t num_experts, int64_t hidden_size,
                       int64_t intermediate_size_per_partition, DType params_dtype) const override;
   void process_weights_after_loading(ExpertParams& layer) override;
   QuantConfig get_fused_moe_quant_config(const ExpertParams& layer) const override;
   std::pair<Tensor, Tensor> dequantized_weights(const ExpertParams& layer) const override;
+  bool grouped() const { return group_size_ > 0; }
 
  private:
   bool static_input_scales_;
+  int64_t group_size_;  // -1: per channel; kGroupSize
 };
 
 // NVFP4: fp4 e2m1 weights in groups of 16 with fp8 e4m3 block scales and fp32 global scales;
