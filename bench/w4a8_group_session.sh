@@ -10,6 +10,11 @@
 #             mixtral-8x7b (decode and prefill sizes)
 #   exchange  bench/exchange_gpu_session.sh's quick and eppeer parts (the 2026-12-06 commits'
 #             check), logs in exchange/
+#   mxfp4     MXFP4 with fp8 activations on the e4m3 rows (sm90_mxfp4_fp8): the kernel test
+#             against float64, the layer tests against the CPU emulation and graph replay,
+#             compute-sanitizer memcheck on the kernel test
+#   mxbench   moekit bench --quant mxfp4_a8 on sm90_mxfp4 (bf16 rows) and sm90_mxfp4_fp8 (e4m3
+#             rows), qwen3-30b-a3b and mixtral-8x7b
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 part_kernels() {
@@ -40,5 +45,26 @@ part_bench() {
 }
 part_exchange() {  # its own logs, packed into $out/exchange/ (it packs and removes its log dir)
   OUT=$out/exchange bash bench/exchange_gpu_session.sh quick eppeer
+}
+part_mxfp4() {
+  run_gtest grouped_mxfp4 150 build/tests/test_grouped_gemm 'GroupedGemmMxfp4Fp8*'
+  grep -h "^\[mxfp4_fp8\]" "$log/grouped_mxfp4.log"
+  run_gtest quantized_mxfp4 240 build/tests/test_gpu_quantized \
+    'QuantizedGpu.Mxfp4Fp8*:QuantizedGpu.CudaGraph*'
+  grep -h "^\[mxfp4_fp8\]" "$log/quantized_mxfp4.log" | head -60
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_grouped_gemm \
+    --gtest_brief=1 --gtest_filter='GroupedGemmMxfp4Fp8*' >"$log/mxfp4_memcheck.log" 2>&1
+  echo "memcheck grouped mxfp4_fp8 rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/mxfp4_memcheck.log" | tr '\n' ' ')"
+}
+part_mxbench() {
+  local b
+  for b in sm90_mxfp4 sm90_mxfp4_fp8; do
+    # shellcheck disable=SC2086  # one argument per size
+    timeout 120 build/moekit bench --quant mxfp4_a8 --backend "$b" \
+      --models qwen3-30b-a3b mixtral-8x7b --tokens ${W4A8_TOKENS:-1 64 1024 16384} \
+      --json "$log/bench_mxfp4_a8_$b.json" >"$log/bench_mxfp4_a8_$b.log" 2>&1
+    echo "bench --quant mxfp4_a8 --backend $b rc=$?"
+    grep -E "^[a-z0-9-]+:|experts:|^ +[0-9]" "$log/bench_mxfp4_a8_$b.log"
+  done
 }
 run_parts "$@"

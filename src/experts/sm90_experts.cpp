@@ -515,6 +515,77 @@ Sm90W4A8Experts::Sm90W4A8Experts(const MoEConfig& moe, const QuantConfig& quant)
   state_->packing = cuda::WPacking::kInt4;
 }
 
+// ---- Sm90Mxfp4Fp8Experts -----------------------------------------------------------------------
+
+namespace {
+
+// One MXFP4 weight's e8m0 codes (E, n, ceil(k / 32)) as the kMxfp4A8 rows read them on `device`:
+// (E, ceil(k / 128), n) int32 words, word (e, j, r) holding standard row source[r]'s codes of
+// groups 4 j .. 4 j + 3 (byte q: group 4 j + q; 0 past K). A NaN code (255) is refused.
+Tensor kernel_mx_words(const Tensor& scale, int64_t k, const std::vector<int32_t>& source,
+                       Device device, std::string_view name) {
+  Tensor host = scale.device().is_cpu() ? scale : scale.to(Device::cpu());
+  if (!host.is_contiguous()) host = host.clone();
+  expect_dim(host, name, 3);
+  const int64_t E = host.size(0), n = host.size(1), g = host.size(2), kb = (k + 127) / 128;
+  MOEKIT_CHECK(g == (k + 31) / 32 && static_cast<int64_t>(source.size()) == n,
+               "{} {}: expected ({}, {}, {}) e8m0 codes", name, host.describe(), E, source.size(),
+               (k + 31) / 32);
+  const auto* s = static_cast<const uint8_t*>(host.data());
+  Tensor out = Tensor::empty({E, kb, n}, DType::kInt32);
+  auto* o = static_cast<uint32_t*>(out.data());
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < n; ++r) {
+      const uint8_t* row = s + (e * n + source[static_cast<size_t>(r)]) * g;
+      for (int64_t j = 0; j < kb; ++j) {
+        uint32_t word = 0;
+        for (int64_t q = 0; q < 4 && 4 * j + q < g; ++q) {
+          const uint8_t c = row[4 * j + q];
+          MOEKIT_CHECK(c != 0xFF,
+                       "{} holds the NaN e8m0 code 0xff at expert {} row {} group {}: scales "
+                       "must be finite",
+                       name, e, source[static_cast<size_t>(r)], 4 * j + q);
+          word |= static_cast<uint32_t>(c) << (8 * q);
+        }
+        o[(e * kb + j) * n + r] = word;
+      }
+    }
+  }
+  return device.is_cpu() ? out : out.to(device);
+}
+
+}  // namespace
+
+const ExpertsClass& Sm90Mxfp4Fp8Experts::klass() {
+  static const ExpertsClass k = sm90_quantized_class<Sm90Mxfp4Fp8Experts>(
+      "Sm90Mxfp4Fp8Experts", {{quant_keys::kMxfp4Static, quant_keys::kFp8StaticTensorSym}},
+      [](const MoEConfig& moe) -> std::string {
+        if (std::string why = sm90_8bit_shape_check(moe); !why.empty()) return why;
+        return packed_rows_check(moe, "MXFP4", 32);
+      });
+  return k;
+}
+
+Sm90Mxfp4Fp8Experts::Sm90Mxfp4Fp8Experts(const MoEConfig& moe, const QuantConfig& quant)
+    : Sm90StandardExpertsBase(klass(), moe, with_device_activation_scales(quant, moe)) {
+  MOEKIT_CHECK(quant.w1.dtype == QuantDType::kFp4E2M1 && quant.w1.shape == (GroupShape{1, 32}) &&
+                   quant.a1.dtype == QuantDType::kFp8E4M3 && quant.a1.scale.defined(),
+               "Sm90Mxfp4Fp8Experts runs MXFP4 weights with static per-tensor fp8 activations "
+               "only, got {}",
+               quant.describe());
+  sm90::choose_tiles(*state_, moe, "Sm90Mxfp4Fp8Experts", cuda::sm90::TileFamily::kMxfp4A8);
+  const int64_t H = moe.hidden_dim, I = moe.intermediate_size_per_partition();
+  const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
+  std::vector<int32_t> identity(static_cast<size_t>(H));
+  std::iota(identity.begin(), identity.end(), 0);
+  const Device device = moe.device.device();
+  state_->scales = sm90::LaunchState::WeightScales::kMxfp4Words;
+  state_->w1_scale =
+      kernel_mx_words(quant.w1.scale, H, kernel_row_sources(N, moe), device, "MXFP4 w1 scale");
+  state_->w2_scale = kernel_mx_words(quant.w2.scale, I, identity, device, "MXFP4 w2 scale");
+  state_->packing = cuda::WPacking::kMxfp4Fp8;
+}
+
 Sm90SharedExperts::Sm90SharedExperts(Tensor w13, Tensor w2, Activation activation,
                                      ActivationParams params, int64_t max_num_tokens) {
   if constexpr (!kCudaBuild) throw_no_cuda("Sm90SharedExperts");
@@ -920,6 +991,15 @@ std::string describe_sm90_grouped_tiles(const MoEConfig& moe, const std::optiona
   if constexpr (kCudaBuild) return sm90::describe_grouped_tiles(moe, weight, activation);
   return {};
 }
+// ... of sm90_mxfp4_fp8 (MXFP4 weights on the e4m3 rows).
+std::string describe_sm90_mxfp4_fp8_tiles(const MoEConfig& moe,
+                                          const std::optional<QuantKey>& weight,
+                                          const std::optional<QuantKey>& activation) {
+  if constexpr (kCudaBuild) {
+    return sm90::describe_grouped_tiles(moe, weight, activation, /*mxfp4_fp8=*/true);
+  }
+  return {};
+}
 
 // The megakernel deployment's forms by batch size (Sm90EpPeerExperts::Launch), then the tiles of
 // its launch sequence's local GEMMs.
@@ -1113,10 +1193,25 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(
     sm90_w4a8,
     sm90_quantized_backend(
         "sm90_w4a8", Sm90W4A8Experts::klass(), QuantOracleKind::kW4A8,
-        "Hopper e4m3 wgmma grouped GEMMs on int4 weights (per channel) with fp8 activations: the "
-        "packed int4 streamed and converted exactly to e4m3 by the producer warpgroup, "
-        "accumulated over all of K, the scales in the epilogue",
+        "Hopper e4m3 wgmma grouped GEMMs on int4 weights (per channel, or per channel and 128 of "
+        "K) with fp8 activations: the packed int4 streamed and converted exactly to e4m3 by the "
+        "producer warpgroup, accumulated over all of K (groups: promoted every K step), the "
+        "scales in the epilogue",
         /*size_align=*/32));
+
+// After sm90_mxfp4 (which runs the same pair on the bf16 wgmma) until measured on a GPU.
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4_fp8, [] {
+  ExpertsBackend b = sm90_quantized_backend(
+      "sm90_mxfp4_fp8", Sm90Mxfp4Fp8Experts::klass(), QuantOracleKind::kMxfp4,
+      "Hopper e4m3 wgmma grouped GEMMs on MXFP4 weights with static fp8 activations (Quark "
+      "w_mxfp4_a_fp8): each group of 32 converted exactly to e4m3 with its e8m0 scale relative to "
+      "its row's reference per 128 of K, every K step promoted with the reference scales",
+      /*size_align=*/32);
+  b.aliases = {};  // the MXFP4 oracle's "cuda" is sm90_mxfp4
+  b.priority = kPriorityNativeGpu + 5;
+  b.describe_kernels = describe_sm90_mxfp4_fp8_tiles;
+  return b;
+}());
 
 MOEKIT_REGISTER_EXPERTS_BACKEND(
     sm90_int8, sm90_quantized_backend(

@@ -22,7 +22,7 @@ constexpr std::pair<TileFamily, const char*> kFamilyNames[] = {
     {TileFamily::k16Bit, "16bit"},          {TileFamily::kFp8, "fp8"},
     {TileFamily::kFp8Direct, "fp8_direct"}, {TileFamily::kInt8, "int8"},
     {TileFamily::kW4A16, "w4a16"},          {TileFamily::kW4A8, "w4a8"},
-    {TileFamily::kW4A8Group, "w4a8_group"},
+    {TileFamily::kW4A8Group, "w4a8_group"}, {TileFamily::kMxfp4A8, "mxfp4_a8"},
 };
 
 constexpr int64_t kMaxDim = int64_t{1} << 31;
@@ -49,9 +49,9 @@ TunedTile parse_entry(const json& e, const std::string& device, const std::strin
   }
   TunedTile t;
   t.device = device;
-  const std::string family =
-      io::json_choice(member(e, "family", where), where + ".family",
-                      {"16bit", "fp8", "fp8_direct", "int8", "w4a16", "w4a8", "w4a8_group"});
+  const std::string family = io::json_choice(
+      member(e, "family", where), where + ".family",
+      {"16bit", "fp8", "fp8_direct", "int8", "w4a16", "w4a8", "w4a8_group", "mxfp4_a8"});
   t.key.family = *family_by_name(family);
   t.gemm = io::json_choice(member(e, "gemm", where), where + ".gemm", {"gemm1", "gemm2"});
   t.key.experts = io::json_integer(member(e, "experts", where), where + ".experts", 1, kMaxDim);

@@ -262,6 +262,41 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
   }
 }
 
+// MXFP4 weights with static fp8 activations on the e4m3 rows (backend sm90_mxfp4_fp8, forced:
+// the oracle still prefers sm90_mxfp4's bf16 rows): every preset (tiny: K = 64 and 96, partial
+// K steps; small-h320: a partial last step of H; small-gpt-oss: swigluoai with biases), decode to
+// prefill sizes, both rows forced, against the CPU emulation and float64 (graph replay:
+// CudaGraphReplayIsBitwiseIdentical).
+TEST(QuantizedGpu, Mxfp4Fp8OnTheE4m3RowsMatchesEmulation) {
+  REQUIRE_SM90_GPU();
+  const SchemeInfo info = scheme_info("mxfp4_a8");
+  for (const char* tile : {"auto", "16x64tma", "128x128"}) {
+    for (const char* preset : {"small", "small-h320", "small-deepseek", "small-gpt-oss", "tiny"}) {
+      for (int64_t M : {0, 1, 33, 257, 8192}) {
+        if (std::string(tile) != "auto" && (M == 0 || M == 8192)) continue;
+        MoELayerOptions cpu_opt;
+        cpu_opt.max_num_tokens = M;
+        MoELayerOptions gpu_opt = cpu_opt;
+        gpu_opt.device = default_device_info();
+        gpu_opt.backend = "sm90_mxfp4_fp8";
+        gpu_opt.tile_config = tile;
+        const ModelPreset& model = find_preset(preset);
+        LayerPair p{random_quantized_layer(model, "mxfp4_a8", cpu_opt, 21),
+                    random_quantized_layer(model, "mxfp4_a8", gpu_opt, 21)};
+        ASSERT_EQ(p.gpu.kernel().fused_experts().name(), "Sm90Mxfp4Fp8Experts");
+        const Errors e = compare(p, M, 23);
+        if (M == 0) continue;
+        std::cout << "[mxfp4_fp8] " << tile << " " << preset << " M=" << M << " vs emulation "
+                  << e.vs_emulation << ", vs float64 " << e.vs_float64 << "\n";
+        EXPECT_LE(e.vs_emulation, tolerance(info.vs_emulation).rel_l2)
+            << tile << " " << preset << " M=" << M;
+        EXPECT_LE(e.vs_float64, tolerance(info.vs_float64).rel_l2)
+            << tile << " " << preset << " M=" << M;
+      }
+    }
+  }
+}
+
 TEST(QuantizedGpu, ExpertMapRanksMatchEmulation) {
   REQUIRE_SM90_GPU();
   for (const char* scheme :
@@ -520,6 +555,13 @@ TEST(QuantizedGpu, CudaGraphReplayIsBitwiseIdentical) {
     ASSERT_EQ(layer.kernel().fused_experts().name(), scheme_info(scheme).gpu_experts);
     testing::expect_graph_replay_bitwise(layer, 77);
   }
+  MoELayerOptions opt;  // MXFP4 on the e4m3 rows (forced)
+  opt.device = default_device_info();
+  opt.max_num_tokens = 128;
+  opt.backend = "sm90_mxfp4_fp8";
+  MoELayer layer = random_quantized_layer(m, "mxfp4_a8", opt, 3);
+  ASSERT_EQ(layer.kernel().fused_experts().name(), "Sm90Mxfp4Fp8Experts");
+  testing::expect_graph_replay_bitwise(layer, 77);
 }
 #endif
 

@@ -1345,6 +1345,43 @@ TEST(GroupedGemmFp8, LongKBothFamiliesMatchFloat64) {
 
 // ---- W4A8: int4-packed W converted to e4m3 ------------------------------------------------------
 
+// Every row of `family` runs g (C poisoned first) within `bound` relative L2 of ref; the error
+// printed after `label` with the row's name and k.
+void every_row_vs_float64(const GroupedGemmArgs& g, sm90::TileFamily family, DeviceBuffer& d_c,
+                          const std::vector<double>& ref, const std::string& label, int k,
+                          double bound) {
+  ASSERT_EQ(moekit::cuda::tile_family_of(g), family);
+  ASSERT_EQ(moekit::cuda::can_implement(g), "");
+  for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
+    if (sm90::kTileTable[tile].family != family) continue;
+    GroupedGemmParams params;
+    params.tile = tile;
+    ASSERT_EQ(moekit::cuda::can_implement(g, params), "");
+    CUDA_OK(cudaMemset(d_c.get(), 0xFF, d_c.bytes()));
+    CUDA_OK(moekit::cuda::run_grouped_gemm(g, nullptr, params));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::string name = std::string(sm90::kTileTable[tile].name) + " k=" + std::to_string(k);
+    const double rel_l2 = compare_bf16_c(d_c, ref, name).rel_l2;
+    std::cout << label << name << ": rel_l2 " << rel_l2 << "\n";
+    EXPECT_LE(rel_l2, bound) << name;
+  }
+}
+
+// The W4A8 and MXFP4 x fp8 tests' schedule: experts of 3, 0, 200, 1 and 17 rows.
+std::vector<int32_t> uneven_offsets() {
+  std::vector<int32_t> offsets = {0};
+  for (const int count : {3, 0, 200, 1, 17})
+    offsets.push_back(offsets.back() + count);
+  return offsets;
+}
+
+// e4m3 codes of values in [-1, 1] times 2^-4 .. 2^1.
+void random_e4m3_codes(std::vector<uint8_t>& codes, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (auto& c : codes)
+    c = moekit::quant::encode_e4m3(uni(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 6) - 4));
+}
+
 // Random uint4b8 weights (every nibble value), e4m3 A codes, per-row A scales and W scales per
 // channel (kW4A8 rows) or per channel and 128 of K (kGroup128, the kW4A8Group rows, which promote
 // each K step), an uneven schedule with an empty expert and experts of 1, 3 and 200 rows, a K that
@@ -1355,19 +1392,14 @@ TEST(GroupedGemmFp8, LongKBothFamiliesMatchFloat64) {
 // 16-bit A, unaligned group scales.
 TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
   REQUIRE_GPU();
-  const std::vector<int> counts = {3, 0, 200, 1, 17};
-  const int n = 320, E = static_cast<int>(counts.size());
+  const std::vector<int32_t> offsets = uneven_offsets();
+  const int n = 320, E = static_cast<int>(offsets.size()) - 1, rows = offsets.back();
   std::mt19937 rng(29);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  std::vector<int32_t> offsets(counts.size() + 1, 0);
-  for (size_t e = 0; e < counts.size(); ++e)
-    offsets[e + 1] = offsets[e] + counts[e];
-  const int rows = offsets.back();
   for (const int k : {352, 7168}) {
     const int groups = (k + 127) / 128;
     std::vector<uint8_t> a(static_cast<size_t>(rows) * k), w(static_cast<size_t>(E) * n * k / 2);
-    for (auto& c : a)
-      c = moekit::quant::encode_e4m3(uni(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 6) - 4));
+    random_e4m3_codes(a, rng);
     for (auto& c : w)
       c = static_cast<uint8_t>(rng());
     std::vector<float> a_row(rows);
@@ -1421,26 +1453,11 @@ TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
       g.w_scale = d_w_scale.as<float>();
       const sm90::TileFamily family =
           grouped ? sm90::TileFamily::kW4A8Group : sm90::TileFamily::kW4A8;
-      ASSERT_EQ(moekit::cuda::tile_family_of(g), family);
-      ASSERT_EQ(moekit::cuda::can_implement(g), "");
-      for (int tile = 0; tile < sm90::kNumTiles; ++tile) {
-        if (sm90::kTileTable[tile].family != family) continue;
-        GroupedGemmParams params;
-        params.tile = tile;
-        ASSERT_EQ(moekit::cuda::can_implement(g, params), "");
-        CUDA_OK(cudaMemset(d_c.get(), 0xFF, d_c.bytes()));
-        CUDA_OK(moekit::cuda::run_grouped_gemm(g, nullptr, params));
-        CUDA_OK(cudaDeviceSynchronize());
-        const double rel_l2 =
-            compare_bf16_c(d_c, ref,
-                           std::string(sm90::kTileTable[tile].name) + " k=" + std::to_string(k))
-                .rel_l2;
-        std::cout << "[w4a8] " << (grouped ? "groups of 128 " : "per channel ")
-                  << sm90::kTileTable[tile].name << " k=" << k << ": rel_l2 " << rel_l2 << "\n";
-        // bf16's rounding of C (~1.7e-3) and the tensor cores' accumulator (fp8's direct rows:
-        // 2.8e-3 in all at k = 7168; promoted per 128 of K: the rounding of C alone, as block-128).
-        EXPECT_LE(rel_l2, grouped ? 2e-3 : 3.5e-3) << sm90::kTileTable[tile].name << " k=" << k;
-      }
+      // bf16's rounding of C (~1.7e-3) and the tensor cores' accumulator (fp8's direct rows:
+      // 2.8e-3 in all at k = 7168; promoted per 128 of K: the rounding of C alone, as block-128).
+      every_row_vs_float64(g, family, d_c, ref,
+                           std::string("[w4a8] ") + (grouped ? "groups of 128 " : "per channel "),
+                           k, grouped ? 2e-3 : 3.5e-3);
       if (grouped) {
         GroupedGemmArgs bad = g;
         bad.w_scale = reinterpret_cast<const float*>(d_w_scale.as<uint8_t>() + 4);
@@ -1467,6 +1484,100 @@ TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
       EXPECT_EQ(moekit::cuda::can_implement(bad),
                 "dtype bf16 is not e4m3 (int4 W runs with fp8 activations)");
     }
+  }
+}
+
+// ---- MXFP4 W with e4m3 A: e2m1 codes converted to e4m3 with their group scales ------------------
+
+// Random e2m1 codes (every code), e8m0 scales per 32 of K around 2^0 with some rows' groups far
+// below their step's largest (2^-9 .. 2^-30: the conversion's table entries, rounded and zero),
+// e4m3 A codes with per-row scales, the uneven schedule of the W4A8 test, k = 352 (a last step of
+// three groups) and 7168, n past the last tile: both kMxfp4A8 rows against the float64 product of
+// the exact values (the rows promote every K step; groups under 2^-11 of their step's largest
+// round, far below bf16's rounding of C). C poisoned. Bad inputs: a w_scale beside the words, an
+// unaligned w_group_scale, k not a multiple of 32, 16-bit A.
+TEST(GroupedGemmMxfp4Fp8, EveryRowMatchesFloat64) {
+  REQUIRE_GPU();
+  const std::vector<int32_t> offsets = uneven_offsets();
+  const int n = 320, E = static_cast<int>(offsets.size()) - 1, rows = offsets.back();
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (const int k : {352, 7168}) {
+    const int g32 = k / 32, steps = (k + 127) / 128;
+    std::vector<uint8_t> a(static_cast<size_t>(rows) * k), w(static_cast<size_t>(E) * n * k / 2);
+    random_e4m3_codes(a, rng);
+    for (auto& c : w)
+      c = static_cast<uint8_t>(rng());
+    // e8m0 codes (E, n, k / 32): 124 .. 130, every 7th row with one group per step 9 .. 30 below.
+    std::vector<uint8_t> codes(static_cast<size_t>(E) * n * g32);
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const size_t row = i / g32;
+      codes[i] = static_cast<uint8_t>(124 + rng() % 7);
+      if (row % 7 == 3 && i % 4 == row % 4)
+        codes[i] = static_cast<uint8_t>(codes[i] - 9 - rng() % 22);
+    }
+    // The kernel's words (E, steps, n): byte q of word (e, j, c) = group 4 j + q of row c.
+    std::vector<uint32_t> words(static_cast<size_t>(E) * steps * n, 0);
+    for (int e = 0; e < E; ++e) {
+      for (int c = 0; c < n; ++c) {
+        for (int q = 0; q < g32; ++q) {
+          words[(static_cast<size_t>(e) * steps + q / 4) * n + c] |=
+              static_cast<uint32_t>(codes[(static_cast<size_t>(e) * n + c) * g32 + q])
+              << (8 * (q % 4));
+        }
+      }
+    }
+    std::vector<float> a_row(rows);
+    for (auto& f : a_row)
+      f = std::ldexp(1.0f + 0.5f * uni(rng), -3);
+    std::vector<double> ref(static_cast<size_t>(rows) * n, 0.0), wv(k), da(a.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      da[i] = moekit::quant::decode_e4m3(a[i]);
+    for (int e = 0; e < E; ++e) {
+      for (int c = 0; c < n; ++c) {
+        const size_t wrow = static_cast<size_t>(e) * n + c;
+        for (int kk = 0; kk < k; ++kk) {
+          const auto code =
+              static_cast<uint8_t>((w[wrow * (k / 2) + kk / 2] >> (4 * (kk % 2))) & 0xF);
+          wv[kk] = std::ldexp(static_cast<double>(moekit::quant::decode_fp4_e2m1(code)),
+                              codes[wrow * g32 + kk / 32] - 127);
+        }
+        for (int r = offsets[e]; r < offsets[e + 1]; ++r) {
+          double sum = 0.0;
+          for (int kk = 0; kk < k; ++kk)
+            sum += da[static_cast<size_t>(r) * k + kk] * wv[kk];
+          ref[static_cast<size_t>(r) * n + c] = sum * a_row[r];
+        }
+      }
+    }
+    DeviceBuffer d_a = upload(a), d_w = upload(w), d_offsets = upload(offsets);
+    DeviceBuffer d_a_row = upload(a_row), d_words = upload(words);
+    DeviceBuffer d_c(static_cast<size_t>(rows) * n * 2);
+    GroupedGemmArgs g = e4m3_args(d_a, d_w, d_c, d_offsets, E, rows, n, k);
+    g.w_packing = moekit::cuda::WPacking::kMxfp4Fp8;
+    g.a_scale_kind = moekit::cuda::AScale::kRow;
+    g.a_scale = d_a_row.as<float>();
+    g.w_scale_kind = moekit::cuda::WScale::kNone;
+    g.w_scale = nullptr;
+    g.w_group_scale = d_words.as<uint8_t>();
+    every_row_vs_float64(g, sm90::TileFamily::kMxfp4A8, d_c, ref, "[mxfp4_fp8] ", k, 2e-3);
+    GroupedGemmArgs bad = g;
+    bad.w_scale = d_a_row.as<float>();
+    bad.w_scale_kind = moekit::cuda::WScale::kChannel;
+    EXPECT_EQ(moekit::cuda::can_implement(bad),
+              "MXFP4 W takes no w_scale beside its e8m0 words (w_group_scale)");
+    bad = g;
+    bad.w_group_scale = d_words.as<uint8_t>() + 4;
+    EXPECT_EQ(moekit::cuda::can_implement(bad),
+              "MXFP4 W needs its e8m0 words (w_group_scale), 16-byte aligned");
+    bad = g;
+    bad.k = 336;
+    bad.lda = 336;
+    EXPECT_EQ(moekit::cuda::can_implement(bad), "k=336 is not a multiple of 32 (MXFP4 groups)");
+    bad = g;
+    bad.dtype = ElemType::kBF16;
+    EXPECT_EQ(moekit::cuda::can_implement(bad),
+              "dtype bf16 is not e4m3 (MXFP4 W of this packing runs with fp8 activations)");
   }
 }
 

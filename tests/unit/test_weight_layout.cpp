@@ -13,6 +13,7 @@
 
 #include "core/elementwise.h"
 #include "experts/cuda/sm90/int4_layout.h"
+#include "experts/cuda/sm90/mx_e4m3.h"
 #include "experts/cuda/sm90/mxfp4_layout.h"
 #include "experts/cuda/sm90/mxfp6_layout.h"
 #include "moekit/core/error.h"
@@ -524,6 +525,57 @@ TEST(WeightLayout, Int4ToE4m3ConversionIsExact) {
       if (!ok && wrong++ < 5) {
         ADD_FAILURE() << "nibbles=" << std::hex << nibbles << " element " << i << ": code 0x"
                       << static_cast<int>(code) << std::dec << ", want " << value;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+// The MXFP4 e4m3 rows' conversion (sm90/mx_e4m3.h) on the host. The reference exponent keeps the
+// largest of a step's four groups at 2^6 and the step scale a normal f32; every e2m1 code under
+// every shift d = s - r (d >= -8 exactly, e4m3 subnormals included; below, the nearest e4m3 value,
+// ties to even; 0 below 2^-15 of a magnitude) through the byte permutes, both signs, in element
+// order; the high half of a word is ignored.
+TEST(WeightLayout, Mxfp4ToE4m3WithTheGroupShiftIsExact) {
+  using cuda::sm90::kMxE4m3Table;
+  using cuda::sm90::kMxShiftMin;
+  EXPECT_EQ(cuda::sm90::mx_reference(0x7F7F7F7Fu), 121u);  // four groups of 2^0: 2^0 = 2^6 x 2^-6
+  EXPECT_EQ(cuda::sm90::mx_reference(0x01808203u), 124u);  // the largest, 130, minus 6
+  EXPECT_EQ(cuda::sm90::mx_reference(0x00000000u), 1u);    // never below 1: 2^-126, a normal f32
+  EXPECT_EQ(cuda::sm90::mx_entry(130, 124), 6 - kMxShiftMin);
+  EXPECT_EQ(cuda::sm90::mx_entry(3, 124), 0);  // far below: the all-zero entry
+  // The kernel's arithmetic entries (normal shifts) are the table's.
+  for (int d = -8; d <= cuda::sm90::kMxShiftMax; ++d) {
+    if (!cuda::sm90::mx_normal_shift(d)) continue;
+    for (int w = 0; w < 2; ++w)
+      EXPECT_EQ(cuda::sm90::mx_normal_word(d, w), kMxE4m3Table.words[2 * (d - kMxShiftMin) + w])
+          << "d=" << d << " word " << w;
+  }
+  EXPECT_FALSE(cuda::sm90::mx_normal_shift(-6));
+  auto perm = [](uint32_t lo, uint32_t hi, uint32_t sel) {
+    return cuda::sm90::host_byte_perm(lo, hi, sel);
+  };
+  int wrong = 0;
+  for (int d = -40; d <= cuda::sm90::kMxShiftMax; ++d) {
+    const int entry = cuda::sm90::mx_entry(static_cast<uint32_t>(d + 100), 100u);
+    const uint32_t lo = kMxE4m3Table.words[2 * entry], hi = kMxE4m3Table.words[2 * entry + 1];
+    for (uint32_t nibbles = 0; nibbles < 0x10000u; nibbles += (d == 0 ? 1 : 7)) {
+      const uint32_t got = cuda::sm90::e2m1x4_to_e4m3(nibbles | 0x5A5A0000u, lo, hi, perm);
+      for (int i = 0; i < 4; ++i) {
+        const auto e2m1 = static_cast<uint8_t>((nibbles >> (4 * i)) & 0xFu);
+        const double value = std::ldexp(static_cast<double>(quant::decode_fp4_e2m1(e2m1)), d);
+        const auto code = static_cast<uint8_t>(got >> (8 * i));
+        const double decoded = quant::decode_e4m3(code);
+        // The nearest e4m3 value: exact from d = -8 on; below, within half a subnormal unit
+        // (2^-10), ties to an even code; the sign kept (also for values rounded to zero).
+        const bool exact = d >= -8 ? decoded == value : std::fabs(decoded - value) <= 0x1p-10;
+        const bool even_tie = d >= -8 || std::fabs(decoded - value) < 0x1p-10 || (code & 1) == 0;
+        const bool sign = (code & 0x80) == (e2m1 & 0x8 ? 0x80 : 0);
+        if (!(exact && even_tie && sign) && wrong++ < 5) {
+          ADD_FAILURE() << "d=" << d << " e2m1 0x" << std::hex << static_cast<int>(e2m1)
+                        << ": code 0x" << static_cast<int>(code) << std::dec << " = " << decoded
+                        << ", want " << value;
+        }
       }
     }
   }

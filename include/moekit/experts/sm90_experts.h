@@ -116,12 +116,27 @@ class Sm90Int8Experts final : public Sm90StandardExpertsBase {
 // the GEMMs stream W packed (half the bytes of fp8) and their producer warpgroup converts each K
 // step exactly to e4m3 for the e4m3 wgmma (accumulated over all of K, the scales in the
 // epilogue); the activation is requantized per the a2 scheme. Schemes:
-// (kInt4W4A8StaticChannelSym; kFp8DynamicTokenSym or kFp8StaticTensorSym). Int4 groups of 128
-// along K are not taken (their scales would need a promotion per group). H and I multiples of 32.
+// (kInt4W4A8StaticChannelSym or kInt4W4A8StaticGroup128Sym; kFp8DynamicTokenSym or
+// kFp8StaticTensorSym): with groups of 128 along K the GEMMs promote every K step with each weight
+// row's group scale. H and I multiples of 32.
 class Sm90W4A8Experts final : public Sm90StandardExpertsBase {
  public:
   static const ExpertsClass& klass();
   Sm90W4A8Experts(const MoEConfig& moe, const QuantConfig& quant);
+};
+
+// MXFP4 weights with static per-tensor fp8 activations on the e4m3 wgmma (Quark's
+// w_mxfp4_a_fp8), Standard format: Sm90W4A8Experts' launch sequence on the group rows' kernels
+// (TileFamily::kMxfp4A8). The e2m1 codes stream packed in their standard order with each row's
+// four e8m0 codes per 128 of K (laid out K-major at construction, w13's rows in the kernel order);
+// the producer converts each 32-element group exactly to e4m3 with its scale folded in relative
+// to a reference per row and K step (sm90/mx_e4m3.h: exact unless a group is under 2^-11 of its
+// step's largest), and the consumers promote every step with the reference scale. Schemes:
+// (kMxfp4Static, kFp8StaticTensorSym); H and I multiples of 32.
+class Sm90Mxfp4Fp8Experts final : public Sm90StandardExpertsBase {
+ public:
+  static const ExpertsClass& klass();
+  Sm90Mxfp4Fp8Experts(const MoEConfig& moe, const QuantConfig& quant);
 };
 
 // MXFP4 weights with bf16 activations on Hopper (gpt-oss W4A16), Standard format: the same launch

@@ -227,6 +227,12 @@ void set_scaled_operands(cuda::GroupedGemmArgs& g, const sm90::LaunchState& stat
                  dtype_name(codes), a.shape.col);
     g.a_scale_ld = a_scale.size(a_scale.dim() - 1);
   }
+  if (state.scales == sm90::LaunchState::WeightScales::kMxfp4Words) {  // e8m0 words, no w_scale
+    g.w_scale = nullptr;
+    g.w_scale_kind = cuda::WScale::kNone;
+    g.w_group_scale = static_cast<const uint8_t*>(w_scale.data());
+    return;
+  }
   g.w_scale = w_scale.data_as<const float>();
   switch (state.scales) {
     case sm90::LaunchState::WeightScales::kTensor:
@@ -295,6 +301,11 @@ bool is_w4a16_packing(cuda::WPacking p) {
          p == cuda::WPacking::kMxfp6E2M3 || p == cuda::WPacking::kMxfp6E3M2;
 }
 
+// The packings whose codes the GEMMs' producer converts to e4m3 (int4, MXFP4 with fp8 A).
+bool is_e4m3_packing(cuda::WPacking p) {
+  return p == cuda::WPacking::kInt4 || p == cuda::WPacking::kMxfp4Fp8;
+}
+
 // Elements of K in `bytes` bytes of a packed row (6-bit codes: 4 per 3 bytes; 4-bit: 2 per byte).
 int64_t packed_row_elements(cuda::WPacking p, int64_t bytes) {
   if (p == cuda::WPacking::kMxfp6E2M3 || p == cuda::WPacking::kMxfp6E3M2) return bytes * 4 / 3;
@@ -313,10 +324,10 @@ cuda::GroupedGemmArgs weight_shape(const Tensor& w, DType out, cuda::WPacking pa
   if (is_w4a16_packing(packing)) {
     g.dtype = gemm_dtype_of(out);
     g.w_packing = packing;
-  } else if (packing == cuda::WPacking::kInt4) {
+  } else if (is_e4m3_packing(packing)) {
     g.dtype = cuda::ElemType::kE4M3;
     g.out_dtype = gemm_dtype_of(out);
-    g.w_packing = cuda::WPacking::kInt4;
+    g.w_packing = packing;
   } else if (is_8bit_codes(w.dtype())) {
     g.dtype = cuda::elem_type_of(w.dtype());
     g.out_dtype = gemm_dtype_of(out);
@@ -331,7 +342,7 @@ cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out, cuda::WPacking
   cuda::sm90::WeightLaunchCache cache;
   const bool takes =
       is_w4a16_packing(packing) ? is_packed_fp4(w.dtype())
-      : packing == cuda::WPacking::kInt4
+      : is_e4m3_packing(packing)
           ? w.dtype() == DType::kUInt8
           : w.dtype() == DType::kBF16 || w.dtype() == DType::kF16 || is_8bit_codes(w.dtype());
   if (!w.defined() || !w.device().is_cuda() || (w.dim() != 2 && w.dim() != 3) || !takes) {
@@ -372,7 +383,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   // with group scale codes.
   const bool nvfp4 = state.packing == cuda::WPacking::kNvfp4;
   const bool packed_fp4 = is_w4a16_packing(state.packing);
-  const bool packed_int4 = state.packing == cuda::WPacking::kInt4;
+  const bool packed_int4 = is_e4m3_packing(state.packing);  // int4 or MXFP4 with e4m3 A
   const int64_t w1_k = packed_row_elements(state.packing, args.w1.size(2));
   const int64_t w2_k = packed_row_elements(state.packing, args.w2.size(2));
   MOEKIT_CHECK(w2_k == d, "w2 {} has I={} but the activation of w1 (N={}) gives {}",
@@ -489,7 +500,7 @@ void grouped_apply(const ExpertsModular& experts, const LaunchState& state,
   if (scaled) {
     set_scaled_operands(g1, state, codes, state.w1_scale, quant.a1, args.a1q_scale, dtype);
   }
-  if (packed_int4) g1.w_packing = cuda::WPacking::kInt4;
+  if (packed_int4) g1.w_packing = state.packing;
   if (packed_fp4) {
     g1.w_packing = state.packing;
     g1.w_group_scale = state.w1_scale.data_as<const uint8_t>();
@@ -797,14 +808,19 @@ cuda::sm90::TileFamily fp8_tile_family(const GroupShape& weight, const GroupShap
 }
 
 std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<QuantKey>& weight,
-                                   const std::optional<QuantKey>& activation) {
+                                   const std::optional<QuantKey>& activation, bool mxfp4_fp8) {
   const int64_t H = moe.hidden_dim, I = moe.intermediate_size_per_partition();
   const int64_t N = moe.is_act_and_mul() ? 2 * I : I;
   cuda::GroupedGemmArgs g;
   g.num_experts = static_cast<int>(moe.num_local_experts);
   g.dtype = gemm_dtype_of(moe.in_dtype);
   const QuantDType wd = weight ? weight->dtype : QuantDType::kNone;
-  if (wd == QuantDType::kFp4E2M1) {  // MXFP4 or NVFP4: the same rows, the same fits
+  if (wd == QuantDType::kFp4E2M1 && mxfp4_fp8) {  // the e4m3 rows (Sm90Mxfp4Fp8Experts)
+    g.dtype = cuda::ElemType::kE4M3;
+    g.w_packing = cuda::WPacking::kMxfp4Fp8;
+    g.out_dtype = gemm_dtype_of(moe.in_dtype);
+    g.a_scale_kind = cuda::AScale::kTensor;
+  } else if (wd == QuantDType::kFp4E2M1) {  // MXFP4 or NVFP4: the same rows, the same fits
     g.w_packing = cuda::WPacking::kMxfp4;
   } else if (wd == QuantDType::kFp6E2M3 || wd == QuantDType::kFp6E3M2) {
     g.w_packing =

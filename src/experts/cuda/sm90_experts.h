@@ -47,7 +47,18 @@ struct LaunchState {
   // kNvfp4: e2m1 pairs with the kernel scale codes (E, N, K / 16) of the ue4m3 scales and
   // w1_global / w2_global (E,) f32, each expert's global scale x 2^8 (cuda::WPacking::kNvfp4).
   // kGroup: per channel and 128 of K (int4 W4A8 groups, cuda::WScale::kGroup128).
-  enum class WeightScales : uint8_t { kNone, kTensor, kChannel, kBlock, kGroup, kMxfp4, kNvfp4 };
+  // kMxfp4Words: MXFP4 with e4m3 activations (cuda::WPacking::kMxfp4Fp8): (E, ceil(K / 128), N)
+  // int32 words of each row's four e8m0 codes per 128 of K, w13's rows in the kernel order.
+  enum class WeightScales : uint8_t {
+    kNone,
+    kTensor,
+    kChannel,
+    kBlock,
+    kGroup,
+    kMxfp4,
+    kNvfp4,
+    kMxfp4Words
+  };
   WeightScales scales = WeightScales::kNone;
   // How W's codes are packed (kNone: one code per element, in its dtype). kInt4 (W4A8): uint4b8
   // pairs (K / 2 bytes per row) with kTensor / kChannel scales; the activations are e4m3 codes.
@@ -106,9 +117,11 @@ cuda::sm90::TileFamily fp8_tile_family(const GroupShape& weight, const GroupShap
 
 // The grouped GEMMs' tile for GEMM1 and GEMM2 at a few batch sizes, with the auto-selection's
 // reasons, as grouped_apply would launch them for this deployment (`moekit explain`); weight /
-// activation: the scheme's keys (none: unquantized). Host code only.
+// activation: the scheme's keys (none: unquantized); mxfp4_fp8: MXFP4 weights on the e4m3 rows
+// (Sm90Mxfp4Fp8Experts) rather than the bf16 ones. Host code only.
 std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<QuantKey>& weight,
-                                   const std::optional<QuantKey>& activation);
+                                   const std::optional<QuantKey>& activation,
+                                   bool mxfp4_fp8 = false);
 
 // MXFP4 codes on the device, in place: every 16-byte group between the standard and the kernel's
 // nibble order (sm90/mxfp4_layout.h), asynchronously on `stream`.

@@ -142,6 +142,7 @@ sm90::TileFamily tile_family_of(const GroupedGemmArgs& args) {
     return args.w_scale_kind == WScale::kGroup128 ? sm90::TileFamily::kW4A8Group
                                                   : sm90::TileFamily::kW4A8;
   }
+  if (args.w_packing == WPacking::kMxfp4Fp8) return sm90::TileFamily::kMxfp4A8;
   if (args.dtype == ElemType::kS8) return sm90::TileFamily::kInt8;
   if (elem_bytes(args.dtype) != 1) return sm90::TileFamily::k16Bit;
   const bool block_scales =
@@ -164,6 +165,7 @@ std::string can_implement(const GroupedGemmArgs& args, const GroupedGemmParams& 
       break;
     case sm90::TileFamily::kW4A8:
     case sm90::TileFamily::kW4A8Group:
+    case sm90::TileFamily::kMxfp4A8:
       why = detail::can_implement_w4a8(args);
       break;
     default:
@@ -180,7 +182,8 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
   const sm90::TileFamily family = tile_family_of(args);
   const bool scaled = family == sm90::TileFamily::kFp8 || family == sm90::TileFamily::kFp8Direct ||
                       family == sm90::TileFamily::kInt8 || family == sm90::TileFamily::kW4A8 ||
-                      family == sm90::TileFamily::kW4A8Group;
+                      family == sm90::TileFamily::kW4A8Group ||
+                      family == sm90::TileFamily::kMxfp4A8;
   if (family == sm90::TileFamily::kW4A16 && args.dtype != ElemType::kBF16) {
     return cudaErrorInvalidValue;
   }
@@ -205,6 +208,7 @@ cudaError_t prepare_grouped_gemm_weights(const GroupedGemmArgs& args,
       break;
     case sm90::TileFamily::kW4A8:
     case sm90::TileFamily::kW4A8Group:
+    case sm90::TileFamily::kMxfp4A8:
       e = detail::prepare_w4a8(args, &c);
       break;
     default:
@@ -236,6 +240,7 @@ cudaError_t run_grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream,
       return detail::run_w4a16(args, row, params, stream);
     case sm90::TileFamily::kW4A8:
     case sm90::TileFamily::kW4A8Group:
+    case sm90::TileFamily::kMxfp4A8:
       return detail::run_w4a8(args, row, params, stream);
     default:
       return detail::run_16bit(args, row, params, stream, workspace);

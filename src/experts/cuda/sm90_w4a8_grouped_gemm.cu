@@ -4,8 +4,11 @@
 // with the tokens and converts each K step exactly to e4m3 (sm90/int4_layout.h) for the consumers'
 // e4m3 wgmma, which accumulate over all of K like the kFp8Direct rows; the scales are applied once
 // in the epilogue. With a scale per channel and 128 of K (WScale::kGroup128: int4 groups of 128)
-// the kW4A8Group rows promote every K step instead, each weight row times its group's scale. The
-// mainloops of sm90/grouped_kernels.cuh over the kW4A8 and kW4A8Group rows of the tile table.
+// the kW4A8Group rows promote every K step instead, each weight row times its group's scale.
+// MXFP4 W with e4m3 A (WPacking::kMxfp4Fp8, the kMxfp4A8 rows) runs the group rows' kernels: the
+// producer converts each 32-element group with its e8m0 scale folded in, relative to a reference
+// per row and K step (sm90/mx_e4m3.h), whose scale the consumers promote. The mainloops of
+// sm90/grouped_kernels.cuh over the kW4A8, kW4A8Group and kMxfp4A8 rows of the tile table.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -23,12 +26,36 @@ using namespace sm90;  // NOLINT: the kit
 // kChannel scales, or kGroup128 (16-byte aligned: the producer copies them in 16-byte chunks);
 // bf16 or f16 out; k a multiple of 32 (whole 16-byte packed chunks); every kW4A8 and kW4A8Group
 // row.
+// MXFP4: W's scales are its e8m0 words (w_group_scale, 16-byte aligned), no w_scale.
 std::string can_implement_w4a8(const GroupedGemmArgs& args) {
   using std::to_string;
-  if (args.w_packing != WPacking::kInt4) return "W is not int4-packed";
+  const bool mx = args.w_packing == WPacking::kMxfp4Fp8;
+  if (args.w_packing != WPacking::kInt4 && !mx) return "W is not int4- or MXFP4-packed";
   if (args.dtype != ElemType::kE4M3) {
-    return std::string("dtype ") + elem_type_name(args.dtype) +
-           " is not e4m3 (int4 W runs with fp8 activations)";
+    return std::string("dtype ") + elem_type_name(args.dtype) + " is not e4m3 (" +
+           (mx ? "MXFP4 W of this packing" : "int4 W") + " runs with fp8 activations)";
+  }
+  if (mx) {
+    if (args.w_scale_kind != WScale::kNone || args.w_scale != nullptr) {
+      return "MXFP4 W takes no w_scale beside its e8m0 words (w_group_scale)";
+    }
+    if (args.w_group_scale == nullptr ||
+        reinterpret_cast<uintptr_t>(args.w_group_scale) % 16 != 0) {
+      return "MXFP4 W needs its e8m0 words (w_group_scale), 16-byte aligned";
+    }
+    if (args.out_dtype != ElemType::kBF16 && args.out_dtype != ElemType::kF16) {
+      return std::string("out_dtype ") + elem_type_name(args.out_dtype) + " is not bf16 or f16";
+    }
+    if (args.k % 32 != 0)
+      return "k=" + to_string(args.k) + " is not a multiple of 32 (MXFP4 groups)";
+    if (args.a_scale_kind != AScale::kTensor && args.a_scale_kind != AScale::kRow) {
+      return "MXFP4 x fp8 A takes a per-tensor or per-row scale";
+    }
+    if (args.a_scale == nullptr || reinterpret_cast<uintptr_t>(args.a_scale) % 4 != 0) {
+      return "A needs its scales (a_scale), 4-byte aligned";
+    }
+    if (args.lda % 16 != 0) return "lda=" + to_string(args.lda) + " is not a multiple of 16";
+    return "";
   }
   if (std::string why = check_8bit_operands(args, "W4A8"); !why.empty()) return why;
   if (args.k % 32 != 0) {
@@ -53,6 +80,9 @@ std::string can_implement_w4a8(const GroupedGemmArgs& args) {
 cudaError_t prepare_w4a8(const GroupedGemmArgs& args, sm90::WeightLaunchCache* cache) {
   return with_out_type(args.out_dtype, [&](auto tag) {
     using OutT = decltype(tag);
+    if (args.w_packing == WPacking::kMxfp4Fp8) {
+      return prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kMxfp4A8>(args, cache);
+    }
     MOEKIT_CUDA_TRY((prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8>(args, cache)));
     return prepare_rows<__nv_fp8_e4m3, OutT, TileFamily::kW4A8Group>(args, cache);
   });
@@ -65,6 +95,7 @@ cudaError_t run_w4a8(const GroupedGemmArgs& args, int row, const GroupedGemmPara
     auto run_row = [&](auto tile) {
       return launch<__nv_fp8_e4m3, OutT, decltype(tile)::value>(args, params, stream);
     };
+    if (args.w_packing == WPacking::kMxfp4Fp8) return with_tile<TileFamily::kMxfp4A8>(row, run_row);
     return args.w_scale_kind == WScale::kGroup128 ? with_tile<TileFamily::kW4A8Group>(row, run_row)
                                                   : with_tile<TileFamily::kW4A8>(row, run_row);
   });

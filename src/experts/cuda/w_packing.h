@@ -30,6 +30,13 @@ enum class WPacking : uint8_t {
           // its scales, W scales kExpert or kChannel (f32, the int4 code's unit); k a multiple
           // of 32. Each element converts exactly to e4m3; the tensor cores accumulate over all
           // of K (as kFp8Direct) and the epilogue applies the scales.
+  kMxfp4Fp8,  // OCP MXFP4 with e4m3 A (and its scales): w (num_experts, n, k / 2) bytes of e2m1
+              // codes in the standard order (element 2i in the low nibble of byte i),
+              // w_group_scale (num_experts, ceil(k / 128), n) words of a row's four e8m0 codes per
+              // 128 of K (byte q: group 4 kt + q; K-major, zeros past K; 16-byte aligned), no
+              // w_scale; k a multiple of 32. Each group converts exactly to e4m3 with its scale
+              // folded in relative to its row and step's reference (sm90/mx_e4m3.h); the
+              // consumers promote every step with the reference scale.
 };
 
 }  // namespace moekit::cuda

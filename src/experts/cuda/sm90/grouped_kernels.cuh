@@ -57,6 +57,7 @@
 #include "experts/cuda/sm90/host.h"
 #include "experts/cuda/sm90/int4_layout.h"
 #include "experts/cuda/sm90/mainloop.cuh"
+#include "experts/cuda/sm90/mx_e4m3.h"
 #include "experts/cuda/sm90/mxfp6_layout.h"
 #include "experts/cuda/sm90_grouped_gemm.h"
 
@@ -387,6 +388,24 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* s_full, uint64_t* s
 
 // ---- kW4A8: the converting producer -------------------------------------------------------------
 
+// kMxfp4A8: the table of the e2m1 -> e4m3 conversion (sm90/mx_e4m3.h), read for the shifts below
+// mx_normal_shift's range only (groups under 2^-11 of their step's largest: rare).
+static __constant__ MxE4m3Table c_mx_e4m3_table = kMxE4m3Table;
+
+// The entry's words of group code s under the reference r: arithmetic in the normal range, else
+// the table.
+__device__ __forceinline__ void mx_entry_words(uint32_t s, uint32_t r, uint32_t& lo, uint32_t& hi) {
+  const int d = static_cast<int>(s) - static_cast<int>(r);
+  if (mx_normal_shift(d)) {
+    lo = mx_normal_word(d, 0);
+    hi = mx_normal_word(d, 1);
+  } else {
+    const int e = mx_entry(s, r);
+    lo = c_mx_e4m3_table.words[2 * e];
+    hi = c_mx_e4m3_table.words[2 * e + 1];
+  }
+}
+
 // The packed W of the kW4A8 rows, one producer thread's part (sm90/int4_layout.h): the thread
 // copies the 16-byte chunks q = ptid + 128 j of each K step's packed tile (row q / 4, quarter
 // q % 4: 32 elements of K) into the packed ring, with the step's tokens into the ring, one
@@ -421,7 +440,10 @@ struct Int4Converter {
     w_first = p.w + (static_cast<int64_t>(w.expert) * p.n + row) * (p.k / 2) + (ptid & 3) * 16;
     if constexpr (Shape::kGroupScales) {
       scale_ok = ptid < kScaleCopiers && w.n0 + 4 * ptid < p.n;
-      scale_first = p.w_scale + static_cast<int64_t>(w.expert) * p.k_tiles * p.n + w.n0 + 4 * ptid;
+      // kMxScales: the words of e8m0 codes, laid out as the f32 scales (4 bytes per row and step).
+      const float* scales =
+          Shape::kMxScales ? reinterpret_cast<const float*>(p.w_group_scale) : p.w_scale;
+      scale_first = scales + static_cast<int64_t>(w.expert) * p.k_tiles * p.n + w.n0 + 4 * ptid;
     }
   }
   // The packed chunks of K step kt of the item into the packed slot at `slot` (kGroupScales: its
@@ -431,7 +453,10 @@ struct Int4Converter {
     if constexpr (Shape::kGroupScales) {
       if (ptid < kScaleCopiers) {
         cp_async_16(scale_slot + 16 * ptid,
-                    scale_ok ? scale_first + static_cast<int64_t>(kt) * p.n : p.w_scale, scale_ok);
+                    scale_ok
+                        ? static_cast<const void*>(scale_first + static_cast<int64_t>(kt) * p.n)
+                        : static_cast<const void*>(p.w),
+                    scale_ok);
       }
     }
     const bool k_ok = kt * Shape::kBK + (ptid & 3) * 32 < p.k;
@@ -455,14 +480,30 @@ struct Int4Converter {
     for (int j = 0; j < kChunks; ++j) {
       const uint4 q = ld_shared_v4(src + 32 * j * kPackedRow);
       const int row = ptid / 4 + 32 * j;
-      const uint32_t lo[4] = {int4x4_to_e4m3(q.x, perm), int4x4_to_e4m3(q.x >> 16, perm),
-                              int4x4_to_e4m3(q.y, perm), int4x4_to_e4m3(q.y >> 16, perm)};
-      const uint32_t hi[4] = {int4x4_to_e4m3(q.z, perm), int4x4_to_e4m3(q.z >> 16, perm),
-                              int4x4_to_e4m3(q.w, perm), int4x4_to_e4m3(q.w >> 16, perm)};
+      uint32_t lo[4], hi[4];
+      if constexpr (Shape::kMxScales) {
+        // The row's four e8m0 codes of the step; this thread's chunk is group ptid % 4 of them.
+        const uint32_t codes = ld_shared_u32(rings.packed_scales(c) + 4 * row);
+        const uint32_t top = __vmaxu4(codes, codes >> 16);
+        const uint32_t r = mx_reference_of_max(max(top & 0xFFu, (top >> 8) & 0xFFu));
+        uint32_t tlo, thi;
+        mx_entry_words((codes >> (8 * (ptid & 3))) & 0xFFu, r, tlo, thi);
+        auto cvt = [&](uint32_t nibbles) { return e2m1x4_to_e4m3(nibbles, tlo, thi, perm); };
+        lo[0] = cvt(q.x), lo[1] = cvt(q.x >> 16), lo[2] = cvt(q.y), lo[3] = cvt(q.y >> 16);
+        hi[0] = cvt(q.z), hi[1] = cvt(q.z >> 16), hi[2] = cvt(q.w), hi[3] = cvt(q.w >> 16);
+        if ((ptid & 3) == 0) {  // the row's reference scale 2^(r - 127) for the consumers
+          st_shared_u32(rings.w_scales(c) + 4 * row, r << 23);
+        }
+      } else {
+        lo[0] = int4x4_to_e4m3(q.x, perm), lo[1] = int4x4_to_e4m3(q.x >> 16, perm);
+        lo[2] = int4x4_to_e4m3(q.y, perm), lo[3] = int4x4_to_e4m3(q.y >> 16, perm);
+        hi[0] = int4x4_to_e4m3(q.z, perm), hi[1] = int4x4_to_e4m3(q.z >> 16, perm);
+        hi[2] = int4x4_to_e4m3(q.w, perm), hi[3] = int4x4_to_e4m3(q.w >> 16, perm);
+      }
       st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3)), lo);
       st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3) + 1), hi);
     }
-    if constexpr (Shape::kGroupScales) {
+    if constexpr (Shape::kGroupScales && !Shape::kMxScales) {
       if (ptid < kScaleCopiers) {
         const uint4 v = ld_shared_v4(rings.packed_scales(c) + 16 * ptid);
         const uint32_t words[4] = {v.x, v.y, v.z, v.w};

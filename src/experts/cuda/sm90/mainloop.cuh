@@ -44,12 +44,17 @@ struct TileShape {
   static constexpr bool kEpilogueWarps = kConfig.kind == MainloopKind::kWarpSpecializedEpilogue;
   static constexpr int kEpilogueThreads = kEpilogueWarps ? 64 : 0;
   // W4A8: the producer streams packed int4 W with the tokens and converts it (kConvertedTiles).
-  static constexpr bool kPackedInt4 =
-      kConfig.family == TileFamily::kW4A8 || kConfig.family == TileFamily::kW4A8Group;
+  // MXFP4 with e4m3 A (kMxfp4A8): the same rings, e2m1 codes converted with their group scales.
+  static constexpr bool kPackedInt4 = kConfig.family == TileFamily::kW4A8 ||
+                                      kConfig.family == TileFamily::kW4A8Group ||
+                                      kConfig.family == TileFamily::kMxfp4A8;
   // W4A8 with groups of 128 along K: the producer copies each K step's kBN weight scales (f32)
   // beside the packed and the converted tiles (kScaleSlotBytes per slot, behind everything else),
-  // and the consumers promote every step with them.
-  static constexpr bool kGroupScales = kConfig.family == TileFamily::kW4A8Group;
+  // and the consumers promote every step with them. kMxfp4A8: it copies each row's four e8m0
+  // codes of the step (a word) and writes the row's reference scale (f32) beside the W tile.
+  static constexpr bool kGroupScales =
+      kConfig.family == TileFamily::kW4A8Group || kConfig.family == TileFamily::kMxfp4A8;
+  static constexpr bool kMxScales = kConfig.family == TileFamily::kMxfp4A8;
   // W by TMA from the producer warpgroup.
   static constexpr bool kTma = kProducer && !kPackedInt4;
   static constexpr int kBM = kConfig.bm;

@@ -75,6 +75,10 @@ enum class TileFamily : uint8_t {
                // step's weight scales beside the converted tile; the consumers promote every K
                // step (one scale group) out of the tensor cores with the scale of each weight row
                // (as kFp8's blocks, per row), the activations' scales in the epilogue
+  kMxfp4A8,    // MXFP4 weights (e2m1 + e8m0 per 32 of K, the standard code order) with e4m3
+               // activations: kW4A8Group's producer and consumers, the producer converting each
+               // group to e4m3 with its scale relative to the row's step reference
+               // (sm90/mx_e4m3.h) and writing the reference scales beside the converted tile
 };
 
 struct TileConfig {
@@ -217,6 +221,12 @@ inline constexpr TileConfig kTileTable[] = {
      "swap-AB: 64 weight rows x 16 tokens per item, each step promoted with its rows' scales"},
     {"128x128", TileFamily::kW4A8Group, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma,
      INT64_MAX, "each K step promoted with its 128 columns' group scales"},
+    // MXFP4 with e4m3 activations: the W4A8 group rows (each K step promoted with its rows'
+    // reference scales).
+    {"16x64tma", TileFamily::kMxfp4A8, 16, 64, 14, 1, 2, MainloopKind::kSwapABTma, 8,
+     "swap-AB: 64 weight rows x 16 tokens per item, each step promoted with its rows' scales"},
+    {"128x128", TileFamily::kMxfp4A8, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "each K step promoted with its 128 columns' reference scales"},
 };
 inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kTileTable[0]));
 
@@ -235,7 +245,8 @@ constexpr bool valid_tile(const TileConfig& t) {
            (t.bm == 1 || t.bm == 2 || t.bm == 4) && t.bn == 64 &&
            (t.consumers == 2 || t.consumers == 4);
   }
-  if ((t.family == TileFamily::kW4A8 || t.family == TileFamily::kW4A8Group) &&
+  if ((t.family == TileFamily::kW4A8 || t.family == TileFamily::kW4A8Group ||
+       t.family == TileFamily::kMxfp4A8) &&
       t.kind != MainloopKind::kSwapABTma && t.kind != MainloopKind::kWarpSpecializedTma) {
     return false;  // only the producer kinds convert
   }
