@@ -20,6 +20,7 @@
 #include "moekit/experts/cpu_reference.h"
 #include "moekit/oracle/backend.h"
 #include "moekit/oracle/make_moe_kernel.h"
+#include "moekit/oracle/mxfp4.h"
 #include "moekit/oracle/oracle.h"
 #include "moekit/oracle/plan.h"
 #include "moekit/oracle/unquantized.h"
@@ -565,6 +566,39 @@ TEST_F(OracleTest, W4A8OnHopperTakesPerChannelAndGroupedInt4) {
     EXPECT_EQ(group.chosen_backend, "sm90_w4a8") << group.to_string();
     EXPECT_EQ(group.chosen_experts, "Sm90W4A8Experts");
   }
+}
+
+// MXFP4 with static fp8 activations on an H200: sm90_mxfp4 (bf16 rows) and sm90_mxfp4_fp8 (the
+// e4m3 rows) both serve it, sm90_mxfp4 first; the e4m3 one takes no other activation and serves
+// when forced by name.
+TEST_F(OracleTest, Mxfp4WithFp8ActivationsOnHopperHasTheE4m3Rows) {
+  if constexpr (!kCudaBuild) GTEST_SKIP() << "built without CUDA (the sm90 classes refuse first)";
+  MoEConfig moe = cpu_moe();
+  moe.device = h200_info();
+  moe.device.preview = true;
+  moe.hidden_dim = moe.hidden_dim_unpadded = 64;
+  moe.intermediate_size = moe.intermediate_size_per_partition_unpadded = 96;
+  auto candidate = [](const OracleReport& r, const std::string& backend) {
+    for (const OracleReport::Candidate& c : r.candidates) {
+      if (c.backend == backend) return c;
+    }
+    ADD_FAILURE() << backend << " is not a candidate:\n" << r.to_string();
+    return OracleReport::Candidate{};
+  };
+  const OracleReport a8 =
+      Mxfp4MoEKernelOracle(moe, quant_keys::kMxfp4Static, quant_keys::kFp8StaticTensorSym)
+          .explain();
+  EXPECT_EQ(a8.chosen_backend, "sm90_mxfp4") << a8.to_string();
+  EXPECT_TRUE(candidate(a8, "sm90_mxfp4_fp8").supported) << a8.to_string();
+  EXPECT_EQ(candidate(a8, "sm90_mxfp4_fp8").experts_class, "Sm90Mxfp4Fp8Experts");
+  const OracleReport a16 = Mxfp4MoEKernelOracle(moe, quant_keys::kMxfp4Static).explain();
+  EXPECT_EQ(a16.chosen_backend, "sm90_mxfp4") << a16.to_string();
+  EXPECT_FALSE(candidate(a16, "sm90_mxfp4_fp8").supported) << a16.to_string();
+  moe.moe_backend = "sm90_mxfp4_fp8";
+  const OracleReport forced =
+      Mxfp4MoEKernelOracle(moe, quant_keys::kMxfp4Static, quant_keys::kFp8StaticTensorSym)
+          .explain();
+  EXPECT_EQ(forced.chosen_experts, "Sm90Mxfp4Fp8Experts") << forced.to_string();
 }
 
 TEST_F(OracleTest, CudaPriorityListsGpuBackendsFirst) {

@@ -68,9 +68,11 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   // W4A8 converts in the producer warpgroup: only the producer kinds.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8), "16x64tma, 128x256");
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8Group), "16x64tma, 128x128");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kMxfp4A8), "16x64tma, 128x128");
   for (int i = 0; i < sm90::kNumTiles; ++i) {
     if (sm90::kTileTable[i].family != sm90::TileFamily::kW4A8 &&
-        sm90::kTileTable[i].family != sm90::TileFamily::kW4A8Group) {
+        sm90::kTileTable[i].family != sm90::TileFamily::kW4A8Group &&
+        sm90::kTileTable[i].family != sm90::TileFamily::kMxfp4A8) {
       continue;
     }
     EXPECT_TRUE(sm90::kTileTable[i].kind == sm90::MainloopKind::kSwapABTma ||
@@ -81,6 +83,8 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   single_role_w4a8.family = sm90::TileFamily::kW4A8;
   EXPECT_FALSE(sm90::valid_tile(single_role_w4a8));
   single_role_w4a8.family = sm90::TileFamily::kW4A8Group;
+  EXPECT_FALSE(sm90::valid_tile(single_role_w4a8));
+  single_role_w4a8.family = sm90::TileFamily::kMxfp4A8;
   EXPECT_FALSE(sm90::valid_tile(single_role_w4a8));
   // Groups of 128: swap-AB up to 8 rows per expert, then the 128-wide prefill row.
   std::string why;
