@@ -420,7 +420,11 @@ __device__ __forceinline__ void mx_entry_words(uint32_t s, uint32_t r, uint32_t&
 // zero-filled codes, which read as -8: their products meet zero tokens (past K) or columns that
 // are never stored (past N). kGroupScales: the first kBN / 4 threads also copy 16 bytes each of
 // the step's kBN weight scales (WScale::kGroup128: K-major, zeros past N) with the packed chunks,
-// and move them beside the converted tile before they arrive.
+// and move them beside the converted tile before they arrive. kMxScales: the first quarter of each
+// row (ptid % 4 == 0) copies the row's e8m0 word of the step (4 bytes per chunk) into the packed
+// scale slot; after its wait a __syncwarp shows it to the row's other quarters (all four in one
+// warp: ptid / 4 is the row), each converts its group with it, and the first quarter writes the
+// row's reference scale beside the converted tile (another __syncwarp before a slot is refilled).
 template <typename Shape>
 struct Int4Converter {
   static constexpr int kChunks = Shape::kBN * 4 / 128;  // per thread and step
@@ -433,30 +437,41 @@ struct Int4Converter {
   int rows_left;             // W rows of the item from that row on (n - n0 - ptid / 4)
   const float* scale_first;  // kGroupScales: step 0's scales of columns n0 + 4 ptid .. + 3
   bool scale_ok;             // ... which exist (n is a multiple of 8)
+  const uint32_t* mx_first;  // kMxScales: step 0's e8m0 word of this thread's first row
 
   __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w, int ptid) {
     const int row = w.n0 + ptid / 4;
     rows_left = p.n - row;
     w_first = p.w + (static_cast<int64_t>(w.expert) * p.n + row) * (p.k / 2) + (ptid & 3) * 16;
-    if constexpr (Shape::kGroupScales) {
+    if constexpr (Shape::kMxScales) {  // the words of e8m0 codes, K-major as the f32 scales
+      mx_first = reinterpret_cast<const uint32_t*>(p.w_group_scale) +
+                 static_cast<int64_t>(w.expert) * p.k_tiles * p.n + row;
+    } else if constexpr (Shape::kGroupScales) {
       scale_ok = ptid < kScaleCopiers && w.n0 + 4 * ptid < p.n;
-      // kMxScales: the words of e8m0 codes, laid out as the f32 scales (4 bytes per row and step).
-      const float* scales =
-          Shape::kMxScales ? reinterpret_cast<const float*>(p.w_group_scale) : p.w_scale;
-      scale_first = scales + static_cast<int64_t>(w.expert) * p.k_tiles * p.n + w.n0 + 4 * ptid;
+      scale_first = p.w_scale + static_cast<int64_t>(w.expert) * p.k_tiles * p.n + w.n0 + 4 * ptid;
     }
   }
   // The packed chunks of K step kt of the item into the packed slot at `slot` (kGroupScales: its
   // scales into `scale_slot`).
   __device__ __forceinline__ void load(const KernelParams& p, int kt, uint32_t slot,
                                        uint32_t scale_slot, int ptid) const {
-    if constexpr (Shape::kGroupScales) {
+    if constexpr (Shape::kMxScales) {
+      // The slot held step kt - kPackedStages's words, which the row's other quarters read in
+      // their last conversion: done by now.
+      __syncwarp();
+      if ((ptid & 3) == 0) {
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const bool ok = 32 * j < rows_left;
+          const uint32_t* src = mx_first + static_cast<int64_t>(kt) * p.n + 32 * j;
+          cp_async_4(scale_slot + 4 * (ptid / 4 + 32 * j), ok ? static_cast<const void*>(src) : p.w,
+                     ok);
+        }
+      }
+    } else if constexpr (Shape::kGroupScales) {
       if (ptid < kScaleCopiers) {
         cp_async_16(scale_slot + 16 * ptid,
-                    scale_ok
-                        ? static_cast<const void*>(scale_first + static_cast<int64_t>(kt) * p.n)
-                        : static_cast<const void*>(p.w),
-                    scale_ok);
+                    scale_ok ? scale_first + static_cast<int64_t>(kt) * p.n : p.w_scale, scale_ok);
       }
     }
     const bool k_ok = kt * Shape::kBK + (ptid & 3) * 32 < p.k;
@@ -476,6 +491,9 @@ struct Int4Converter {
     const uint32_t src = rings.packed_slot(c) + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
     const uint32_t tile = rings.w_tile(c);
     auto perm = [](uint32_t lo, uint32_t hi, uint32_t sel) { return __byte_perm(lo, hi, sel); };
+    if constexpr (Shape::kMxScales) {
+      __syncwarp();  // each row's e8m0 words, copied by its first quarter (waited for), seen by all
+    }
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const uint4 q = ld_shared_v4(src + 32 * j * kPackedRow);
