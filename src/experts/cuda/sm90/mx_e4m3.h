@@ -94,7 +94,9 @@ constexpr uint32_t mx_reference(uint32_t codes) {
 // Shifts whose entry is arithmetic: every nonzero magnitude stays a normal e4m3 (the smallest,
 // 0.5 = exponent field 6 at d = 0, keeps a field >= 1), so the entry is d = 0's with d added to
 // each nonzero code's exponent field (bits 3..6; no byte borrows or carries).
-constexpr bool mx_normal_shift(int d) { return d >= -5 && d <= kMxShiftMax; }
+constexpr bool mx_normal_shift(int d) {
+  return d >= -5 && d <= kMxShiftMax;
+}
 inline constexpr uint32_t kMxUnshifted[2] = {mx_table_word(0, 0), mx_table_word(0, 1)};
 constexpr uint32_t mx_normal_word(int d, int w) {
   // Byte 0 of word 0 is magnitude 0 (code 0), which stays 0.
