@@ -230,8 +230,8 @@ WorkspaceShapes Sm90StandardExpertsBase::workspace_shapes(int64_t M, int64_t N, 
                                                           const ExpertTokensMetadata*,
                                                           Activation activation) const {
   if constexpr (kCudaBuild) {
-    return sm90::grouped_workspace_shapes(moe_config(), quant_config(), M, N, K, topk,
-                                          local_num_experts, activation);
+    return sm90::grouped_workspace_shapes(moe_config(), quant_config(), state_->packing, M, N, K,
+                                          topk, local_num_experts, activation);
   } else {
     throw_no_cuda(name());
   }

@@ -356,12 +356,14 @@ cuda::sm90::WeightLaunchCache prepare(const Tensor& w, DType out, cuda::WPacking
 
 namespace sm90 {
 
-WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig& quant, int64_t M,
-                                         int64_t N, int64_t K, int64_t topk,
-                                         int64_t local_num_experts, Activation activation) {
+WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig& quant,
+                                         cuda::WPacking packing, int64_t M, int64_t N, int64_t K,
+                                         int64_t topk, int64_t local_num_experts,
+                                         Activation activation) {
   const size_t es = element_size(moe.in_dtype);
+  // As grouped_apply: the bf16 codes only where the W4A16 kernels take them.
   const Ws2Layout l = ws2_layout(M, N, K, topk, local_num_experts, activation, es, quant.a1,
-                                 quant.a2, fp8_codes_as_bf16(quant));
+                                 quant.a2, is_w4a16_packing(packing) && fp8_codes_as_bf16(quant));
   return {{M * topk, N}, {static_cast<int64_t>((l.bytes + es - 1) / es)}, {M, K}};
 }
 

@@ -94,10 +94,12 @@ inline int tile_for(const LaunchState& state, int gemm, int64_t M) {
 }
 
 // Workspaces of the Standard-format launch sequence (align tables live in workspace2; with an a2
-// quantization, its codes and scales too).
-WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig& quant, int64_t M,
-                                         int64_t N, int64_t K, int64_t topk,
-                                         int64_t local_num_experts, Activation activation);
+// quantization, its codes and scales too; fp8 activations of MX weights on the bf16 rows, their
+// codes as bf16), for W packed as `packing` (LaunchState::packing).
+WorkspaceShapes grouped_workspace_shapes(const MoEConfig& moe, const QuantConfig& quant,
+                                         cuda::WPacking packing, int64_t M, int64_t N, int64_t K,
+                                         int64_t topk, int64_t local_num_experts,
+                                         Activation activation);
 
 // Workspaces of the batched launch sequence, T rows per expert: GEMM1's output (E * T, N) in
 // workspace13 (which the modular kernel reuses for the experts' output), the activation
