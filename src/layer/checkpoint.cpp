@@ -615,29 +615,22 @@ void load_shared(const Reader& r, const LayerNames& names, const ModelPreset& mo
   std::memcpy(static_cast<char*>(w13.data()) + g.nbytes(), u.data(), u.nbytes());
 }
 
-// A quantized layer from host codes (w13, w2; the rest of w already where the layer runs) and
-// `quant`: the codes and the QuantConfig's scales and biases moved to the layer's device.
-MoELayer placed_quantized_layer(const ModelPreset& model, QuantConfig quant, const Tensor& w13,
-                                const Tensor& w2, MoELayerWeights w, const MoELayerOptions& options,
-                                std::optional<MoEPlan> plan = std::nullopt) {
+// The layer of a processed Quark method: its codes and its QuantConfig's scales and biases moved
+// to the layer's device (the rest of w is already there), and its plan (the method planned once;
+// the layer does not select again).
+MoELayer quark_layer(const ModelPreset& model, const quark::QuarkMoEMethod& method,
+                     const quark::ExpertParams& params, MoELayerWeights w,
+                     const MoELayerOptions& options) {
   const Device device = options.device.device();
   auto placed = [&](const Tensor& t) { return !t.defined() || device.is_cpu() ? t : t.to(device); };
-  w.w13 = placed(w13);
-  w.w2 = placed(w2);
+  w.w13 = placed(params.get("w13_weight"));
+  w.w2 = placed(params.get("w2_weight"));
+  QuantConfig quant = method.moe_quant_config();
   for (QuantDesc* d : {&quant.a1, &quant.a2, &quant.w1, &quant.w2}) {
     for (Tensor* t : {&d->scale, &d->alpha_or_gscale, &d->zp, &d->bias})
       *t = placed(*t);
   }
-  return MoELayer(model, std::move(quant), std::move(w), options, std::move(plan));
-}
-
-// The layer of a processed Quark method: its codes, its QuantConfig's scales and biases (on the
-// layer's device) and its plan (the method planned once; the layer does not select again).
-MoELayer quark_layer(const ModelPreset& model, const quark::QuarkMoEMethod& method,
-                     const quark::ExpertParams& params, MoELayerWeights w,
-                     const MoELayerOptions& options) {
-  return placed_quantized_layer(model, method.moe_quant_config(), params.get("w13_weight"),
-                                params.get("w2_weight"), std::move(w), options, method.plan());
+  return MoELayer(model, std::move(quant), std::move(w), options, method.plan());
 }
 
 // The checkpoint's quantization: its Quark config (other formats' configs translated) and the
