@@ -15,6 +15,8 @@
 #             compute-sanitizer memcheck on the kernel test
 #   mxbench   moekit bench --quant mxfp4_a8 on sm90_mxfp4 (bf16 rows) and sm90_mxfp4_fp8 (e4m3
 #             rows), qwen3-30b-a3b and mixtral-8x7b
+#   profile   bench/w4a8_profile.sh (Nsight Compute on the W4A8 prefill and decode kernels, their
+#             SASS with per-instruction stall samples), its logs in profile/
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 part_kernels() {
@@ -66,5 +68,8 @@ part_mxbench() {
     echo "bench --quant mxfp4_a8 --backend $b rc=$?"
     grep -E "^[a-z0-9-]+:|experts:|^ +[0-9]" "$log/bench_mxfp4_a8_$b.log"
   done
+}
+part_profile() {  # its own logs, packed into $out/profile/
+  OUT=$out/profile timeout 300 bash bench/w4a8_profile.sh
 }
 run_parts "$@"
