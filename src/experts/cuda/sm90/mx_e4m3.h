@@ -97,10 +97,14 @@ constexpr uint32_t mx_reference(uint32_t codes) {
 constexpr bool mx_normal_shift(int d) {
   return d >= -5 && d <= kMxShiftMax;
 }
-inline constexpr uint32_t kMxUnshifted[2] = {mx_table_word(0, 0), mx_table_word(0, 1)};
+// NOTE: scalars, not an array: device code may read a host constexpr scalar (its value), but an
+// array element read there compiles to a trap (found on the GPU, 2026-12-07).
+inline constexpr uint32_t kMxUnshiftedLo = mx_table_word(0, 0);
+inline constexpr uint32_t kMxUnshiftedHi = mx_table_word(0, 1);
 constexpr uint32_t mx_normal_word(int d, int w) {
   // Byte 0 of word 0 is magnitude 0 (code 0), which stays 0.
-  return kMxUnshifted[w] + static_cast<uint32_t>(d) * (w == 0 ? 0x08080800u : 0x08080808u);
+  return w == 0 ? kMxUnshiftedLo + static_cast<uint32_t>(d) * 0x08080800u
+                : kMxUnshiftedHi + static_cast<uint32_t>(d) * 0x08080808u;
 }
 
 // The table entry of group code s under reference r (shifts below kMxShiftMin use its entry).
