@@ -11,6 +11,7 @@
 #include "core/cuda_seam.h"
 #include "core/elementwise.h"
 #include "experts/cuda/ep_peer.h"
+#include "experts/cuda/sm90/int4_layout.h"
 #include "experts/cuda/sm90/mxfp4_layout.h"
 #include "experts/cuda/sm90/mxfp6_layout.h"
 #include "experts/cuda/sm90_experts.h"
@@ -949,6 +950,22 @@ void repack_mxfp6_in_place(Tensor& t, bool to_kernel, Stream stream) {
                                 to_kernel);
 }
 
+// int4 (uint4b8) codes and the W4A8 kernels' split codes, in place (the same swap both ways): on
+// the device by a kernel, on the host by the same function (sm90/int4_layout.h).
+void split_int4_in_place(Tensor& t, bool /*to_kernel: the swap is its own inverse*/,
+                         Stream stream) {
+  if (!t.defined()) return;
+  if (t.device().is_cuda()) {
+    if constexpr (kCudaBuild) sm90::split_int4_codes(t, stream);
+    return;
+  }
+  MOEKIT_CHECK(t.is_contiguous() && element_size(t.dtype()) == 1 && t.numel() % 4 == 0,
+               "int4 weight {}: not contiguous whole 4-byte words of codes", t.describe());
+  auto* words = static_cast<uint32_t*>(t.data());
+  for (int64_t i = 0; i < t.numel() / 4; ++i)
+    words[i] = cuda::sm90::int4_split_word(words[i]);
+}
+
 // A packed-weight backend's layout: the 16-bit backends' gate/up row blocks (when the activation
 // is fused), then both weights' codes rewritten in place by `codes` (to_kernel: true) into the
 // W4A16 kernels' layout, which `what` names.
@@ -976,6 +993,13 @@ std::optional<WeightLayout> sm90_mxfp4_weight_layout(const MoEConfig& moe) {
   return packed_weight_layout(moe,
                               "e2m1 codes of each group of 32 in the W4A16 kernels' nibble order",
                               reorder_mxfp4_in_place);
+}
+
+// sm90_w4a8: the int4 codes as split codes (the producer's two-permute lookup).
+std::optional<WeightLayout> sm90_w4a8_weight_layout(const MoEConfig& moe) {
+  return packed_weight_layout(
+      moe, "int4 codes with bits 2 and 3 of each nibble swapped (the W4A8 kernels' split codes)",
+      split_int4_in_place);
 }
 
 // sm90_mxfp6: every row repacked into the kernels' MXFP6 layout.
@@ -1189,15 +1213,17 @@ MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_nvfp4, [] {
   return b;
 }());
 
-MOEKIT_REGISTER_EXPERTS_BACKEND(
-    sm90_w4a8,
-    sm90_quantized_backend(
-        "sm90_w4a8", Sm90W4A8Experts::klass(), QuantOracleKind::kW4A8,
-        "Hopper e4m3 wgmma grouped GEMMs on int4 weights (per channel, or per channel and 128 of "
-        "K) with fp8 activations: the packed int4 streamed and converted exactly to e4m3 by the "
-        "producer warpgroup, accumulated over all of K (groups: promoted every K step), the "
-        "scales in the epilogue",
-        /*size_align=*/32));
+MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_w4a8, [] {
+  ExpertsBackend b = sm90_quantized_backend(
+      "sm90_w4a8", Sm90W4A8Experts::klass(), QuantOracleKind::kW4A8,
+      "Hopper e4m3 wgmma grouped GEMMs on int4 weights (per channel, or per channel and 128 of "
+      "K) with fp8 activations: the packed int4 streamed and converted exactly to e4m3 by the "
+      "producer warpgroup, accumulated over all of K (groups: promoted every K step), the "
+      "scales in the epilogue",
+      /*size_align=*/32);
+  b.layout = sm90_w4a8_weight_layout;
+  return b;
+}());
 
 // After sm90_mxfp4 (which runs the same pair on the bf16 wgmma) until measured on a GPU.
 MOEKIT_REGISTER_EXPERTS_BACKEND(sm90_mxfp4_fp8, [] {

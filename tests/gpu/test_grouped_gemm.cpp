@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "experts/cuda/sm90/int4_layout.h"
 #include "experts/cuda/sm90/mxfp6_layout.h"
 #include "experts/cuda/sm90_grouped_gemm.h"
 #include "moekit/core/half.h"
@@ -1382,14 +1383,14 @@ void random_e4m3_codes(std::vector<uint8_t>& codes, std::mt19937& rng) {
     c = moekit::quant::encode_e4m3(uni(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 6) - 4));
 }
 
-// Random uint4b8 weights (every nibble value), e4m3 A codes, per-row A scales and W scales per
-// channel (kW4A8 rows) or per channel and 128 of K (kGroup128, the kW4A8Group rows, which promote
-// each K step), an uneven schedule with an empty expert and experts of 1, 3 and 200 rows, a K that
-// ends inside a K step (k = 352: 2 full steps and 96 of 128) and a long one (deepseek-v3's 7168),
-// n past the last tile: every row of the family against the float64 product (int4 values exactly
-// as e4m3, so only the accumulation and bf16's rounding of C differ). C is poisoned: every written
-// element must be finite. Bad inputs: 32x128 blocks, 1x128 A groups, k not a multiple of 32,
-// 16-bit A, unaligned group scales.
+// Random uint4b8 weights (every nibble value; uploaded as split codes), e4m3 A codes, per-row A
+// scales and W scales per channel (kW4A8 rows) or per channel and 128 of K (kGroup128, the
+// kW4A8Group rows, which promote each K step), an uneven schedule with an empty expert and experts
+// of 1, 3 and 200 rows, a K that ends inside a K step (k = 352: 2 full steps and 96 of 128) and a
+// long one (deepseek-v3's 7168), n past the last tile: every row of the family against the float64
+// product (int4 values exactly as e4m3, so only the accumulation and bf16's rounding of C differ).
+// C is poisoned: every written element must be finite. Bad inputs: 32x128 blocks, 1x128 A groups, k
+// not a multiple of 32, 16-bit A, unaligned group scales.
 TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
   REQUIRE_GPU();
   const std::vector<int32_t> offsets = uneven_offsets();
@@ -1421,7 +1422,16 @@ TEST(GroupedGemmW4A8, EveryRowMatchesFloat64) {
         }
       }
     }
-    DeviceBuffer d_a = upload(a), d_w = upload(w), d_offsets = upload(offsets);
+    // The kernels read split codes (bits 2 and 3 of each nibble swapped, as the layer's weight
+    // layout stores them).
+    std::vector<uint8_t> w_split(w.size());
+    for (size_t i = 0; i < w.size(); i += 4) {
+      uint32_t word;
+      std::memcpy(&word, &w[i], 4);
+      word = sm90::int4_split_word(word);
+      std::memcpy(&w_split[i], &word, 4);
+    }
+    DeviceBuffer d_a = upload(a), d_w = upload(w_split), d_offsets = upload(offsets);
     DeviceBuffer d_a_row = upload(a_row);
     DeviceBuffer d_c(static_cast<size_t>(rows) * n * 2);
     for (const bool grouped : {false, true}) {

@@ -25,6 +25,7 @@
 #include "moekit/oracle/mxfp4.h"
 #include "moekit/oracle/plan.h"
 #include "moekit/oracle/unquantized.h"
+#include "moekit/oracle/w4a8.h"
 #include "moekit/quant/formats.h"
 
 namespace moekit {
@@ -279,9 +280,30 @@ void expect_each_expert_back(const WeightLayout& layout, const ExpertWeights& w,
   }
 }
 
-// sm90_mxfp4 (host tensors): the fused gate/up row blocks and every 16-byte group's codes in the
-// kernel nibble order, w2's codes too; to_standard on single experts gives the bytes back. The
-// kernel order is a permutation of each group (mxfp4_kernel_element).
+// A 4-bit backend's layout (host tensors, k / 2 bytes per row): to_kernel rewrites w2's codes as
+// `codes` does (w2 has no row reorder) and moves w13 (its rows and codes); to_standard on single
+// experts gives the bytes back. `name_part`: what the layout's name says.
+void expect_4bit_codes_layout(const std::optional<WeightLayout>& layout, const MoEConfig& moe,
+                              const char* name_part, uint32_t seed,
+                              const std::function<void(Tensor&)>& codes) {
+  ASSERT_TRUE(layout.has_value());
+  EXPECT_NE(layout->name.find(name_part), std::string::npos) << layout->name;
+  const int64_t E = moe.num_local_experts, N = 2 * moe.intermediate_size, H = moe.hidden_dim;
+  std::mt19937 rng(seed);
+  ExpertWeights w;
+  w.w13 = random_bytes(rng, {E, N, H / 2});
+  w.w2 = random_bytes(rng, {E, H, moe.intermediate_size / 2});
+  const Tensor w13_standard = w.w13.clone(), w2_standard = w.w2.clone();
+  layout->to_kernel(w, moe, Stream{});
+  Tensor w2_expect = w2_standard.clone();
+  codes(w2_expect);
+  EXPECT_EQ(std::memcmp(w.w2.data(), w2_expect.data(), static_cast<size_t>(w.w2.numel())), 0);
+  EXPECT_NE(std::memcmp(w.w13.data(), w13_standard.data(), static_cast<size_t>(w.w13.numel())), 0);
+  expect_each_expert_back(*layout, w, moe, w13_standard, w2_standard);
+}
+
+// sm90_mxfp4: the fused gate/up row blocks and every 16-byte group's codes in the kernel nibble
+// order, w2's codes too. The kernel order is a permutation of each group (mxfp4_kernel_element).
 TEST(WeightLayout, Sm90Mxfp4ReordersCodesOfBothWeightsAndInverts) {
   std::vector<int> seen(32, 0);
   for (int n = 0; n < 32; ++n)
@@ -295,23 +317,25 @@ TEST(WeightLayout, Sm90Mxfp4ReordersCodesOfBothWeightsAndInverts) {
   MoEConfig moe = small_moe(Activation::kSwigluOai);
   moe.hidden_dim = 64;
   moe.intermediate_size = 64;
-  const std::optional<WeightLayout> layout =
-      Mxfp4MoEKernelOracle(moe).backend("sm90_mxfp4").layout_for(moe);
-  ASSERT_TRUE(layout.has_value());
-  EXPECT_NE(layout->name.find("nibble order"), std::string::npos) << layout->name;
-  const int64_t E = moe.num_local_experts, N = 2 * moe.intermediate_size, H = moe.hidden_dim;
-  std::mt19937 rng(7);
-  ExpertWeights w;
-  w.w13 = random_bytes(rng, {E, N, H / 2});
-  w.w2 = random_bytes(rng, {E, H, moe.intermediate_size / 2});
-  const Tensor w13_standard = w.w13.clone(), w2_standard = w.w2.clone();
-  layout->to_kernel(w, moe, Stream{});
-  // w2 has no row reorder: its groups are the standard ones permuted.
-  Tensor w2_expect = w2_standard.clone();
-  cuda::sm90::mxfp4_reorder_groups(w2_expect.data_as<uint8_t>(), w2_expect.numel() / 16, true);
-  EXPECT_EQ(std::memcmp(w.w2.data(), w2_expect.data(), static_cast<size_t>(w.w2.numel())), 0);
-  EXPECT_NE(std::memcmp(w.w13.data(), w13_standard.data(), static_cast<size_t>(w.w13.numel())), 0);
-  expect_each_expert_back(*layout, w, moe, w13_standard, w2_standard);
+  expect_4bit_codes_layout(Mxfp4MoEKernelOracle(moe).backend("sm90_mxfp4").layout_for(moe), moe,
+                           "nibble order", 7, [](Tensor& t) {
+                             cuda::sm90::mxfp4_reorder_groups(t.data_as<uint8_t>(), t.numel() / 16,
+                                                              true);
+                           });
+}
+
+// sm90_w4a8: the fused gate/up row blocks and both weights' int4 codes as the kernels' split
+// codes (every word through int4_split_word).
+TEST(WeightLayout, Sm90W4A8SplitsCodesOfBothWeightsAndInverts) {
+  MoEConfig moe = small_moe(Activation::kSilu);
+  moe.hidden_dim = 64;
+  moe.intermediate_size = 64;
+  expect_4bit_codes_layout(W4A8MoEKernelOracle(moe).backend("sm90_w4a8").layout_for(moe), moe,
+                           "split codes", 11, [](Tensor& t) {
+                             auto* words = static_cast<uint32_t*>(t.data());
+                             for (int64_t i = 0; i < t.numel() / 4; ++i)
+                               words[i] = cuda::sm90::int4_split_word(words[i]);
+                           });
 }
 
 // sm90_mxfp6 (host tensors): the fused gate/up row blocks and every row repacked into the MXFP6
@@ -524,6 +548,46 @@ TEST(WeightLayout, Int4ToE4m3ConversionIsExact) {
                       code == quant::encode_e4m3(static_cast<float>(value));
       if (!ok && wrong++ < 5) {
         ADD_FAILURE() << "nibbles=" << std::hex << nibbles << " element " << i << ": code 0x"
+                      << static_cast<int>(code) << std::dec << ", want " << value;
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+// The split codes the W4A8 kernels read (sm90/int4_layout.h): the swap of bits 2 and 3 is its own
+// inverse and permutes the codes of a nibble, and the two-permute lookup (the second permute in
+// prmt's sign mode) gives, for every 16-bit pattern of four split codes, the e4m3 codes of the
+// values the uint4b8 codes before the swap held, exactly, in element order; the high half of the
+// word is ignored (the kernel passes the same word shifted for its high half).
+TEST(WeightLayout, Int4SplitCodesConvertExactly) {
+  using namespace cuda::sm90;  // NOLINT: the layout's names
+  for (uint32_t u = 0; u < 16; ++u) {
+    const uint32_t c = int4_split_word(u);
+    EXPECT_LT(c, 16u);
+    EXPECT_EQ(int4_split_word(c), u);
+    EXPECT_EQ(int4_split_word(u << 28) >> 28, c) << "every nibble of a word alike";
+  }
+  auto perm = [](uint32_t lo, uint32_t hi, uint32_t sel) { return host_byte_perm(lo, hi, sel); };
+  auto perm_sign = [](uint32_t lo, uint32_t hi, uint32_t sel) {
+    return host_byte_perm_sign(lo, hi, sel);
+  };
+  // The sign mode itself: bit 3 of a selector nibble spreads the selected byte's sign bit.
+  EXPECT_EQ(host_byte_perm_sign(0x80017F00u, 0x00FF0080u, 0x0B49u), 0x00FF8000u);
+  int wrong = 0;
+  for (uint32_t codes = 0; codes < 0x10000u; ++codes) {
+    const uint32_t word = codes | 0x5A5A0000u;
+    const uint32_t got =
+        int4x4_split_to_e4m3(word, word & 0x77777777u, perm, perm_sign, kInt4SplitT0, kInt4SplitT1,
+                             kInt4SplitS0, kInt4SplitS1);
+    const uint32_t unsplit = int4_split_word(codes);
+    for (int i = 0; i < 4; ++i) {
+      const int value = static_cast<int>((unsplit >> (4 * i)) & 0xFu) - 8;
+      const auto code = static_cast<uint8_t>(got >> (8 * i));
+      const bool ok = quant::decode_e4m3(code) == static_cast<float>(value) &&
+                      code == quant::encode_e4m3(static_cast<float>(value));
+      if (!ok && wrong++ < 5) {
+        ADD_FAILURE() << "split codes=" << std::hex << codes << " element " << i << ": code 0x"
                       << static_cast<int>(code) << std::dec << ", want " << value;
       }
     }

@@ -917,6 +917,14 @@ void reorder_mxfp4_codes(Tensor& w, bool to_kernel, Stream stream) {
                                                to_kernel, to_cuda(stream)));
 }
 
+void split_int4_codes(Tensor& w, Stream stream) {
+  MOEKIT_CHECK(w.device().is_cuda() && w.is_contiguous() && element_size(w.dtype()) == 1 &&
+                   w.numel() % 16 == 0,
+               "split_int4_codes: {} is not a contiguous CUDA tensor of whole 16-byte chunks",
+               w.describe());
+  MOEKIT_CUDA_CHECK(cuda::split_int4_codes(w.data(), w.numel(), to_cuda(stream)));
+}
+
 void repack_mxfp6_codes(Tensor& w, bool to_kernel, Stream stream) {
   const int64_t row_bytes = w.dim() > 0 ? w.size(w.dim() - 1) : 0;
   MOEKIT_CHECK(w.device().is_cuda() && w.is_contiguous() && element_size(w.dtype()) == 1 &&

@@ -128,6 +128,9 @@ std::string describe_grouped_tiles(const MoEConfig& moe, const std::optional<Qua
 // MXFP4 codes on the device, in place: every 16-byte group between the standard and the kernel's
 // nibble order (sm90/mxfp4_layout.h), asynchronously on `stream`.
 void reorder_mxfp4_codes(Tensor& w, bool to_kernel, Stream stream);
+// int4 (uint4b8) codes on the device, in place: into the W4A8 kernels' split codes or back (the
+// same swap; sm90/int4_layout.h), on `stream`.
+void split_int4_codes(Tensor& w, Stream stream);
 // MXFP6 rows on the device, in place: each row (the last dimension, 3k / 4 bytes, k a multiple of
 // 64) between the standard and the kernel layout (sm90/mxfp6_layout.h), on `stream`.
 void repack_mxfp6_codes(Tensor& w, bool to_kernel, Stream stream);

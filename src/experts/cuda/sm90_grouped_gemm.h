@@ -246,6 +246,10 @@ void interleave_gate_up_bias(const void* src, void* dst, int64_t experts, int64_
 // Rewrites `groups` 16-byte MXFP4 groups at device address w in place from the standard into the
 // kernel nibble order (to_kernel) or back (sm90/mxfp4_layout.h); w 16-byte aligned.
 cudaError_t reorder_mxfp4_groups(void* w, int64_t groups, bool to_kernel, cudaStream_t stream);
+// Rewrites `bytes` bytes of uint4b8 nibbles at device address w in place into the W4A8 kernels'
+// split codes (bits 2 and 3 of every nibble swapped, sm90/int4_layout.h; its own inverse); w
+// 16-byte aligned, bytes a multiple of 16.
+cudaError_t split_int4_codes(void* w, int64_t bytes, cudaStream_t stream);
 // Rewrites `rows` MXFP6 rows of k elements (3k / 4 bytes each, k a positive multiple of 64) at
 // device address w in place from the standard layout into the kernel layout (to_kernel) or back
 // (sm90/mxfp6_layout.h); w 16-byte aligned. One CTA per row at a time (the row staged in shared

@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <string>
 
 #include "experts/cuda/sm90/grouped_kernels.cuh"
@@ -102,4 +103,30 @@ cudaError_t run_w4a8(const GroupedGemmArgs& args, int row, const GroupedGemmPara
 }
 
 }  // namespace detail
+
+namespace {
+
+__global__ void split_int4_kernel(uint4* w, int64_t chunks) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < chunks;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = w[c];
+    w[c] = make_uint4(sm90::int4_split_word(v.x), sm90::int4_split_word(v.y),
+                      sm90::int4_split_word(v.z), sm90::int4_split_word(v.w));
+  }
+}
+
+}  // namespace
+
+cudaError_t split_int4_codes(void* w, int64_t bytes, cudaStream_t stream) {
+  if (bytes <= 0) return cudaSuccess;
+  if (w == nullptr || reinterpret_cast<uintptr_t>(w) % 16 != 0 || bytes % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t chunks = bytes / 16;
+  const int64_t blocks = std::min<int64_t>((chunks + 255) / 256, 4096);
+  split_int4_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(static_cast<uint4*>(w),
+                                                                       chunks);
+  return cudaGetLastError();
+}
+
 }  // namespace moekit::cuda

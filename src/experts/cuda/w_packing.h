@@ -25,11 +25,13 @@ enum class WPacking : uint8_t {
                // bits, 8 bytes per group; mxfp6_repack_rows converts the standard layout),
                // w_group_scale as for kMxfp4; dtype bf16; k a multiple of 64 (16-byte rows).
                // Each element is converted exactly to bf16 (fp6 x 2^(s - 127)).
-  kInt4,  // int4 (W4A8): w (num_experts, n, k / 2) bytes of uint4b8 nibbles (value = nibble - 8,
-          // element 2i in the low nibble of byte i; sm90/int4_layout.h), dtype (A) kE4M3 with
-          // its scales, W scales kExpert or kChannel (f32, the int4 code's unit); k a multiple
-          // of 32. Each element converts exactly to e4m3; the tensor cores accumulate over all
-          // of K (as kFp8Direct) and the epilogue applies the scales.
+  kInt4,  // int4 (W4A8): w (num_experts, n, k / 2) bytes of split codes: uint4b8 nibbles (value =
+          // nibble - 8, element 2i in the low nibble of byte i) with bits 2 and 3 swapped
+          // (int4_split_word, sm90/int4_layout.h; the layer's sm90_w4a8 weight layout stores
+          // them so), dtype (A) kE4M3 with its scales, W scales kExpert or kChannel (f32, the
+          // int4 code's unit); k a multiple of 32. Each element converts exactly to e4m3; the
+          // tensor cores accumulate over all of K (as kFp8Direct) and the epilogue applies the
+          // scales.
   kMxfp4Fp8,  // OCP MXFP4 with e4m3 A (and its scales): w (num_experts, n, k / 2) bytes of e2m1
               // codes in the standard order (element 2i in the low nibble of byte i),
               // w_group_scale (num_experts, ceil(k / 128), n) words of a row's four e8m0 codes per

@@ -410,21 +410,22 @@ __device__ __forceinline__ void mx_entry_words(uint32_t s, uint32_t r, uint32_t&
 // copies the 16-byte chunks q = ptid + 128 j of each K step's packed tile (row q / 4, quarter
 // q % 4: 32 elements of K) into the packed ring, with the step's tokens into the ring, one
 // cp.async group per step, and kLag = kPackedStages - 1 steps later converts exactly those chunks
-// (its own copies, so it waits only for its own group, which holds the tokens too) to e4m3 into a
-// W tile of the converted ring, 128-byte swizzled as the wgmma reads it. It then arrives on the
-// tile's "full" barrier (128 arrivals: every producer thread's conversion and tokens). The packed
-// slot of step it is refilled at step it + kPackedStages, after the same thread converted it; the
-// tokens' stage of step it is refilled at step it + kStages, once the consumers released it
-// (kStages >= kLag + 3: they need only steps converted two or more iterations earlier, so the
-// producer never waits on the step it has just converted). Rows past N and K past k are
-// zero-filled codes, which read as -8: their products meet zero tokens (past K) or columns that
-// are never stored (past N). kGroupScales: the first kBN / 4 threads also copy 16 bytes each of
-// the step's kBN weight scales (WScale::kGroup128: K-major, zeros past N) with the packed chunks,
-// and move them beside the converted tile before they arrive. kMxScales: the first quarter of each
-// row (ptid % 4 == 0) copies the row's e8m0 word of the step (4 bytes per chunk) into the packed
-// scale slot; after its wait a __syncwarp shows it to the row's other quarters (all four in one
-// warp: ptid / 4 is the row), each converts its group with it, and the first quarter writes the
-// row's reference scale beside the converted tile (another __syncwarp before a slot is refilled).
+// (its own copies, so it waits only for its own group, which holds the tokens too; int4: split
+// codes, int4x4_split_to_e4m3) to e4m3 into a W tile of the converted ring, 128-byte swizzled as
+// the wgmma reads it. It then arrives on the tile's "full" barrier (128 arrivals: every producer
+// thread's conversion and tokens). The packed slot of step it is refilled at step it +
+// kPackedStages, after the same thread converted it; the tokens' stage of step it is refilled at
+// step it + kStages, once the consumers released it (kStages >= kLag + 3: they need only steps
+// converted two or more iterations earlier, so the producer never waits on the step it has just
+// converted). Rows past N and K past k are zero-filled codes, which read as -8: their products meet
+// zero tokens (past K) or columns that are never stored (past N). kGroupScales: the first kBN / 4
+// threads also copy 16 bytes each of the step's kBN weight scales (WScale::kGroup128: K-major,
+// zeros past N) with the packed chunks, and move them beside the converted tile before they arrive.
+// kMxScales: the first quarter of each row (ptid % 4 == 0) copies the row's e8m0 word of the step
+// (4 bytes per chunk) into the packed scale slot; after its wait a __syncwarp shows it to the row's
+// other quarters (all four in one warp: ptid / 4 is the row), each converts its group with it, and
+// the first quarter writes the row's reference scale beside the converted tile (another __syncwarp
+// before a slot is refilled).
 template <typename Shape>
 struct Int4Converter {
   static constexpr int kChunks = Shape::kBN * 4 / 128;  // per thread and step
@@ -438,8 +439,13 @@ struct Int4Converter {
   const float* scale_first;  // kGroupScales: step 0's scales of columns n0 + 4 ptid .. + 3
   bool scale_ok;             // ... which exist (n is a multiple of 8)
   const uint32_t* mx_first;  // kMxScales: step 0's e8m0 word of this thread's first row
+  uint32_t t0, t1, s0, s1;   // int4: the split tables' words, held in registers
 
   __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w, int ptid) {
+    if constexpr (!Shape::kMxScales) {
+      t0 = opaque_u32(kInt4SplitT0), t1 = opaque_u32(kInt4SplitT1);
+      s0 = opaque_u32(kInt4SplitS0), s1 = opaque_u32(kInt4SplitS1);
+    }
     const int row = w.n0 + ptid / 4;
     rows_left = p.n - row;
     w_first = p.w + (static_cast<int64_t>(w.expert) * p.n + row) * (p.k / 2) + (ptid & 3) * 16;
@@ -494,9 +500,15 @@ struct Int4Converter {
     if constexpr (Shape::kMxScales) {
       __syncwarp();  // each row's e8m0 words, copied by its first quarter (waited for), seen by all
     }
+    // Every chunk's loads first: their latencies overlap, and the conversions that follow are
+    // independent work for the scheduler (one producer warp per scheduler issues them all).
+    uint4 chunks[kChunks];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j)
+      chunks[j] = ld_shared_v4(src + 32 * j * kPackedRow);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const uint4 q = ld_shared_v4(src + 32 * j * kPackedRow);
+      const uint4 q = chunks[j];
       const int row = ptid / 4 + 32 * j;
       uint32_t lo[4], hi[4];
       if constexpr (Shape::kMxScales) {
@@ -512,11 +524,14 @@ struct Int4Converter {
         if ((ptid & 3) == 0) {  // the row's reference scale 2^(r - 127) for the consumers
           st_shared_u32(rings.w_scales(c) + 4 * row, r << 23);
         }
-      } else {
-        lo[0] = int4x4_to_e4m3(q.x, perm), lo[1] = int4x4_to_e4m3(q.x >> 16, perm);
-        lo[2] = int4x4_to_e4m3(q.y, perm), lo[3] = int4x4_to_e4m3(q.y >> 16, perm);
-        hi[0] = int4x4_to_e4m3(q.z, perm), hi[1] = int4x4_to_e4m3(q.z >> 16, perm);
-        hi[2] = int4x4_to_e4m3(q.w, perm), hi[3] = int4x4_to_e4m3(q.w >> 16, perm);
+      } else {  // split codes (sm90/int4_layout.h): one mask per word serves both halves
+        auto sign = [](uint32_t lo, uint32_t hi, uint32_t sel) { return prmt_sign(lo, hi, sel); };
+        auto cvt = [&](uint32_t word, uint32_t(&out)[4], int i) {
+          const uint32_t index = word & 0x77777777u;
+          out[i] = int4x4_split_to_e4m3(word, index, perm, sign, t0, t1, s0, s1);
+          out[i + 1] = int4x4_split_to_e4m3(word >> 16, index >> 16, perm, sign, t0, t1, s0, s1);
+        };
+        cvt(q.x, lo, 0), cvt(q.y, lo, 2), cvt(q.z, hi, 0), cvt(q.w, hi, 2);
       }
       st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3)), lo);
       st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3) + 1), hi);
@@ -546,6 +561,36 @@ struct Int4Converter {
       convert(rings, s_full, s_w_empty, c, ptid);
   }
 };
+
+// The A loaders (single-role threads, the converting producers): the source of each A row this
+// thread copies (16-byte chunk `chunk` of the item's rows row_in_pass + i * kRowsPerPass; null:
+// padding, past the expert's rows or a gather row < 0), and the copy of those chunks of K stage
+// k_bytes into the stage at dst (zeros for null sources and past K).
+template <typename Shape>
+__device__ __forceinline__ void gathered_a_sources(const KernelParams& p, const WorkItem& w,
+                                                   int row_in_pass, int chunk,
+                                                   const uint8_t* (&a_src)[Shape::kAPasses]) {
+#pragma unroll
+  for (int i = 0; i < Shape::kAPasses; ++i) {
+    const int row = w.m0 + row_in_pass + i * Shape::kRowsPerPass;
+    const uint8_t* src = nullptr;
+    if (row < w.row_end) {
+      const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+      if (s >= 0) src = p.a + static_cast<int64_t>(s) * p.lda_bytes + chunk * kChunkBytes;
+    }
+    a_src[i] = src;
+  }
+}
+template <typename Shape>
+__device__ __forceinline__ void copy_a_stage(const KernelParams& p,
+                                             const uint8_t* const (&a_src)[Shape::kAPasses],
+                                             uint32_t dst, bool k_ok, int64_t k_bytes) {
+#pragma unroll
+  for (int i = 0; i < Shape::kAPasses; ++i) {
+    const bool ok = k_ok && a_src[i] != nullptr;
+    cp_async_16(dst + i * Shape::kRowsPerPass * kRowBytes, ok ? a_src[i] + k_bytes : p.a, ok);
+  }
+}
 
 // ---- kWarpSpecializedTma ------------------------------------------------------------------------
 
@@ -622,29 +667,41 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
          item += static_cast<int>(gridDim.x)) {
       // 2. Work item -> (expert, m-tile, n-tile).
       const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
-      for (int r = ptid; r < kBM; r += Shape::kLoaderThreads) {
-        const int row = w.m0 + r;
-        int64_t off = -1;
-        if (row < w.row_end) {
-          const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
-          if (s >= 0) off = static_cast<int64_t>(s) * p.lda_bytes;
+      // The A rows' sources: kW4A8's converting producer keeps its rows' sources in registers for
+      // the item (its step is instruction-bound: no offset loads per step); the others, whose
+      // producers run on few registers, share the item's offsets through shared memory.
+      [[maybe_unused]] const uint8_t* a_src[Shape::kPackedInt4 ? Shape::kAPasses : 1];
+      if constexpr (Shape::kPackedInt4) {
+        gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
+        int4.begin(p, w, ptid);
+      } else {
+        for (int r = ptid; r < kBM; r += Shape::kLoaderThreads) {
+          const int row = w.m0 + r;
+          int64_t off = -1;
+          if (row < w.row_end) {
+            const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+            if (s >= 0) off = static_cast<int64_t>(s) * p.lda_bytes;
+          }
+          s_a_offset[buf][r] = off;
         }
-        s_a_offset[buf][r] = off;
+        named_barrier_sync(1, Shape::kLoaderThreads);  // the offsets, seen by every loader
       }
-      named_barrier_sync(1, Shape::kLoaderThreads);  // the offsets, seen by every loader
-      if constexpr (Shape::kPackedInt4) int4.begin(p, w, ptid);
       for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
         const int s = it % kStages;
         mbar_wait(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
         const uint32_t sa = rings.stage(it);
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
-        const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes + chunk * kChunkBytes;
+        if constexpr (Shape::kPackedInt4) {
+          copy_a_stage<Shape>(p, a_src, sa + swizzled, k_ok, static_cast<int64_t>(kt) * kRowBytes);
+        } else {
+          const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes + chunk * kChunkBytes;
 #pragma unroll
-        for (int i = 0; i < Shape::kAPasses; ++i) {
-          const int64_t off = s_a_offset[buf][row_in_pass + i * Shape::kRowsPerPass];
-          const bool ok = k_ok && off >= 0;
-          cp_async_16(sa + swizzled + i * Shape::kRowsPerPass * kRowBytes,
-                      ok ? p.a + off + k_bytes : p.a, ok);
+          for (int i = 0; i < Shape::kAPasses; ++i) {
+            const int64_t off = s_a_offset[buf][row_in_pass + i * Shape::kRowsPerPass];
+            const bool ok = k_ok && off >= 0;
+            cp_async_16(sa + swizzled + i * Shape::kRowsPerPass * kRowBytes,
+                        ok ? p.a + off + k_bytes : p.a, ok);
+          }
         }
         if constexpr (Shape::kPackedInt4) {
           int4.load(p, kt, rings.packed_slot(it), rings.packed_scales(it), ptid);
@@ -725,36 +782,6 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 }
 
 // ---- kSingleRole --------------------------------------------------------------------------------
-
-// Single-role loaders: the source of each A row this thread copies (16-byte chunk `chunk` of the
-// item's rows row_in_pass + i * kRowsPerPass; null: padding, past the expert's rows or a gather
-// row < 0), and the copy of those chunks of K stage k_bytes into the stage at dst (zeros for null
-// sources and past K).
-template <typename Shape>
-__device__ __forceinline__ void gathered_a_sources(const KernelParams& p, const WorkItem& w,
-                                                   int row_in_pass, int chunk,
-                                                   const uint8_t* (&a_src)[Shape::kAPasses]) {
-#pragma unroll
-  for (int i = 0; i < Shape::kAPasses; ++i) {
-    const int row = w.m0 + row_in_pass + i * Shape::kRowsPerPass;
-    const uint8_t* src = nullptr;
-    if (row < w.row_end) {
-      const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
-      if (s >= 0) src = p.a + static_cast<int64_t>(s) * p.lda_bytes + chunk * kChunkBytes;
-    }
-    a_src[i] = src;
-  }
-}
-template <typename Shape>
-__device__ __forceinline__ void copy_a_stage(const KernelParams& p,
-                                             const uint8_t* const (&a_src)[Shape::kAPasses],
-                                             uint32_t dst, bool k_ok, int64_t k_bytes) {
-#pragma unroll
-  for (int i = 0; i < Shape::kAPasses; ++i) {
-    const bool ok = k_ok && a_src[i] != nullptr;
-    cp_async_16(dst + i * Shape::kRowsPerPass * kRowBytes, ok ? a_src[i] + k_bytes : p.a, ok);
-  }
-}
 
 // The copies of one work item into a single-role ring stage: every thread copies the 16-byte
 // chunk column `chunk` of kAPasses A rows (the stage's first kStageABytes) and kBPasses W rows

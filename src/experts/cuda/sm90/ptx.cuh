@@ -53,6 +53,22 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   return v;
 }
 
+// prmt.b32 in its default mode with the selector nibbles' bit 3 honoured: where it is set, the
+// selected byte's sign bit spread over the result byte (__byte_perm's documented selectors are
+// 0..7). Not volatile: the compiler may schedule it.
+__device__ __forceinline__ uint32_t prmt_sign(uint32_t lo, uint32_t hi, uint32_t selector) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(lo), "r"(hi), "r"(selector));
+  return d;
+}
+
+// A value the compiler must keep in a register (it cannot fold or rematerialize it as an
+// immediate): table words that byte permutes read in a loop.
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 // One 32-bit word of shared memory at a shared-window address, and its store.
 __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
   uint32_t v;
