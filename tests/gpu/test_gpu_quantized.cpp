@@ -275,7 +275,7 @@ TEST(QuantizedGpu, Mxfp4Fp8OnTheE4m3RowsMatchesEmulation) {
       for (int64_t M : {0, 1, 33, 257, 8192}) {
         if (std::string(tile) != "auto" && (M == 0 || M == 8192)) continue;
         MoELayerOptions cpu_opt;
-        cpu_opt.max_num_tokens = M;
+        cpu_opt.max_num_tokens = std::max<int64_t>(M, 1);
         MoELayerOptions gpu_opt = cpu_opt;
         gpu_opt.device = default_device_info();
         gpu_opt.backend = "sm90_mxfp4_fp8";
