@@ -15,6 +15,9 @@
 #             compute-sanitizer memcheck on the kernel test
 #   mxbench   moekit bench --quant mxfp4_a8 on sm90_mxfp4 (bf16 rows) and sm90_mxfp4_fp8 (e4m3
 #             rows), qwen3-30b-a3b and mixtral-8x7b
+#   rows      moekit bench --quant w4a8_fp8 with each W4A8 prefill row forced (its rings: converted
+#             tiles, token stages, the staged epilogue) and fp8_per_channel, qwen3-30b-a3b and
+#             mixtral-8x7b at prefill sizes
 #   profile   bench/w4a8_profile.sh (Nsight Compute on the W4A8 prefill and decode kernels, their
 #             SASS with per-instruction stall samples), its logs in profile/
 # shellcheck source=bench/device_prelude.sh
@@ -68,6 +71,21 @@ part_mxbench() {
     echo "bench --quant mxfp4_a8 --backend $b rc=$?"
     grep -E "^[a-z0-9-]+:|experts:|^ +[0-9]" "$log/bench_mxfp4_a8_$b.log"
   done
+}
+part_rows() {
+  local t
+  for t in 128x256 128x256c3 128x256s5 128x256c3s4 256x128; do
+    # shellcheck disable=SC2086  # one argument per size
+    timeout 120 build/moekit bench --quant w4a8_fp8 --tile "$t" --models qwen3-30b-a3b mixtral-8x7b \
+      --tokens ${W4A8_TOKENS:-4096 16384} --json "$log/bench_rows_$t.json" >"$log/bench_rows_$t.log" 2>&1
+    echo "bench --quant w4a8_fp8 --tile $t rc=$?"
+    grep -E "^[a-z0-9-]+:|experts:|^ +[0-9]" "$log/bench_rows_$t.log"
+  done
+  # shellcheck disable=SC2086
+  timeout 120 build/moekit bench --quant fp8_per_channel --models qwen3-30b-a3b mixtral-8x7b \
+    --tokens ${W4A8_TOKENS:-4096 16384} >"$log/bench_rows_fp8.log" 2>&1
+  echo "bench --quant fp8_per_channel rc=$?"
+  grep -E "^[a-z0-9-]+:|experts:|^ +[0-9]" "$log/bench_rows_fp8.log"
 }
 part_profile() {  # its own logs, packed into $out/profile/
   OUT=$out/profile timeout 300 bash bench/w4a8_profile.sh

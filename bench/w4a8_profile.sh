@@ -3,22 +3,25 @@
 # M = 16384 and the swap-AB row at M = 1): warp states, scheduler statistics and the stall
 # sampling of the source counters, to find what holds the converting producer back. Each case
 # also keeps its report and prints its SASS with the per-instruction stall samples
-# (ncu_<kernel>_<M>_sass.csv: which instruction the L1TEX waits sit on).
+# (ncu_<kernel>_<M>_<tile>_sass.csv: which instruction the L1TEX waits sit on).
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 ncu_args=(--clock-control none --section WarpStateStats --section SchedulerStats
           --section SourceCounters --section LaunchStats --section Occupancy --page details)
-for case in "ws_tma_kernel 16384" "ws_swapab_kernel 1"; do
+# W4A8_PROFILE_CASES: "kernel M tile" triples (default: the auto rows at prefill and decode).
+cases=${W4A8_PROFILE_CASES:-"ws_tma_kernel 16384 auto;ws_swapab_kernel 1 auto"}
+IFS=';' read -ra case_list <<<"$cases"
+for case in "${case_list[@]}"; do
   set -- $case
+  name="ncu_$1_$2_$3"
   timeout 200 ncu "${ncu_args[@]}" -k "regex:$1" --launch-skip 3 --launch-count 1 \
-    -o "$log/ncu_$1_$2" build/moekit bench --quant w4a8_fp8 --models mixtral-8x7b --tokens "$2" \
-    --reps 1 >"$log/ncu_$1_$2.log" 2>&1
-  echo "== $1 M=$2 rc=$?"
-  ncu -i "$log/ncu_$1_$2.ncu-rep" --page details >>"$log/ncu_$1_$2.log" 2>&1
-  ncu -i "$log/ncu_$1_$2.ncu-rep" --page source --csv --print-source sass \
-    >"$log/ncu_$1_$2_sass.csv" 2>&1
+    -o "$log/$name" build/moekit bench --quant w4a8_fp8 --models mixtral-8x7b --tokens "$2" \
+    --tile "$3" --reps 1 >"$log/$name.log" 2>&1
+  echo "== $1 M=$2 tile $3 rc=$?"
+  ncu -i "$log/$name.ncu-rep" --page details >>"$log/$name.log" 2>&1
+  ncu -i "$log/$name.ncu-rep" --page source --csv --print-source sass >"$log/${name}_sass.csv" 2>&1
   grep -E "Stall|stall|Issued|Eligible|Active Warps|No Eligible|Duration|Registers|Warp Cycles" \
-    "$log/ncu_$1_$2.log" | head -40
-  wc -l "$log/ncu_$1_$2_sass.csv"
+    "$log/$name.log" | head -40
+  wc -l "$log/${name}_sass.csv"
 done 2>&1 | tee "$log/session.log"
 pack_logs

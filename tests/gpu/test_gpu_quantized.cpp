@@ -240,6 +240,10 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
       {"1x64simt", {"mxfp4_w4a16", "nvfp4_w4a16", "mxfp6_e3m2", "mxfp6_e2m3"}},
       {"16x64tma", {"w4a8_fp8", "w4a8_fp8_g128"}},
       {"128x256", {"w4a8_fp8"}},
+      {"128x256c3", {"w4a8_fp8"}},
+      {"128x256s5", {"w4a8_fp8"}},
+      {"128x256c3s4", {"w4a8_fp8"}},
+      {"256x128", {"w4a8_fp8"}},
       {"128x128", {"w4a8_fp8_g128"}},
   };
   for (const TileCase& tc : cases) {

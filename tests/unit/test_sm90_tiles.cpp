@@ -66,7 +66,23 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_NE(sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
   // W4A8 converts in the producer warpgroup: only the producer kinds.
-  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8), "16x64tma, 128x256");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8),
+            "16x64tma, 128x256, 128x256c3, 128x256s5, 128x256c3s4, 256x128");
+  // Two 64-row blocks per consumer warpgroup: W4A8's 256x128 only (128 accumulators).
+  sm90::TileConfig two_blocks =
+      sm90::kTileTable[sm90::find_tile("256x128", sm90::TileFamily::kW4A8)];
+  EXPECT_TRUE(sm90::valid_tile(two_blocks));
+  two_blocks.bn = 256;
+  EXPECT_FALSE(sm90::valid_tile(two_blocks));
+  two_blocks = sm90::kTileTable[sm90::find_tile("128x256", sm90::TileFamily::kFp8Direct)];
+  two_blocks.bm = 256;
+  two_blocks.bn = 128;
+  EXPECT_FALSE(sm90::valid_tile(two_blocks));
+  // The staged epilogue where the rings leave room: W4A8's 5-stage row, not its 6-stage one.
+  EXPECT_TRUE(sm90::stages_epilogue(
+      sm90::kTileTable[sm90::find_tile("128x256s5", sm90::TileFamily::kW4A8)]));
+  EXPECT_FALSE(
+      sm90::stages_epilogue(sm90::kTileTable[sm90::find_tile("128x256", sm90::TileFamily::kW4A8)]));
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8Group), "16x64tma, 128x128");
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kMxfp4A8), "16x64tma, 128x128");
   for (int i = 0; i < sm90::kNumTiles; ++i) {

@@ -594,6 +594,53 @@ __device__ __forceinline__ void copy_a_stage(const KernelParams& p,
 
 // ---- kWarpSpecializedTma ------------------------------------------------------------------------
 
+// One work item of a consumer warpgroup holding two 64-row blocks of A (TileShape::kMBlocks = 2:
+// the W4A8 row 256x128, whose W tile serves 256 tokens; rows 128 * warpgroup + 64 b of the item
+// for b = 0, 1). Each K step issues a wgmma group per block on the one W tile and waits for the
+// previous step's two (K-invariant scales only: Promotion::kNone); each block's epilogue is the
+// plain or fused one of a 64-row warpgroup. `it` counts the CTA's K steps.
+template <typename T, typename OutT, typename Shape>
+__device__ __forceinline__ void two_block_item(const KernelParams& p, const WorkItem& w,
+                                               const Rings<Shape>& rings, uint64_t* s_full,
+                                               uint64_t* s_empty, uint64_t* s_w_empty, int& it,
+                                               int warpgroup, int tid) {
+  static_assert(Shape::kMBlocks == 2 && Shape::kPromotion == Promotion::kNone &&
+                !Shape::kEpilogueWarps && !Shape::kStagedEpilogue);
+  constexpr int kBN = Shape::kBN;
+  constexpr int kAcc = kBN / 2;
+  constexpr int kWSlots = Rings<Shape>::kWSlots;
+  using Step = KStep<T, kBN, Promotion::kNone>;
+  const int lane = tid & 31;
+  typename Step::Acc acc[2][kAcc];
+  zero_accumulators(acc[0]);
+  zero_accumulators(acc[1]);
+  const uint32_t a_first = static_cast<uint32_t>(warpgroup * 2 * 64 * kRowBytes);
+  for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+    mbar_wait(smem_u32(&s_full[it % kWSlots]), (it / kWSlots) & 1);
+    fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
+    const uint32_t sa = rings.stage(it) + a_first;
+    mma_stage<T, kBN>(acc[0], sa, rings.w_tile(it));
+    mma_stage<T, kBN>(acc[1], sa + 64 * kRowBytes, rings.w_tile(it));
+    wgmma_wait<2>();  // step kt - 1's two groups are done
+    fence_registers(acc[0]);
+    fence_registers(acc[1]);
+    if (kt >= 1) release_step<Shape>(s_empty, s_w_empty, it - 1, lane);
+  }
+  wgmma_wait<0>();
+  fence_registers(acc[0]);
+  fence_registers(acc[1]);
+  if (p.k_tiles > 0) release_step<Shape>(s_empty, s_w_empty, it - 1, lane);
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    FragmentRows rows{{-1, -1}};
+    if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, 2 * warpgroup + b, tid);
+    Step step;
+    float out[kAcc];
+    step.finish(acc[b], out, p, w, rows, lane);
+    store_warpgroup_tile<OutT, kBN>(p, out, w, 2 * warpgroup + b, tid);
+  }
+}
+
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     ws_tma_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
@@ -613,7 +660,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   __shared__ alignas(8) uint64_t s_empty[kStages];  // stage consumed (consumers -> producer)
   // kW4A8: W tile consumed (consumers -> producer)
   __shared__ alignas(8) uint64_t s_w_empty[Shape::kPackedInt4 ? kWSlots : 1];
-  __shared__ int64_t s_a_offset[2][kBM];  // producer: byte offset of each A row, -1 = zeros
+  // producer: byte offset of each A row, -1 = zeros (kW4A8's sources stay in registers)
+  __shared__ int64_t s_a_offset[2][Shape::kPackedInt4 ? 1 : kBM];
   // The handoff tile of the epilogue warps: [0] written (consumers -> epilogue warps), [1] read
   // out (epilogue warps -> consumers); one phase per item.
   __shared__ alignas(8) uint64_t s_handoff[2];
@@ -734,6 +782,10 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
     const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+    if constexpr (Shape::kMBlocks > 1) {
+      two_block_item<T, OutT, Shape>(p, w, rings, s_full, s_empty, s_w_empty, it, warpgroup, tid);
+      continue;
+    }
     FragmentRows rows{{-1, -1}};
     if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, warpgroup, tid);
     typename Step::Acc acc[kAcc];

@@ -62,6 +62,9 @@ struct TileShape {
   static constexpr int kStages = kConfig.stages;
   static constexpr int kMinBlocks = kConfig.min_blocks;
   static constexpr int kConsumers = kConfig.consumers;
+  // 64-row blocks of A per consumer warpgroup: 1, or 2 in the W4A8 row 256x128 (each step two
+  // wgmma groups on one W tile, an accumulator per block).
+  static constexpr int kMBlocks = kBM >= 64 * kConsumers ? kBM / (64 * kConsumers) : 1;
   // fp8 block scales: each K stage promoted out of the tensor cores (KStep), overlapped with the
   // next stage's wgmma where two temporaries fit.
   // W4A8 groups: chunked (no room for two temporaries beside a converting producer).
@@ -87,8 +90,11 @@ struct TileShape {
   // K, kStageBBytes); the producer converts each packed step into one of kConvertedTiles e4m3 W
   // tiles (the converted ring, in front of the others) that the consumers read.
   static constexpr int kPackedRowBytes = kPackedInt4 ? kRowBytes / 2 : kRowBytes / 4;
-  static constexpr int kConvertedTiles = kPackedInt4 ? (kSwapAB ? 4 : 2) : kSwapAB ? 0 : 3;
-  static constexpr int kPackedStages = kPackedInt4 ? (kSwapAB ? 9 : 3) : 0;
+  static constexpr int kConvertedTiles = kPackedInt4 ? (kSwapAB ? 4 : w4a8_converted_tiles(kConfig))
+                                         : kSwapAB   ? 0
+                                                     : 3;
+  static constexpr int kPackedStages =
+      kPackedInt4 ? (kSwapAB ? 9 : w4a8_packed_stages(kConfig)) : 0;
   static constexpr int kStageABytes = kBM * kRowBytes;
   static constexpr int kStageBBytes =
       kBN * (kPackedW4 || kPackedInt4 ? kPackedRowBytes : kRowBytes);
@@ -129,6 +135,7 @@ struct TileShape {
   static constexpr int kProducerRegisters = kEpilogueWarps ? 88 : 56;
   static constexpr int kConsumerRegisters = kEpilogueWarps ? 208 : 224;
   static_assert(kSimt || kAPasses * kRowsPerPass == kBM);
+  static_assert(kDynamicSmem <= kRingBudgetBytes, "the rings fit the CTA's shared memory");
   static_assert(kSimt || (kStageBytes % kSmemAlign == 0 && kConvertedBytes % kSmemAlign == 0),
                 "every stage starts on the swizzle period");
   static_assert(kSimt || !kPackedW4 || kConsumerThreads == 2 * kBN,

@@ -92,6 +92,10 @@ struct TileConfig {
   MainloopKind kind;
   int64_t max_rows_per_expert;  // auto-selection: chosen while rows per expert <= this
   const char* why;              // auto-selection's reason for this row
+  // The warp-specialized kW4A8 rows' own rings (0: 2 converted W tiles, 3 packed stages): the
+  // converted tiles let the producer run converted_tiles - 1 steps ahead of the consumers.
+  int converted_tiles = 0;
+  int packed_stages = 0;
 };
 
 // Measured on an H200 (bench/grouped_gemm_notes.md): 64x64 streams weights faster up to ~32 rows
@@ -214,6 +218,14 @@ inline constexpr TileConfig kTileTable[] = {
      "swap-AB: 64 weight rows x 16 tokens per item, 8 K steps of packed weights in flight"},
     {"128x256", TileFamily::kW4A8, 128, 256, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "4x the reuse of each converted W and A tile"},
+    {"128x256c3", TileFamily::kW4A8, 128, 256, 5, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "three converted W tiles: the producer two steps ahead", 3, 2},
+    {"128x256s5", TileFamily::kW4A8, 128, 256, 5, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "5 token stages, room for the staged epilogue"},
+    {"128x256c3s4", TileFamily::kW4A8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "three converted W tiles, 4 token stages and the staged epilogue", 3, 2},
+    {"256x128", TileFamily::kW4A8, 256, 128, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+     "256 tokens per converted W tile: half the conversions of 128x256 per token", 3, 2},
     // W4A8 with groups of 128: the kW4A8 rows' shapes, promoting each K step; the prefill row is
     // 128 wide (an accumulator and a 128-column temporary fit the 168 registers of a consumer
     // thread of a CTA whose producer converts: no register rebalancing).
@@ -266,6 +278,12 @@ constexpr bool valid_tile(const TileConfig& t) {
            t.consumers == 1 && t.stages >= 6 &&
            (t.family != TileFamily::kW4A16 || t.stages % 2 == 0);
   }
+  if (t.family == TileFamily::kW4A8 && t.bm == 128 * t.consumers) {
+    // Two 64-row blocks per consumer warpgroup (TileShape::kMBlocks): half the converted columns
+    // per token of 128x256, the same 128 accumulators per thread.
+    return t.kind == MainloopKind::kWarpSpecializedTma && t.consumers == 2 && t.bn == 128 &&
+           t.min_blocks == 1 && t.stages >= 4;
+  }
   return t.bm == 64 * t.consumers && t.stages >= 2 && t.bn % 64 == 0 && t.bn <= 256 &&
          (t.kind == MainloopKind::kWarpSpecializedTma || t.stages >= 3) &&
          (t.family != TileFamily::kFp8 || t.bn != 192) &&
@@ -283,22 +301,41 @@ constexpr bool valid_table() {
   return true;
 }
 static_assert(valid_table(),
-              "every row: bm = 64 * consumers, bn a multiple of 64 up to 256 (64, 128 or 256 for "
+              "every row: bm = 64 * consumers (W4A8 256x128: 128), bn a multiple of 64 up to 256 "
+              "(64, 128 or 256 for "
               "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows (swap-AB: 16x64 or "
               "16-bit / fp8 32x64, one warpgroup, >= 6 stages, even for W4A16; epilogue "
               "warps: 128x256, 16-bit, fp8 direct or int8); the last row of a family takes "
               "any size");
 
-// Rows whose plain epilogue (no fused activation) goes through shared memory (sm90/epilogue.cuh,
-// store_warpgroup_tile_staged): the 128x256 warp-specialized rows whose rings leave room for two
-// staging tiles (not W4A8's three rings).
-constexpr bool stages_epilogue(const TileConfig& t) {
-  return t.kind == MainloopKind::kWarpSpecializedTma && t.bn == 256 && t.consumers == 2 &&
-         t.family != TileFamily::kW4A8;
-}
 inline constexpr int kStagedCols = 64;                     // columns per round
 inline constexpr int kStagedPitch = kStagedCols * 2 + 16;  // bytes per staged row (16-bit C)
 inline constexpr int kStagedBytes = 64 * kStagedPitch;     // one warpgroup's staging tile
+// The dynamic shared memory a CTA may hold (227 KB on sm_90), less what the kernels keep static
+// (the scheduler's prefix, the producer's row offsets, barriers: 4.1 KB in the W4A8 rows): 5 KB.
+inline constexpr int kRingBudgetBytes = 227 * 1024 - 5 * 1024;
+
+// The kW4A8 warp-specialized rows' three rings (tiles of 128 bytes per row: the tokens' stages,
+// the converted W tiles, the packed stages at 64 bytes per row), with the defaults of TileConfig.
+constexpr int w4a8_converted_tiles(const TileConfig& t) {
+  return t.converted_tiles != 0 ? t.converted_tiles : 2;
+}
+constexpr int w4a8_packed_stages(const TileConfig& t) {
+  return t.packed_stages != 0 ? t.packed_stages : 3;
+}
+constexpr int w4a8_ring_bytes(const TileConfig& t) {
+  return (t.stages * t.bm + w4a8_converted_tiles(t) * t.bn) * 128 +
+         w4a8_packed_stages(t) * t.bn * 64;
+}
+
+// Rows whose plain epilogue (no fused activation) goes through shared memory (sm90/epilogue.cuh,
+// store_warpgroup_tile_staged): the 128x256 warp-specialized rows whose rings leave room for two
+// staging tiles (kW4A8: where its three rings do).
+constexpr bool stages_epilogue(const TileConfig& t) {
+  return t.kind == MainloopKind::kWarpSpecializedTma && t.bn == 256 && t.consumers == 2 &&
+         (t.family != TileFamily::kW4A8 ||
+          w4a8_ring_bytes(t) + 2 * kStagedBytes + 1024 <= kRingBudgetBytes);
+}
 
 // The handoff tile of the epilogue-warp rows (kWarpSpecializedEpilogue): the 128 x 256 tile
 // as 16-bit values, rows of 512 bytes + 16 of padding (a consumer warp's store of 8 rows x 4 words
