@@ -302,8 +302,8 @@ constexpr bool valid_table() {
 }
 static_assert(valid_table(),
               "every row: bm = 64 * consumers (W4A8 256x128: 128), bn a multiple of 64 up to 256 "
-              "(64, 128 or 256 for "
-              "fp8, 64 * consumers for W4A16), stages >= 3 for single-role rows (swap-AB: 16x64 or "
+              "(64, 128 or 256 for fp8, 64 * consumers for W4A16), stages >= 3 for single-role "
+              "rows (swap-AB: 16x64 or "
               "16-bit / fp8 32x64, one warpgroup, >= 6 stages, even for W4A16; epilogue "
               "warps: 128x256, 16-bit, fp8 direct or int8); the last row of a family takes "
               "any size");
