@@ -15,9 +15,10 @@
 #             compute-sanitizer memcheck on the kernel test
 #   mxbench   moekit bench --quant mxfp4_a8 on sm90_mxfp4 (bf16 rows) and sm90_mxfp4_fp8 (e4m3
 #             rows), qwen3-30b-a3b and mixtral-8x7b
-#   rows      moekit bench --quant w4a8_fp8 with each W4A8 prefill row forced (its rings: converted
-#             tiles, token stages, the staged epilogue) and fp8_per_channel, qwen3-30b-a3b and
-#             mixtral-8x7b at prefill sizes
+#   rows      moekit bench --quant w4a8_fp8 with each W4A8 prefill row forced (W4A8_ROWS) and
+#             fp8_per_channel, qwen3-30b-a3b and mixtral-8x7b at prefill sizes
+#   peer      moekit bench --quant w4a8_fp8 / fp8_per_tensor (auto rows) and the Triton peer's fp8
+#             per-tensor layer on qwen3-30b-a3b and mixtral-8x7b, M = 1 .. 16384, with the ratios
 #   profile   bench/w4a8_profile.sh (Nsight Compute on the W4A8 prefill and decode kernels, their
 #             SASS with per-instruction stall samples), its logs in profile/
 # shellcheck source=bench/device_prelude.sh
@@ -74,7 +75,7 @@ part_mxbench() {
 }
 part_rows() {
   local t
-  for t in 128x256 128x256c3 128x256s5 128x256c3s4 256x128; do
+  for t in ${W4A8_ROWS:-128x256 256x128}; do
     # shellcheck disable=SC2086  # one argument per size
     timeout 120 build/moekit bench --quant w4a8_fp8 --tile "$t" --models qwen3-30b-a3b mixtral-8x7b \
       --tokens ${W4A8_TOKENS:-4096 16384} --json "$log/bench_rows_$t.json" >"$log/bench_rows_$t.log" 2>&1
@@ -86,6 +87,25 @@ part_rows() {
     --tokens ${W4A8_TOKENS:-4096 16384} >"$log/bench_rows_fp8.log" 2>&1
   echo "bench --quant fp8_per_channel rc=$?"
   grep -E "^[a-z0-9-]+:|experts:|^ +[0-9]" "$log/bench_rows_fp8.log"
+}
+part_peer() {
+  local q
+  for q in w4a8_fp8 fp8_per_tensor; do
+    timeout 150 build/moekit bench --quant "$q" --models qwen3-30b-a3b mixtral-8x7b \
+      --tokens 1 64 1024 4096 16384 --json "$log/bench_peer_$q.json" >"$log/bench_peer_$q.log" 2>&1
+    echo "bench --quant $q rc=$?"
+    grep -E "^[a-z0-9-]+:|experts:|^ +[0-9]" "$log/bench_peer_$q.log"
+  done
+  PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --dtype fp8tensor \
+    --shapes qwen3-30b-a3b,mixtral-8x7b --tokens 1,64,1024,4096,16384 \
+    --json "$log/peer_fp8tensor.json" >"$log/peer_fp8tensor.log" 2>&1
+  echo "peer fp8tensor rc=$?"
+  for q in w4a8_fp8 fp8_per_tensor; do
+    python3 bench/compare_peer.py "$log/bench_peer_$q.json" "$log/peer_fp8tensor.json" \
+      --dtype fp8tensor >"$log/ratio_$q.md" 2>&1
+    echo "== peer fp8tensor / moekit $q"
+    cat "$log/ratio_$q.md"
+  done
 }
 part_profile() {  # its own logs, packed into $out/profile/
   OUT=$out/profile timeout 300 bash bench/w4a8_profile.sh

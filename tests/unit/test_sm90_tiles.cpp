@@ -66,8 +66,7 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_NE(sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
   // W4A8 converts in the producer warpgroup: only the producer kinds.
-  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8),
-            "16x64tma, 128x256, 128x256c3, 128x256s5, 128x256c3s4, 256x128");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8), "16x64tma, 128x256, 256x128");
   // Two 64-row blocks per consumer warpgroup: W4A8's 256x128 only (128 accumulators).
   sm90::TileConfig two_blocks =
       sm90::kTileTable[sm90::find_tile("256x128", sm90::TileFamily::kW4A8)];
@@ -78,11 +77,13 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   two_blocks.bm = 256;
   two_blocks.bn = 128;
   EXPECT_FALSE(sm90::valid_tile(two_blocks));
-  // The staged epilogue where the rings leave room: W4A8's 5-stage row, not its 6-stage one.
-  EXPECT_TRUE(sm90::stages_epilogue(
-      sm90::kTileTable[sm90::find_tile("128x256s5", sm90::TileFamily::kW4A8)]));
-  EXPECT_FALSE(
-      sm90::stages_epilogue(sm90::kTileTable[sm90::find_tile("128x256", sm90::TileFamily::kW4A8)]));
+  // The staged epilogue where the rings leave room: not W4A8's 6-stage 128x256, a 5-stage one.
+  sm90::TileConfig w4a8_wide =
+      sm90::kTileTable[sm90::find_tile("128x256", sm90::TileFamily::kW4A8)];
+  EXPECT_FALSE(sm90::stages_epilogue(w4a8_wide));
+  w4a8_wide.stages = 5;
+  EXPECT_TRUE(sm90::stages_epilogue(w4a8_wide));
+
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8Group), "16x64tma, 128x128");
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kMxfp4A8), "16x64tma, 128x128");
   for (int i = 0; i < sm90::kNumTiles; ++i) {
@@ -155,12 +156,17 @@ TEST(Sm90Tiles, SelectionByRowsPerExpertGivesAReason) {
             sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct));
   EXPECT_EQ(sm90::select_tile(64, &why, sm90::TileFamily::kFp8Direct),
             sm90::find_tile("128x256", sm90::TileFamily::kFp8Direct));
-  // W4A8: swap-AB up to 8 rows per expert, then the 128x256 row.
+  // W4A8: swap-AB up to 8 rows per expert, then 128x256, from 256 rows per expert 256x128.
   EXPECT_EQ(sm90::select_tile(8, &why, sm90::TileFamily::kW4A8),
             sm90::find_tile("16x64tma", sm90::TileFamily::kW4A8));
   EXPECT_TRUE(testing::contains_all(why, {"16x64tma", "packed weights in flight"}));
   EXPECT_EQ(sm90::select_tile(9, &why, sm90::TileFamily::kW4A8),
             sm90::find_tile("128x256", sm90::TileFamily::kW4A8));
+  EXPECT_EQ(sm90::select_tile(255, &why, sm90::TileFamily::kW4A8),
+            sm90::find_tile("128x256", sm90::TileFamily::kW4A8));
+  EXPECT_EQ(sm90::select_tile(256, &why, sm90::TileFamily::kW4A8),
+            sm90::find_tile("256x128", sm90::TileFamily::kW4A8));
+  EXPECT_TRUE(testing::contains_all(why, {"256x128", "half the conversions"}));
 }
 
 // fp8 layers pick their family from the scales' group shapes, by the launch's own rule

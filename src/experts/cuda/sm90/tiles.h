@@ -147,6 +147,11 @@ struct TileConfig {
 // ring full (128x256 with only 64 loaders: 20-37% slower), the lost stage costs 2-8%, and the
 // overlap itself gains 2-6% on top of that. Forceable by name, never auto-selected (after
 // 128x256); faster once A needs fewer loading threads (e.g. by TMA where it is not gathered).
+// W4A8 prefill (bench/results/2026-12-07-h100-w4a8-rows, H100): 256x128 (two 64-row blocks per
+// consumer warpgroup: each converted W tile serves 256 tokens) against 128x256 at M = 16384:
+// mixtral-8x7b 16269 vs 17779 us, qwen3-30b-a3b 3353 vs 3549; level at 256 rows per expert
+// (qwen3-30b-a3b M = 4096: 1156 vs 1155). Three converted tiles or the staged epilogue on 128x256
+// gained at most 2.7% (rows not kept).
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
@@ -216,14 +221,8 @@ inline constexpr TileConfig kTileTable[] = {
     // flight) and the converted W ring (kConvertedTiles: 4 and 2) have their own depths.
     {"16x64tma", TileFamily::kW4A8, 16, 64, 14, 1, 2, MainloopKind::kSwapABTma, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, 8 K steps of packed weights in flight"},
-    {"128x256", TileFamily::kW4A8, 128, 256, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+    {"128x256", TileFamily::kW4A8, 128, 256, 6, 2, 1, MainloopKind::kWarpSpecializedTma, 255,
      "4x the reuse of each converted W and A tile"},
-    {"128x256c3", TileFamily::kW4A8, 128, 256, 5, 2, 1, MainloopKind::kWarpSpecializedTma,
-     INT64_MAX, "three converted W tiles: the producer two steps ahead", 3, 2},
-    {"128x256s5", TileFamily::kW4A8, 128, 256, 5, 2, 1, MainloopKind::kWarpSpecializedTma,
-     INT64_MAX, "5 token stages, room for the staged epilogue"},
-    {"128x256c3s4", TileFamily::kW4A8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
-     INT64_MAX, "three converted W tiles, 4 token stages and the staged epilogue", 3, 2},
     {"256x128", TileFamily::kW4A8, 256, 128, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "256 tokens per converted W tile: half the conversions of 128x256 per token", 3, 2},
     // W4A8 with groups of 128: the kW4A8 rows' shapes, promoting each K step; the prefill row is
