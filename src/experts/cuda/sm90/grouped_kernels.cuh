@@ -596,9 +596,12 @@ __device__ __forceinline__ void copy_a_stage(const KernelParams& p,
 
 // One work item of a consumer warpgroup holding two 64-row blocks of A (TileShape::kMBlocks = 2:
 // the W4A8 row 256x128, whose W tile serves 256 tokens; rows 128 * warpgroup + 64 b of the item
-// for b = 0, 1). Each K step issues a wgmma group per block on the one W tile and waits for the
-// previous step's two (K-invariant scales only: Promotion::kNone); each block's epilogue is the
-// plain or fused one of a 64-row warpgroup. `it` counts the CTA's K steps.
+// for b = 0, 1). Each K step issues a wgmma group per block on the one W tile, waits for both and
+// releases the step at once (K-invariant scales only: Promotion::kNone). Released after the next
+// step's issue instead (one step in flight per warpgroup), the release waited for the next step's
+// "full" and coupled the producer to the consumers: 2% slower (bench/results/
+// 2026-12-07-h100-w4a8-rows). Each block's epilogue is the plain or fused one of a 64-row
+// warpgroup. `it` counts the CTA's K steps.
 template <typename T, typename OutT, typename Shape>
 __device__ __forceinline__ void two_block_item(const KernelParams& p, const WorkItem& w,
                                                const Rings<Shape>& rings, uint64_t* s_full,
@@ -621,15 +624,11 @@ __device__ __forceinline__ void two_block_item(const KernelParams& p, const Work
     const uint32_t sa = rings.stage(it) + a_first;
     mma_stage<T, kBN>(acc[0], sa, rings.w_tile(it));
     mma_stage<T, kBN>(acc[1], sa + 64 * kRowBytes, rings.w_tile(it));
-    wgmma_wait<2>();  // step kt - 1's two groups are done
+    wgmma_wait<0>();  // this step's groups are done (the other warpgroup's keep the cores busy)
     fence_registers(acc[0]);
     fence_registers(acc[1]);
-    if (kt >= 1) release_step<Shape>(s_empty, s_w_empty, it - 1, lane);
+    release_step<Shape>(s_empty, s_w_empty, it, lane);
   }
-  wgmma_wait<0>();
-  fence_registers(acc[0]);
-  fence_registers(acc[1]);
-  if (p.k_tiles > 0) release_step<Shape>(s_empty, s_w_empty, it - 1, lane);
 #pragma unroll
   for (int b = 0; b < 2; ++b) {
     FragmentRows rows{{-1, -1}};
