@@ -598,7 +598,7 @@ __device__ __forceinline__ void copy_a_stage(const KernelParams& p,
 // the W4A8 row 256x128, whose W tile serves 256 tokens; rows 128 * warpgroup + 64 b of the item
 // for b = 0, 1). Each K step issues a wgmma group per block on the one W tile, waits for both and
 // releases the step at once (K-invariant scales only: Promotion::kNone). Released after the next
-// step's issue instead (one step in flight per warpgroup), the release waited for the next step's
+// step's issue instead (two steps in flight per warpgroup), the release waited for the next step's
 // "full" and coupled the producer to the consumers: 2% slower (bench/results/
 // 2026-12-07-h100-w4a8-rows). Each block's epilogue is the plain or fused one of a 64-row
 // warpgroup. `it` counts the CTA's K steps.
