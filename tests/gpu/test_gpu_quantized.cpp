@@ -231,6 +231,7 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
       {"128x256",
        {"fp8_block128", "fp8_per_channel", "fp8_per_tensor", "int8_w8a8", "int8_per_tensor"}},
       {"128x256epi", {"fp8_per_channel", "fp8_per_tensor", "int8_w8a8", "int8_per_tensor"}},
+      {"128x256mc", {"fp8_block128", "fp8_per_channel", "fp8_per_tensor"}},
       {"16x64",
        {"fp8_block128", "fp8_per_channel", "fp8_per_tensor", "mxfp4_w4a16", "nvfp4_w4a16"}},
       {"16x64tma", {"fp8_block128", "fp8_per_channel", "fp8_per_tensor"}},

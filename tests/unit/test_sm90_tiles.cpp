@@ -25,7 +25,8 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_EQ(sm90::find_tile("128x256"), 5);
   EXPECT_EQ(sm90::find_tile("256x128"), -1);
   EXPECT_EQ(sm90::find_tile("auto"), -1);
-  EXPECT_EQ(sm90::tile_names(), "16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi");
+  EXPECT_EQ(sm90::tile_names(),
+            "16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi, 128x256mc");
   // The CUDA-core rows serve 16-bit and W4A16 only, 8 warps of 8 weight rows.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A16), "1x64simt, 16x64, 64x64, 128x128");
   sm90::TileConfig simt_fp8 = sm90::kTileTable[sm90::find_tile("1x64simt")];
@@ -46,10 +47,28 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
             sm90::TileFamily::kFp8);
   EXPECT_NE(sm90::find_tile("128x256", sm90::TileFamily::kFp8), sm90::find_tile("128x256"));
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8),
-            "16x64tma, 16x64, 64x64, 32x64, 64x128, 128x128, 128x256");
+            "16x64tma, 16x64, 64x64, 32x64, 64x128, 128x128, 128x256, 128x256mc");
   // fp8 without block scales keeps no temporary accumulator: its prefill row is 128x256.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct),
-            "16x64tma, 16x64, 32x64, 64x64, 128x256, 128x256epi");
+            "16x64tma, 16x64, 32x64, 64x64, 128x256, 128x256epi, 128x256mc");
+  // 2-CTA clusters (W multicast): warp-specialized TMA rows of the TMA families only, halves of
+  // W that are whole swizzle periods, one CTA per SM.
+  const sm90::TileConfig mc = sm90::kTileTable[sm90::find_tile("128x256mc")];
+  EXPECT_EQ(mc.cluster, 2);
+  EXPECT_TRUE(sm90::valid_tile(mc));
+  sm90::TileConfig bad_mc = mc;
+  bad_mc.cluster = 4;
+  EXPECT_FALSE(sm90::valid_tile(bad_mc));
+  bad_mc = mc;
+  bad_mc.bn = 192;
+  EXPECT_FALSE(sm90::valid_tile(bad_mc));
+  bad_mc = mc;
+  bad_mc.kind = sm90::MainloopKind::kWarpSpecializedEpilogue;
+  EXPECT_FALSE(sm90::valid_tile(bad_mc));
+  bad_mc = mc;
+  bad_mc.family = sm90::TileFamily::kW4A8;  // converted W: no TMA to multicast
+  EXPECT_FALSE(sm90::valid_tile(bad_mc));
+  EXPECT_EQ(sm90::kTileTable[sm90::find_tile("128x256")].cluster, 1);
   // 32 tokens per swap-AB item: 16-bit and fp8 (not W4A16, whose swap-AB converts W into
   // registers for 16 tokens), single-role loading only.
   sm90::TileConfig wide_swap = sm90::kTileTable[sm90::find_tile("32x64")];
@@ -206,7 +225,7 @@ TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
       testing::error_of([&] { Sm90GroupedExperts e(moe, QuantConfig::unquantized()); });
   EXPECT_TRUE(testing::contains_all(
       msg, {"tile_config '96x96'",
-            "auto, 16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi"}));
+            "auto, 16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi, 128x256mc"}));
   moe.tile_config = "128x256";
   EXPECT_NO_THROW(Sm90GroupedExperts(moe, QuantConfig::unquantized()));
   moe.tile_config = "auto";

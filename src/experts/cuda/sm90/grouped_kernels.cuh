@@ -356,12 +356,20 @@ struct Rings {
 };
 
 // The consumers are done with step `it` (its wgmma completed): one arrival per consumer warp on
-// the stage's "empty" barrier, and on the W tile's (kW4A8).
+// the stage's "empty" barrier, and on the W tile's (kW4A8). Cluster rows: on the stage's barrier
+// of every CTA of the cluster, whose producers all write into this stage (W multicast).
 template <typename Shape>
 __device__ __forceinline__ void release_step(uint64_t* s_empty, uint64_t* s_w_empty, int it,
                                              int lane) {
   if (lane != 0) return;
-  mbar_arrive(smem_u32(&s_empty[it % Shape::kStages]));
+  const uint32_t empty = smem_u32(&s_empty[it % Shape::kStages]);
+  if constexpr (Shape::kCluster > 1) {
+#pragma unroll
+    for (uint32_t rank = 0; rank < Shape::kCluster; ++rank)
+      mbar_arrive_cluster(cluster_map(empty, rank));
+  } else {
+    mbar_arrive(empty);
+  }
   if constexpr (Shape::kPackedInt4) {
     mbar_arrive(smem_u32(&s_w_empty[it % Rings<Shape>::kWSlots]));
   }
@@ -370,7 +378,7 @@ __device__ __forceinline__ void release_step(uint64_t* s_empty, uint64_t* s_w_em
 // The barriers of the rings (one thread, before the CTA's first __syncthreads): "full" takes
 // kLoaderThreads + 1 arrivals where W comes by TMA (each loading thread's cp.async and the TMA's
 // expect-tx), 128 for kW4A8 (each producer thread after its conversion); "empty" and "w_empty"
-// one per consumer warp.
+// one per consumer warp (of every CTA of the cluster for "empty").
 template <typename Shape>
 __device__ __forceinline__ void init_ring_barriers(uint64_t* s_full, uint64_t* s_empty,
                                                    uint64_t* s_w_empty) {
@@ -382,8 +390,9 @@ __device__ __forceinline__ void init_ring_barriers(uint64_t* s_full, uint64_t* s
   }
 #pragma unroll
   for (int s = 0; s < Shape::kStages; ++s)
-    mbar_init(smem_u32(&s_empty[s]), kConsumerWarps);
+    mbar_init(smem_u32(&s_empty[s]), kConsumerWarps * Shape::kCluster);
   fence_proxy_async();
+  if constexpr (Shape::kCluster > 1) fence_mbarrier_init_cluster();
 }
 
 // ---- kW4A8: the converting producer -------------------------------------------------------------
@@ -668,10 +677,17 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
   const int tid = static_cast<int>(threadIdx.x);
   const int num_experts = p.num_experts;
+  // Cluster rows (Shape::kCluster = 2): the cluster walks items of kCluster m-tiles (the prefix
+  // counts those), each CTA computing its own m-tile of the item; W comes half from each CTA's
+  // producer, multicast into both.
+  constexpr int kCluster = Shape::kCluster;
+  const int rank = kCluster > 1 ? static_cast<int>(cluster_ctarank()) : 0;
+  const int first_item = static_cast<int>(blockIdx.x) / kCluster;
+  const int item_stride = static_cast<int>(gridDim.x) / kCluster;
 
   // 1. m-tile prefix over experts; barrier initialisation.
   if (tid < 32) {
-    tile_prefix_by_warp<kBM>(p, s_tile_prefix, tid);
+    tile_prefix_by_warp<kBM * kCluster>(p, s_tile_prefix, tid);
   } else if (tid == 32) {
     init_ring_barriers<Shape>(s_full, s_empty, s_w_empty);
     if constexpr (Shape::kEpilogueWarps) {
@@ -680,10 +696,16 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     }
   }
   __syncthreads();
+  if constexpr (kCluster > 1) cluster_sync();  // every CTA's barriers initialised
 
   const int total_m_tiles = s_tile_prefix[num_experts];
   const int total_items = total_m_tiles * p.n_tiles;
   const int warpgroup = tid / 128;
+  auto item_at = [&](int item) {
+    WorkItem w = resolve_item<kBM * kCluster, kBN>(p, s_tile_prefix, total_m_tiles, item);
+    w.m0 += rank * kBM;
+    return w;
+  };
 
   if (warpgroup == Shape::kConsumers) {
     // ---- producer warpgroup -----------------------------------------------------------------
@@ -693,9 +715,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       if (ptid >= Shape::kLoaderThreads) {
         // ---- epilogue warps: each item's tile from the handoff tile to C ------------------------
         int taken = 0;  // items taken over so far
-        for (int item = static_cast<int>(blockIdx.x); item < total_items;
-             item += static_cast<int>(gridDim.x), ++taken) {
-          const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+        for (int item = first_item; item < total_items; item += item_stride, ++taken) {
+          const WorkItem w = item_at(item);
           mbar_wait(smem_u32(&s_handoff[0]), taken & 1);
           store_handoff<OutT, Shape::kEpilogueThreads>(p, w, rings.epilogue,
                                                        ptid - Shape::kLoaderThreads);
@@ -710,10 +731,9 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     int it = 0;   // K steps issued so far by this CTA (all items)
     int buf = 0;  // s_a_offset buffer of this item
     [[maybe_unused]] Int4Converter<Shape> int4;
-    for (int item = static_cast<int>(blockIdx.x); item < total_items;
-         item += static_cast<int>(gridDim.x)) {
+    for (int item = first_item; item < total_items; item += item_stride) {
       // 2. Work item -> (expert, m-tile, n-tile).
-      const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+      const WorkItem w = item_at(item);
       // The A rows' sources: kW4A8's converting producer keeps its rows' sources in registers for
       // the item (its step is instruction-bound: no offset loads per step); the others, whose
       // producers run on few registers, share the item's offsets through shared memory.
@@ -735,7 +755,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       }
       for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
         const int s = it % kStages;
-        mbar_wait(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
+        // (cluster rows: released by the consumers of every CTA of the cluster)
+        mbar_wait<(kCluster > 1)>(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
         const uint32_t sa = rings.stage(it);
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
         if constexpr (Shape::kPackedInt4) {
@@ -757,8 +778,15 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         } else {
           if (ptid == 0) {  // W tile: one bulk tensor copy (zeros past N and K)
             const uint32_t full = smem_u32(&s_full[s]);
-            mbar_arrive_expect_tx(full, Shape::kStageBBytes);
-            tma_load_3d(rings.w_tile(it), &w_map, full, kt * Shape::kBK, w.n0, w.expert);
+            mbar_arrive_expect_tx(full, Shape::kStageBBytes);  // both halves (cluster rows)
+            if constexpr (kCluster > 1) {  // this CTA's rows of the tile, into every CTA's stage
+              constexpr int kHalf = Shape::kTmaBoxN;
+              tma_load_3d_multicast(rings.w_tile(it) + rank * kHalf * kRowBytes, &w_map, full,
+                                    kt * Shape::kBK, w.n0 + rank * kHalf, w.expert,
+                                    static_cast<uint16_t>((1u << kCluster) - 1));
+            } else {
+              tma_load_3d(rings.w_tile(it), &w_map, full, kt * Shape::kBK, w.n0, w.expert);
+            }
           }
           cp_async_mbar_arrive(smem_u32(&s_full[s]));
         }
@@ -767,6 +795,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     }
     if constexpr (Shape::kPackedInt4) int4.drain(rings, s_full, s_w_empty, it, ptid);
     cp_async_wait<0>();
+    // Cluster rows: no CTA exits while another may still arrive on its barriers.
+    if constexpr (kCluster > 1) cluster_sync();
     return;
   }
 
@@ -778,9 +808,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   Step step;
   int it = 0;                       // K steps consumed so far by this CTA (all items)
   [[maybe_unused]] int handed = 0;  // items handed to the epilogue warps
-  for (int item = static_cast<int>(blockIdx.x); item < total_items;
-       item += static_cast<int>(gridDim.x)) {
-    const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
+  for (int item = first_item; item < total_items; item += item_stride) {
+    const WorkItem w = item_at(item);
     if constexpr (Shape::kMBlocks > 1) {
       two_block_item<T, OutT, Shape>(p, w, rings, s_full, s_empty, s_w_empty, it, warpgroup, tid);
       continue;
@@ -830,6 +859,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     }
     store_warpgroup_tile<OutT, kBN>(p, out, w, warpgroup, tid);
   }
+  if constexpr (kCluster > 1) cluster_sync();  // the other CTA's last arrivals on this one's
 }
 
 // ---- kSingleRole --------------------------------------------------------------------------------
@@ -2516,6 +2546,26 @@ KernelParams kernel_params(const GroupedGemmArgs& args) {
   return p;
 }
 
+// The clusters of row kTile's `kernel` (a cluster row, its shared-memory attribute set) that the
+// device holds at once.
+template <typename T, int kTile, typename Kernel>
+cudaError_t resident_clusters(Kernel kernel, int* clusters) {
+  using Shape = ShapeOf<T, kTile>;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(Shape::kCluster);
+  cfg.blockDim = dim3(Shape::kThreads);
+  cfg.dynamicSmemBytes = Shape::kDynamicSmem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = Shape::kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MOEKIT_CUDA_TRY(cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg));
+  return *clusters > 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
+}
+
 // The launch of `kernel` (row kTile's) with the parameter block p; `stream_k_kernel` (the row's
 // stream-K instantiation, or null) instead where stream_k_grid says so, with its counters and
 // partial sums in `workspace`.
@@ -2542,6 +2592,17 @@ cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, KernelPara
     p.sk_partials = reinterpret_cast<float*>(p.sk_counters + stream_k_counter_words());
   }
   if (cache == nullptr) MOEKIT_CUDA_TRY(set_kernel_attributes(kernel, Shape::kDynamicSmem));
+  if constexpr (Shape::kCluster > 1) {
+    // The grid in clusters: at most those resident, no more than the items of kCluster m-tiles
+    // (max_ctas: rounded down to whole clusters, at least one).
+    int clusters = cache != nullptr ? cache->clusters[kTile] : 0;
+    if (clusters == 0) MOEKIT_CUDA_TRY((resident_clusters<T, kTile>(kernel, &clusters)));
+    TileConfig cluster_items = Shape::kConfig;
+    cluster_items.bm *= Shape::kCluster;
+    const int max_clusters =
+        params.max_ctas > 0 ? std::max(1, params.max_ctas / Shape::kCluster) : 0;
+    grid = Shape::kCluster * grid_size(args, cluster_items, p.n_tiles, clusters, max_clusters);
+  }
   if constexpr (Shape::kProducer) {
     CUtensorMap w_map;
     std::memset(&w_map, 0, sizeof(w_map));  // kW4A8 rows: unused (the producer copies packed W)
@@ -2552,12 +2613,12 @@ cudaError_t launch_kernel(Kernel kernel, const GroupedGemmArgs& args, KernelPara
       } else {
         TmaDescriptor d;
         MOEKIT_CUDA_TRY(encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype,
-                                     Shape::kBK, Shape::kBN, &d));
+                                     Shape::kBK, Shape::kTmaBoxN, &d));
         std::memcpy(&w_map, d.bytes.data(), sizeof(w_map));
       }
     }
-    return launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(Shape::kThreads),
-                      Shape::kDynamicSmem, stream, p, w_map);
+    return launch_pdl_clustered(kernel, dim3(static_cast<unsigned>(grid)), dim3(Shape::kThreads),
+                                Shape::kDynamicSmem, stream, Shape::kCluster, p, w_map);
   } else {
     return launch_pdl(kernel, dim3(static_cast<unsigned>(grid)), dim3(Shape::kThreads),
                       Shape::kDynamicSmem, stream, p);
@@ -2680,9 +2741,13 @@ cudaError_t prepare_rows(const GroupedGemmArgs& args, WeightLaunchCache* c) {
         MOEKIT_CUDA_TRY((pair_residency<T, kRow>(&simt_pair_kernel<T, OutT, kRow, WPacking::kMxfp4>,
                                                  &c->pair_blocks[kRow])));
       }
+      if constexpr (Shape::kCluster > 1) {
+        MOEKIT_CUDA_TRY(
+            (resident_clusters<T, kRow>(kernel_of<T, OutT, kRow>(), &c->clusters[kRow])));
+      }
       if constexpr (Shape::kTma) {
         return encode_w_map(args.w, args.n, args.k, args.num_experts, args.dtype, Shape::kBK,
-                            Shape::kBN, &c->tma[kRow]);
+                            Shape::kTmaBoxN, &c->tma[kRow]);
       }
       return cudaSuccess;
     }));

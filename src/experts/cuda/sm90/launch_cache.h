@@ -27,6 +27,8 @@ struct WeightLaunchCache {
   std::array<TmaDescriptor, kNumTiles> tma{};  // per table row; unused for rows without TMA
   // Per CUDA-core row: the decode pair kernel's resident CTAs per multiprocessor (0: not prepared).
   std::array<int, kNumTiles> pair_blocks{};
+  // Per cluster row (TileConfig::cluster > 1): its clusters resident at once on the device.
+  std::array<int, kNumTiles> clusters{};
 
   // Whether this cache describes exactly this W.
   bool matches(const void* w_, int64_t n_, int64_t k_, int64_t experts, ElemType dt,

@@ -57,6 +57,9 @@ struct TileShape {
   static constexpr bool kMxScales = kConfig.family == TileFamily::kMxfp4A8;
   // W by TMA from the producer warpgroup.
   static constexpr bool kTma = kProducer && !kPackedInt4;
+  // CTAs per cluster (TileConfig::cluster): each loads kTmaBoxN rows of every W tile, multicast.
+  static constexpr int kCluster = kConfig.cluster;
+  static constexpr int kTmaBoxN = kConfig.bn / kConfig.cluster;
   static constexpr int kBM = kConfig.bm;
   static constexpr int kBN = kConfig.bn;
   static constexpr int kStages = kConfig.stages;

@@ -96,6 +96,10 @@ struct TileConfig {
   // converted tiles let the producer run converted_tiles - 1 steps ahead of the consumers.
   int converted_tiles = 0;
   int packed_stages = 0;
+  // CTAs per cluster along M (1 or 2): a cluster's CTAs take the m-tiles 2j and 2j + 1 of one
+  // expert and n-tile together, each loading half of every W tile by TMA multicast into both, so
+  // each SM reads half the weight bytes per K step from L2.
+  int cluster = 1;
 };
 
 // Measured on an H200 (bench/grouped_gemm_notes.md): 64x64 streams weights faster up to ~32 rows
@@ -168,6 +172,8 @@ inline constexpr TileConfig kTileTable[] = {
      "4x the reuse of each W and A tile"},
     {"128x256epi", TileFamily::k16Bit, 128, 256, 3, 2, 1, MainloopKind::kWarpSpecializedEpilogue,
      INT64_MAX, "epilogue warps store each tile while the next one computes"},
+    {"128x256mc", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "2-CTA clusters: each W tile multicast to two m-tiles, half the L2 reads", 0, 0, 2},
     {"16x64tma", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
      "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
     {"16x64", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
@@ -182,6 +188,8 @@ inline constexpr TileConfig kTileTable[] = {
      "each K block's promotion overlapped with the next block's wgmma"},
     {"128x256", TileFamily::kFp8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "2x the reuse of each A tile; each K block promoted 128 columns at a time"},
+    {"128x256mc", TileFamily::kFp8, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+     "2-CTA clusters: each W tile multicast to two m-tiles, half the L2 reads", 0, 0, 2},
     // fp8 with K-invariant scales: the int8 rows' shapes (no temporary accumulator, so 128x256
     // fits); a stage holds 128 elements of K.
     {"16x64tma", TileFamily::kFp8Direct, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
@@ -197,6 +205,8 @@ inline constexpr TileConfig kTileTable[] = {
     {"128x256epi", TileFamily::kFp8Direct, 128, 256, 3, 2, 1,
      MainloopKind::kWarpSpecializedEpilogue, INT64_MAX,
      "epilogue warps store each tile while the next one computes"},
+    {"128x256mc", TileFamily::kFp8Direct, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "2-CTA clusters: each W tile multicast to two m-tiles, half the L2 reads", 0, 0, 2},
     // int8: the 16-bit rows' shapes (the int32 accumulator takes the registers of the fp32 one);
     // a stage holds 128 elements of K.
     {"64x64", TileFamily::kInt8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
@@ -250,8 +260,16 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 // rows (W4A16, 16-bit, fp8) are one warpgroup, 16 tokens (one cp.async per thread and stage; 32
 // for the 16-bit and fp8 single-role swap-AB rows, two) x 64 weight rows, at least 6 stages (W4A16:
 // an even number, two K steps per barrier); epilogue-warp rows are 128x256 with two consumer
-// warpgroups and one CTA per SM (16-bit, fp8 without block scales, int8).
+// warpgroups and one CTA per SM (16-bit, fp8 without block scales, int8); 2-CTA cluster rows are
+// warp-specialized TMA rows of a TMA family, bn a multiple of 128 (each CTA's half of W a whole
+// number of swizzle periods), one CTA per SM.
 constexpr bool valid_tile(const TileConfig& t) {
+  if (t.cluster != 1) {  // W multicast: warp-specialized rows that load W by TMA
+    return t.cluster == 2 && t.kind == MainloopKind::kWarpSpecializedTma &&
+           (t.family == TileFamily::k16Bit || t.family == TileFamily::kFp8 ||
+            t.family == TileFamily::kFp8Direct || t.family == TileFamily::kInt8) &&
+           t.bm == 64 * t.consumers && t.bn % 128 == 0 && t.min_blocks == 1 && t.stages >= 2;
+  }
   if (t.kind == MainloopKind::kSimt) {
     return (t.family == TileFamily::k16Bit || t.family == TileFamily::kW4A16) &&
            (t.bm == 1 || t.bm == 2 || t.bm == 4) && t.bn == 64 &&
