@@ -7,7 +7,7 @@
 #             forced (128x256mc on fp8 block-128, per channel, per tensor)
 #   memcheck  compute-sanitizer memcheck on the grouped kernels' 16-bit few-CTA case and the fp8
 #             float64 test (every row, 128x256mc among them)
-#   bench     moekit bench --plain-topk (routed as the peer), 128x256 against 128x256mc forced,
+#   bench     (= fp8, bf16, block: one part per scheme) moekit bench --plain-topk (routed as the peer), 128x256 against 128x256mc forced,
 #             bf16 / fp8 per tensor / fp8 block-128 on mixtral-8x7b, qwen3-30b-a3b, deepseek-v3 at
 #             prefill sizes (CLUSTER_TOKENS)
 #   peer      the Triton peer's bf16 / fp8 per-tensor / fp8 block layers at the same sizes, and the
@@ -41,14 +41,19 @@ bench_one() {  # bench_one QUANT TILE MODELS...
   echo "bench --quant $q --tile $t rc=$?"
   grep -E "^[a-z0-9-]+:|^ +[0-9]" "$log/bench_${q}_$t.log"
 }
-part_bench() {
+part_fp8() {
   local t
-  for t in 128x256 128x256mc; do
-    bench_one bf16 "$t" mixtral-8x7b qwen3-30b-a3b deepseek-v3
-    bench_one fp8_per_tensor "$t" mixtral-8x7b qwen3-30b-a3b
-    bench_one fp8_block128 "$t" deepseek-v3 qwen3-30b-a3b
-  done
+  for t in 128x256 128x256mc; do bench_one fp8_per_tensor "$t" mixtral-8x7b qwen3-30b-a3b; done
 }
+part_bf16() {
+  local t
+  for t in 128x256 128x256mc; do bench_one bf16 "$t" mixtral-8x7b qwen3-30b-a3b deepseek-v3; done
+}
+part_block() {
+  local t
+  for t in 128x256 128x256mc; do bench_one fp8_block128 "$t" deepseek-v3 qwen3-30b-a3b; done
+}
+part_bench() { part_fp8; part_bf16; part_block; }
 part_peer() {
   local d q
   for d in bf16:bf16 fp8tensor:fp8_per_tensor fp8block:fp8_block128; do
