@@ -520,7 +520,7 @@ struct Int4Converter {
   __device__ __forceinline__ void convert(const Rings<Shape>& rings, uint64_t* s_full,
                                           uint64_t* s_w_empty, int c, int ptid) const {
     constexpr int kW = Rings<Shape>::kWSlots;
-    mbar_wait<(kCluster > 1)>(smem_u32(&s_w_empty[c % kW]), ((c / kW) & 1) ^ 1);
+    mbar_wait(smem_u32(&s_w_empty[c % kW]), ((c / kW) & 1) ^ 1);
     const uint32_t src = rings.packed_slot(c) + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
     const uint32_t tile = rings.w_tile(c);
     // Cluster rows: the same tile in the other CTA (of two).
@@ -584,7 +584,7 @@ struct Int4Converter {
       fence_proxy_async_cluster();
 #pragma unroll
       for (uint32_t r = 0; r < kCluster; ++r)
-        mbar_arrive_cluster(cluster_map(full, r));
+        mbar_arrive_cluster<true>(cluster_map(full, r));
     } else {
       fence_proxy_async();  // the converted tile, seen by the tensor cores
       mbar_arrive(full);
@@ -663,7 +663,8 @@ __device__ __forceinline__ void two_block_item(const KernelParams& p, const Work
   zero_accumulators(acc[1]);
   const uint32_t a_first = static_cast<uint32_t>(warpgroup * 2 * 64 * kRowBytes);
   for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
-    mbar_wait<(Shape::kCluster > 1)>(smem_u32(&s_full[it % kWSlots]), (it / kWSlots) & 1);
+    mbar_wait<(Shape::kCluster > 1 && Shape::kPackedInt4)>(smem_u32(&s_full[it % kWSlots]),
+                                                           (it / kWSlots) & 1);
     fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
     const uint32_t sa = rings.stage(it) + a_first;
     mma_stage<T, kBN>(acc[0], sa, rings.w_tile(it));
@@ -791,7 +792,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
         const int s = it % kStages;
         // (cluster rows: released by the consumers of every CTA of the cluster)
-        mbar_wait<(kCluster > 1)>(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
+        mbar_wait(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
         const uint32_t sa = rings.stage(it);
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
         if constexpr (Shape::kPackedInt4) {
@@ -857,7 +858,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
     // 3. Main loop.
     for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
-      mbar_wait<(Shape::kCluster > 1)>(smem_u32(&s_full[it % kWSlots]), (it / kWSlots) & 1);
+      mbar_wait<(Shape::kCluster > 1 && Shape::kPackedInt4)>(smem_u32(&s_full[it % kWSlots]),
+                                                             (it / kWSlots) & 1);
       fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
       if constexpr (Shape::kGroupScales) step.col_scales = rings.w_scales(it);
       step.template run<decltype(parity)::value>(

@@ -185,11 +185,19 @@ __device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(mapped) : "r"(addr), "r"(rank));
   return mapped;
 }
-// Arrives on a barrier of any CTA of the cluster (a shared::cluster address from cluster_map),
-// releasing this thread's prior accesses at cluster scope.
+// Arrives on a barrier of any CTA of the cluster (a shared::cluster address from cluster_map).
+// kReleaseCluster: releasing this thread's prior writes at cluster scope (data it stored into
+// that CTA's shared memory); else the default .release.cta, as for the "empty" barriers the
+// consumers release (their wgmma reads completed; the barrier orders the refill), which costs far
+// less on the consumers' path.
+template <bool kReleaseCluster = false>
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar)
-               : "memory");
+  if constexpr (kReleaseCluster) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar)
+                 : "memory");
+  } else {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+  }
 }
 // st_shared_v4 to a shared::cluster address (another CTA's shared memory, from cluster_map).
 __device__ __forceinline__ void st_cluster_v4(uint32_t cluster_addr, const uint32_t (&v)[4]) {
