@@ -14,9 +14,6 @@
 #             ratio per case against the bench part's 128x256mc runs
 #   profile   Nsight Compute (speed of light, memory workload) on one fp8 per-tensor GEMM launch of
 #             each row at mixtral-8x7b M = 16384: L2 and DRAM throughput with and without multicast
-#   w4a8      W4A8 256x128mc (each producer converting half of every W tile into both CTAs): the
-#             W4A8 kernel test, its memcheck, and bench/w4a8_group_session.sh's rows part for
-#             256x128 / 256x128mc beside fp8 per channel (logs in w4a8/)
 #   mxfp4     bench/w4a8_group_session.sh's mxfp4 part (MXFP4 x fp8 layer test, pending)
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
@@ -83,14 +80,6 @@ part_profile() {  # Nsight Compute speed of light + memory of one GEMM1 launch p
     grep -E "Duration|Throughput|L2 Cache|L1/TEX Hit|Cluster|Mem Busy|Max Bandwidth" \
       "$log/$name.log" | head -24
   done
-}
-part_w4a8() {  # 256x128mc: the W4A8 kernel test, memcheck, and the rows beside fp8 per channel
-  run_gtest grouped_w4a8 150 build/tests/test_grouped_gemm 'GroupedGemmW4A8*'
-  grep -h "^\[w4a8\]" "$log/grouped_w4a8.log" | grep -E "256x128"
-  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_grouped_gemm \
-    --gtest_brief=1 --gtest_filter='GroupedGemmW4A8.EveryRow*' >"$log/w4a8_memcheck.log" 2>&1
-  echo "memcheck grouped w4a8 rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/w4a8_memcheck.log" | tr '\n' ' ')"
-  W4A8_ROWS="256x128 256x128mc" OUT=$out/w4a8 bash bench/w4a8_group_session.sh rows
 }
 part_mxfp4() {
   OUT=$out/mxfp4 bash bench/w4a8_group_session.sh mxfp4

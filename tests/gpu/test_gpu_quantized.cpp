@@ -242,7 +242,6 @@ TEST(QuantizedGpu, Every8BitTileMatchesEmulation) {
       {"16x64tma", {"w4a8_fp8", "w4a8_fp8_g128"}},
       {"128x256", {"w4a8_fp8"}},
       {"256x128", {"w4a8_fp8"}},
-      {"256x128mc", {"w4a8_fp8"}},
       {"128x128", {"w4a8_fp8_g128"}},
   };
   for (const TileCase& tc : cases) {

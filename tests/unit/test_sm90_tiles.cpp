@@ -66,15 +66,8 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   bad_mc.kind = sm90::MainloopKind::kWarpSpecializedEpilogue;
   EXPECT_FALSE(sm90::valid_tile(bad_mc));
   bad_mc = mc;
-  bad_mc.family = sm90::TileFamily::kW4A8;  // 128x256 with converted W: no TMA to multicast
+  bad_mc.family = sm90::TileFamily::kW4A8;  // converted W: no TMA to multicast
   EXPECT_FALSE(sm90::valid_tile(bad_mc));
-  // W4A8 256x128: each CTA's producer converts half of every W tile into both (per channel only).
-  sm90::TileConfig w4a8_mc =
-      sm90::kTileTable[sm90::find_tile("256x128mc", sm90::TileFamily::kW4A8)];
-  EXPECT_EQ(w4a8_mc.cluster, 2);
-  EXPECT_TRUE(sm90::valid_tile(w4a8_mc));
-  w4a8_mc.family = sm90::TileFamily::kW4A8Group;
-  EXPECT_FALSE(sm90::valid_tile(w4a8_mc));
   EXPECT_EQ(sm90::kTileTable[sm90::find_tile("128x256")].cluster, 1);
   // 32 tokens per swap-AB item: 16-bit and fp8 (not W4A16, whose swap-AB converts W into
   // registers for 16 tokens), single-role loading only.
@@ -92,7 +85,7 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_NE(sm90::find_tile("64x64", sm90::TileFamily::kFp8Direct),
             sm90::find_tile("64x64", sm90::TileFamily::kFp8));
   // W4A8 converts in the producer warpgroup: only the producer kinds.
-  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8), "16x64tma, 128x256, 256x128, 256x128mc");
+  EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A8), "16x64tma, 128x256, 256x128");
   // Two 64-row blocks per consumer warpgroup: W4A8's 256x128 only (128 accumulators).
   sm90::TileConfig two_blocks =
       sm90::kTileTable[sm90::find_tile("256x128", sm90::TileFamily::kW4A8)];

@@ -370,12 +370,7 @@ __device__ __forceinline__ void release_step(uint64_t* s_empty, uint64_t* s_w_em
   } else {
     mbar_arrive(empty);
   }
-  if constexpr (Shape::kPackedInt4 && Shape::kCluster > 1) {  // both producers convert into it
-    const uint32_t w_empty = smem_u32(&s_w_empty[it % Rings<Shape>::kWSlots]);
-#pragma unroll
-    for (uint32_t rank = 0; rank < Shape::kCluster; ++rank)
-      mbar_arrive_cluster(cluster_map(w_empty, rank));
-  } else if constexpr (Shape::kPackedInt4) {
+  if constexpr (Shape::kPackedInt4) {
     mbar_arrive(smem_u32(&s_w_empty[it % Rings<Shape>::kWSlots]));
   }
 }
@@ -383,18 +378,15 @@ __device__ __forceinline__ void release_step(uint64_t* s_empty, uint64_t* s_w_em
 // The barriers of the rings (one thread, before the CTA's first __syncthreads): "full" takes
 // kLoaderThreads + 1 arrivals where W comes by TMA (each loading thread's cp.async and the TMA's
 // expect-tx), 128 for kW4A8 (each producer thread after its conversion); "empty" and "w_empty"
-// one per consumer warp; in cluster rows, those of every CTA of the cluster.
+// one per consumer warp (of every CTA of the cluster for "empty").
 template <typename Shape>
 __device__ __forceinline__ void init_ring_barriers(uint64_t* s_full, uint64_t* s_empty,
                                                    uint64_t* s_w_empty) {
   constexpr int kConsumerWarps = Shape::kConsumerThreads / 32;
 #pragma unroll
   for (int s = 0; s < Rings<Shape>::kWSlots; ++s) {
-    mbar_init(smem_u32(&s_full[s]),
-              Shape::kPackedInt4 ? 128 * Shape::kCluster : Shape::kLoaderThreads + 1);
-    if constexpr (Shape::kPackedInt4) {
-      mbar_init(smem_u32(&s_w_empty[s]), kConsumerWarps * Shape::kCluster);
-    }
+    mbar_init(smem_u32(&s_full[s]), Shape::kPackedInt4 ? 128 : Shape::kLoaderThreads + 1);
+    if constexpr (Shape::kPackedInt4) mbar_init(smem_u32(&s_w_empty[s]), kConsumerWarps);
   }
 #pragma unroll
   for (int s = 0; s < Shape::kStages; ++s)
@@ -443,37 +435,27 @@ __device__ __forceinline__ void mx_entry_words(uint32_t s, uint32_t r, uint32_t&
 // other quarters (all four in one warp: ptid / 4 is the row), each converts its group with it, and
 // the first quarter writes the row's reference scale beside the converted tile (another __syncwarp
 // before a slot is refilled).
-// Cluster rows (kW4A8 256x128mc): the producer of CTA `rank` copies and converts only rows
-// [rank kRows, (rank + 1) kRows) of each W tile and writes them into the W tile of every CTA of
-// the cluster, arriving on each one's "full" (128 x kCluster arrivals); a W tile is refilled once
-// the consumers of every CTA released it ("w_empty", acquired at cluster scope).
 template <typename Shape>
 struct Int4Converter {
-  static constexpr int kCluster = Shape::kCluster;
-  static_assert(kCluster == 1 || !Shape::kGroupScales, "cluster rows: per-channel W4A8 only");
-  static constexpr int kRows = Shape::kBN / kCluster;  // W rows this CTA converts per step
-  static constexpr int kChunks = kRows * 4 / 128;      // per thread and step
+  static constexpr int kChunks = Shape::kBN * 4 / 128;  // per thread and step
   static constexpr int kLag = Shape::kPackedStages - 1;
   static_assert(!Shape::kPackedInt4 || (kLag >= 1 && Shape::kStages >= kLag + 3),
                 "steps converted while the next ones load; token stages beyond the lag");
   static constexpr int kPackedRow = Shape::kPackedRowBytes;  // 64 bytes: 128 elements of K
   static constexpr int kScaleCopiers = Shape::kGroupScales ? Shape::kBN / 4 : 0;
-  const uint8_t* w_first;    // this thread's first row (row_base + ptid / 4), its quarter
-  int rows_left;             // W rows of the item from that row on
-  int row_base;              // the tile's first row this CTA converts (rank kRows)
+  const uint8_t* w_first;    // this thread's first row (row ptid / 4) of the item, its quarter
+  int rows_left;             // W rows of the item from that row on (n - n0 - ptid / 4)
   const float* scale_first;  // kGroupScales: step 0's scales of columns n0 + 4 ptid .. + 3
   bool scale_ok;             // ... which exist (n is a multiple of 8)
   const uint32_t* mx_first;  // kMxScales: step 0's e8m0 word of this thread's first row
   uint32_t t0, t1, s0, s1;   // int4: the split tables' words, held in registers
 
-  __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w, int ptid,
-                                        int rank = 0) {
+  __device__ __forceinline__ void begin(const KernelParams& p, const WorkItem& w, int ptid) {
     if constexpr (!Shape::kMxScales) {
       t0 = opaque_u32(kInt4SplitT0), t1 = opaque_u32(kInt4SplitT1);
       s0 = opaque_u32(kInt4SplitS0), s1 = opaque_u32(kInt4SplitS1);
     }
-    row_base = rank * kRows;
-    const int row = w.n0 + row_base + ptid / 4;
+    const int row = w.n0 + ptid / 4;
     rows_left = p.n - row;
     w_first = p.w + (static_cast<int64_t>(w.expert) * p.n + row) * (p.k / 2) + (ptid & 3) * 16;
     if constexpr (Shape::kMxScales) {  // the words of e8m0 codes, K-major as the f32 scales
@@ -523,9 +505,6 @@ struct Int4Converter {
     mbar_wait(smem_u32(&s_w_empty[c % kW]), ((c / kW) & 1) ^ 1);
     const uint32_t src = rings.packed_slot(c) + (ptid / 4) * kPackedRow + (ptid & 3) * 16;
     const uint32_t tile = rings.w_tile(c);
-    // Cluster rows: the same tile in the other CTA (of two).
-    [[maybe_unused]] const uint32_t peer_tile =
-        kCluster > 1 ? cluster_map(tile, static_cast<uint32_t>(row_base / kRows) ^ 1u) : 0;
     auto perm = [](uint32_t lo, uint32_t hi, uint32_t sel) { return __byte_perm(lo, hi, sel); };
     if constexpr (Shape::kMxScales) {
       __syncwarp();  // each row's e8m0 words, copied by its first quarter (waited for), seen by all
@@ -539,7 +518,7 @@ struct Int4Converter {
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const uint4 q = chunks[j];
-      const int row = row_base + ptid / 4 + 32 * j;
+      const int row = ptid / 4 + 32 * j;
       uint32_t lo[4], hi[4];
       if constexpr (Shape::kMxScales) {
         // The row's four e8m0 codes of the step; this thread's chunk is group ptid % 4 of them.
@@ -563,14 +542,8 @@ struct Int4Converter {
         };
         cvt(q.x, lo, 0), cvt(q.y, lo, 2), cvt(q.z, hi, 0), cvt(q.w, hi, 2);
       }
-      const uint32_t lo_offset = swizzled_offset(row, 2 * (ptid & 3));
-      const uint32_t hi_offset = swizzled_offset(row, 2 * (ptid & 3) + 1);
-      st_shared_v4(tile + lo_offset, lo);
-      st_shared_v4(tile + hi_offset, hi);
-      if constexpr (kCluster > 1) {
-        st_cluster_v4(peer_tile + lo_offset, lo);
-        st_cluster_v4(peer_tile + hi_offset, hi);
-      }
+      st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3)), lo);
+      st_shared_v4(tile + swizzled_offset(row, 2 * (ptid & 3) + 1), hi);
     }
     if constexpr (Shape::kGroupScales && !Shape::kMxScales) {
       if (ptid < kScaleCopiers) {
@@ -579,16 +552,8 @@ struct Int4Converter {
         st_shared_v4(rings.w_scales(c) + 16 * ptid, words);
       }
     }
-    const uint32_t full = smem_u32(&s_full[c % kW]);
-    if constexpr (kCluster > 1) {  // both CTAs' tiles, seen by their tensor cores
-      fence_proxy_async_cluster();
-#pragma unroll
-      for (uint32_t r = 0; r < kCluster; ++r)
-        mbar_arrive_cluster<true>(cluster_map(full, r));
-    } else {
-      fence_proxy_async();  // the converted tile, seen by the tensor cores
-      mbar_arrive(full);
-    }
+    fence_proxy_async();  // the converted tile, seen by the tensor cores
+    mbar_arrive(smem_u32(&s_full[c % kW]));
   }
   // After the copies of step `it` (committed as one group): convert step it - kLag.
   __device__ __forceinline__ void after_step(const Rings<Shape>& rings, uint64_t* s_full,
@@ -663,8 +628,7 @@ __device__ __forceinline__ void two_block_item(const KernelParams& p, const Work
   zero_accumulators(acc[1]);
   const uint32_t a_first = static_cast<uint32_t>(warpgroup * 2 * 64 * kRowBytes);
   for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
-    mbar_wait<(Shape::kCluster > 1 && Shape::kPackedInt4)>(smem_u32(&s_full[it % kWSlots]),
-                                                           (it / kWSlots) & 1);
+    mbar_wait(smem_u32(&s_full[it % kWSlots]), (it / kWSlots) & 1);
     fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
     const uint32_t sa = rings.stage(it) + a_first;
     mma_stage<T, kBN>(acc[0], sa, rings.w_tile(it));
@@ -776,7 +740,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
       [[maybe_unused]] const uint8_t* a_src[Shape::kPackedInt4 ? Shape::kAPasses : 1];
       if constexpr (Shape::kPackedInt4) {
         gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
-        int4.begin(p, w, ptid, rank);
+        int4.begin(p, w, ptid);
       } else {
         for (int r = ptid; r < kBM; r += Shape::kLoaderThreads) {
           const int row = w.m0 + r;
@@ -858,8 +822,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 
     // 3. Main loop.
     for_each_k_step(p.k_tiles, [&](int kt, auto parity) {
-      mbar_wait<(Shape::kCluster > 1 && Shape::kPackedInt4)>(smem_u32(&s_full[it % kWSlots]),
-                                                             (it / kWSlots) & 1);
+      mbar_wait(smem_u32(&s_full[it % kWSlots]), (it / kWSlots) & 1);
       fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
       if constexpr (Shape::kGroupScales) step.col_scales = rings.w_scales(it);
       step.template run<decltype(parity)::value>(
@@ -896,7 +859,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     }
     store_warpgroup_tile<OutT, kBN>(p, out, w, warpgroup, tid);
   }
-  if constexpr (kCluster > 1) cluster_sync();  // the other CTA's last arrivals on this one's
+  if constexpr (kCluster > 1) cluster_sync();  // the other CTA's last arrivals landed here
 }
 
 // ---- kSingleRole --------------------------------------------------------------------------------

@@ -134,29 +134,17 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-// Waits until the phase of parity `parity` of the barrier has completed; kClusterScope: acquiring
-// at cluster scope (a barrier that other CTAs of the cluster arrive on, releasing their accesses).
-template <bool kClusterScope = false>
+// Waits until the phase of parity `parity` of the barrier has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   do {
-    if constexpr (kClusterScope) {
-      asm volatile(
-          "{\n.reg .pred P;\n"
-          "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P, [%1], %2;\n"
-          "selp.u32 %0, 1, 0, P;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    } else {
-      asm volatile(
-          "{\n.reg .pred P;\n"
-          "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
-          "selp.u32 %0, 1, 0, P;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
-    }
+    asm volatile(
+        "{\n.reg .pred P;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, P;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
   } while (done == 0);
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
@@ -185,29 +173,13 @@ __device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(mapped) : "r"(addr), "r"(rank));
   return mapped;
 }
-// Arrives on a barrier of any CTA of the cluster (a shared::cluster address from cluster_map).
-// kReleaseCluster: releasing this thread's prior writes at cluster scope (data it stored into
-// that CTA's shared memory); else the default .release.cta, as for the "empty" barriers the
-// consumers release (their wgmma reads completed; the barrier orders the refill), which costs far
-// less on the consumers' path.
-template <bool kReleaseCluster = false>
+// Arrives on a barrier of any CTA of the cluster (a shared::cluster address from cluster_map),
+// with the default semantics (.release at CTA scope), as CUTLASS's cluster pipelines: the
+// consumers release a stage after wgmma_wait completed their reads of it, and the barrier alone
+// orders the other CTA's refill after that. Release / acquire at cluster scope on every K step
+// measured 1.7x slower (bench/results/2026-12-07-h100-clusters).
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
-  if constexpr (kReleaseCluster) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar)
-                 : "memory");
-  } else {
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
-  }
-}
-// st_shared_v4 to a shared::cluster address (another CTA's shared memory, from cluster_map).
-__device__ __forceinline__ void st_cluster_v4(uint32_t cluster_addr, const uint32_t (&v)[4]) {
-  asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(cluster_addr), "r"(v[0]),
-               "r"(v[1]), "r"(v[2]), "r"(v[3])
-               : "memory");
-}
-// fence_proxy_async for the generic-proxy writes of this thread to any CTA of the cluster.
-__device__ __forceinline__ void fence_proxy_async_cluster() {
-  asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
 }
 // The barriers' initialisation, visible to the cluster's other CTAs (before cluster_sync).
 __device__ __forceinline__ void fence_mbarrier_init_cluster() {

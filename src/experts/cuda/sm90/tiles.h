@@ -157,6 +157,11 @@ struct TileConfig {
 // (qwen3-30b-a3b M = 4096: 1156 vs 1155). Three converted tiles or the staged epilogue on 128x256
 // gained at most 2.7% (rows not kept). Its consumers release each stage as soon as its wgmma
 // complete: 2% faster than releasing it after the next step's issue (call3 there).
+// 2-CTA cluster rows (128x256mc: W multicast into both CTAs' stages; bench/results/
+// 2026-12-07-h100-clusters, H100): level with 128x256 at 8 or more m-tiles per expert (fp8 per
+// tensor mixtral-8x7b M=16384 GEMM1 8144 vs 7930 us, bf16 layer 18940 vs 19078), 4-13% slower
+// with fewer (qwen3-30b-a3b M=4096); the L2 measured 57% busy under 128x256, not its limit.
+// Forceable by name, never auto-selected (after 128x256).
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
@@ -236,9 +241,6 @@ inline constexpr TileConfig kTileTable[] = {
      "4x the reuse of each converted W and A tile"},
     {"256x128", TileFamily::kW4A8, 256, 128, 4, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
      "256 tokens per converted W tile: half the conversions of 128x256 per token", 3, 2},
-    {"256x128mc", TileFamily::kW4A8, 256, 128, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
-     INT64_MAX, "2-CTA clusters: each producer converts half of every W tile into both CTAs", 3, 2,
-     2},
     // W4A8 with groups of 128: the kW4A8 rows' shapes, promoting each K step; the prefill row is
     // 128 wide (an accumulator and a 128-column temporary fit the 168 registers of a consumer
     // thread of a CTA whose producer converts: no register rebalancing).
@@ -265,18 +267,13 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 // an even number, two K steps per barrier); epilogue-warp rows are 128x256 with two consumer
 // warpgroups and one CTA per SM (16-bit, fp8 without block scales, int8); 2-CTA cluster rows are
 // warp-specialized TMA rows of a TMA family, bn a multiple of 128 (each CTA's half of W a whole
-// number of swizzle periods), or W4A8 256x128 (per channel), one CTA per SM.
+// number of swizzle periods), one CTA per SM.
 constexpr bool valid_tile(const TileConfig& t) {
-  if (t.cluster != 1) {
-    // W multicast: warp-specialized rows that load W by TMA; or W4A8 256x128, whose producers
-    // each convert half of every W tile into both CTAs.
-    const bool tma = (t.family == TileFamily::k16Bit || t.family == TileFamily::kFp8 ||
-                      t.family == TileFamily::kFp8Direct || t.family == TileFamily::kInt8) &&
-                     t.bm == 64 * t.consumers && t.bn % 128 == 0;
-    const bool w4a8 = t.family == TileFamily::kW4A8 && t.bm == 128 * t.consumers &&
-                      t.consumers == 2 && t.bn == 128 && t.stages >= 4;
-    return t.cluster == 2 && t.kind == MainloopKind::kWarpSpecializedTma && (tma || w4a8) &&
-           t.min_blocks == 1 && t.stages >= 2;
+  if (t.cluster != 1) {  // W multicast: warp-specialized rows that load W by TMA
+    return t.cluster == 2 && t.kind == MainloopKind::kWarpSpecializedTma &&
+           (t.family == TileFamily::k16Bit || t.family == TileFamily::kFp8 ||
+            t.family == TileFamily::kFp8Direct || t.family == TileFamily::kInt8) &&
+           t.bm == 64 * t.consumers && t.bn % 128 == 0 && t.min_blocks == 1 && t.stages >= 2;
   }
   if (t.kind == MainloopKind::kSimt) {
     return (t.family == TileFamily::k16Bit || t.family == TileFamily::kW4A16) &&
