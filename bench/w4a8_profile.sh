@@ -8,14 +8,16 @@
 . bench/device_prelude.sh
 ncu_args=(--clock-control none --section WarpStateStats --section SchedulerStats
           --section SourceCounters --section LaunchStats --section Occupancy --page details)
-# W4A8_PROFILE_CASES: "kernel M tile" triples (default: the auto rows at prefill and decode).
+# W4A8_PROFILE_CASES: "kernel M tile" triples (default: the auto rows at prefill and decode);
+# W4A8_PROFILE_QUANT: the scheme profiled (default w4a8_fp8; e.g. fp8_per_tensor for the fp8 rows).
 cases=${W4A8_PROFILE_CASES:-"ws_tma_kernel 16384 auto;ws_swapab_kernel 1 auto"}
+quant=${W4A8_PROFILE_QUANT:-w4a8_fp8}
 IFS=';' read -ra case_list <<<"$cases"
 for case in "${case_list[@]}"; do
   set -- $case
-  name="ncu_$1_$2_$3"
+  name="ncu_${quant}_$1_$2_$3"
   timeout 200 ncu "${ncu_args[@]}" -k "regex:$1" --launch-skip 3 --launch-count 1 \
-    -o "$log/$name" build/moekit bench --quant w4a8_fp8 --models mixtral-8x7b --tokens "$2" \
+    -o "$log/$name" build/moekit bench --quant "$quant" --models mixtral-8x7b --tokens "$2" \
     --tile "$3" --reps 1 >"$log/$name.log" 2>&1
   echo "== $1 M=$2 tile $3 rc=$?"
   ncu -i "$log/$name.ncu-rep" --page details >>"$log/$name.log" 2>&1
