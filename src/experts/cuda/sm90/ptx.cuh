@@ -159,8 +159,7 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
       : "memory");
 }
 
-// ---- 2-CTA clusters (the rows with TileConfig::cluster = 2)
-// --------------------------------------
+// ---- 2-CTA clusters (TileConfig::cluster) -------------------------------------------------------
 
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t rank;
@@ -174,10 +173,10 @@ __device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
   return mapped;
 }
 // Arrives on a barrier of any CTA of the cluster (a shared::cluster address from cluster_map),
-// with the default semantics (.release at CTA scope), as CUTLASS's cluster pipelines: the
-// consumers release a stage after wgmma_wait completed their reads of it, and the barrier alone
-// orders the other CTA's refill after that. Release / acquire at cluster scope on every K step
-// measured 1.7x slower (bench/results/2026-12-07-h100-clusters).
+// with the default semantics (.release at CTA scope): the consumers release a stage after
+// wgmma_wait completed their reads of it, and the barrier alone orders the other CTA's refill
+// after that. Release / acquire at cluster scope on every K step measured 1.7x slower
+// (bench/results/2026-12-07-h100-clusters).
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
 }
