@@ -8,18 +8,21 @@
 . bench/device_prelude.sh
 ncu_args=(--clock-control none --section WarpStateStats --section SchedulerStats
           --section SourceCounters --section LaunchStats --section Occupancy --page details)
-# W4A8_PROFILE_CASES: "kernel M tile" triples (default: the auto rows at prefill and decode);
+# W4A8_PROFILE_CASES: "kernel M tile [skip]" cases (default: the auto rows at prefill and decode;
+# skip: launches of the kernel passed over first, default 3 — with GEMM1 and GEMM2 alternating,
+# an odd skip profiles a GEMM2 and an even one a GEMM1);
 # W4A8_PROFILE_QUANT: the scheme profiled (default w4a8_fp8; e.g. fp8_per_tensor for the fp8 rows).
 cases=${W4A8_PROFILE_CASES:-"ws_tma_kernel 16384 auto;ws_swapab_kernel 1 auto"}
 quant=${W4A8_PROFILE_QUANT:-w4a8_fp8}
 IFS=';' read -ra case_list <<<"$cases"
 for case in "${case_list[@]}"; do
   set -- $case
-  name="ncu_${quant}_$1_$2_$3"
-  timeout 200 ncu "${ncu_args[@]}" -k "regex:$1" --launch-skip 3 --launch-count 1 \
+  skip=${4:-3}
+  name="ncu_${quant}_$1_$2_$3_skip$skip"
+  timeout 200 ncu "${ncu_args[@]}" -k "regex:$1" --launch-skip "$skip" --launch-count 1 \
     -o "$log/$name" build/moekit bench --quant "$quant" --models mixtral-8x7b --tokens "$2" \
     --tile "$3" --reps 1 >"$log/$name.log" 2>&1
-  echo "== $1 M=$2 tile $3 rc=$?"
+  echo "== $1 M=$2 tile $3 skip $skip rc=$?"
   ncu -i "$log/$name.ncu-rep" --page details >>"$log/$name.log" 2>&1
   ncu -i "$log/$name.ncu-rep" --page source --csv --print-source sass >"$log/${name}_sass.csv" 2>&1
   grep -E "Stall|stall|Issued|Eligible|Active Warps|No Eligible|Duration|Registers|Warp Cycles" \

@@ -571,33 +571,42 @@ struct Int4Converter {
   }
 };
 
-// The A loaders (single-role threads, the converting producers): the source of each A row this
-// thread copies (16-byte chunk `chunk` of the item's rows row_in_pass + i * kRowsPerPass; null:
-// padding, past the expert's rows or a gather row < 0), and the copy of those chunks of K stage
-// k_bytes into the stage at dst (zeros for null sources and past K).
+// The A loaders (every producer and single-role thread): the sources of the A rows a thread
+// copies, 16-byte chunk `chunk` of the item's rows row_in_pass + i * kRowsPerPass, resolved once
+// per item and kept in registers (a step is then an add and a cp.async per row: reading the
+// offsets from shared memory each step put a load's latency and a reload of `p.a` in front of
+// every copy, bench/results/2026-12-07-h100-fp8-producer); and the copy of those chunks of K stage
+// k_bytes into the stage at dst, zeros for rows without a source (padding, past the expert's rows,
+// gather row < 0) and past K.
+template <int kPasses>
+struct ARowSources {
+  const uint8_t* src[kPasses];  // the chunk in K step 0; p.a where the row has no source
+  uint32_t valid;               // bit i: row i has a source
+};
 template <typename Shape>
-__device__ __forceinline__ void gathered_a_sources(const KernelParams& p, const WorkItem& w,
-                                                   int row_in_pass, int chunk,
-                                                   const uint8_t* (&a_src)[Shape::kAPasses]) {
+__device__ __forceinline__ ARowSources<Shape::kAPasses> gathered_a_sources(const KernelParams& p,
+                                                                           const WorkItem& w,
+                                                                           int row_in_pass,
+                                                                           int chunk) {
+  ARowSources<Shape::kAPasses> rows;
+  rows.valid = 0;
 #pragma unroll
   for (int i = 0; i < Shape::kAPasses; ++i) {
     const int row = w.m0 + row_in_pass + i * Shape::kRowsPerPass;
-    const uint8_t* src = nullptr;
-    if (row < w.row_end) {
-      const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
-      if (s >= 0) src = p.a + static_cast<int64_t>(s) * p.lda_bytes + chunk * kChunkBytes;
-    }
-    a_src[i] = src;
+    int s = -1;
+    if (row < w.row_end) s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
+    rows.src[i] = p.a + (s >= 0 ? static_cast<int64_t>(s) * p.lda_bytes + chunk * kChunkBytes : 0);
+    rows.valid |= (s >= 0 ? 1u : 0u) << i;
   }
+  return rows;
 }
 template <typename Shape>
-__device__ __forceinline__ void copy_a_stage(const KernelParams& p,
-                                             const uint8_t* const (&a_src)[Shape::kAPasses],
+__device__ __forceinline__ void copy_a_stage(const ARowSources<Shape::kAPasses>& rows,
                                              uint32_t dst, bool k_ok, int64_t k_bytes) {
 #pragma unroll
   for (int i = 0; i < Shape::kAPasses; ++i) {
-    const bool ok = k_ok && a_src[i] != nullptr;
-    cp_async_16(dst + i * Shape::kRowsPerPass * kRowBytes, ok ? a_src[i] + k_bytes : p.a, ok);
+    cp_async_16(dst + i * Shape::kRowsPerPass * kRowBytes, rows.src[i] + k_bytes,
+                k_ok && ((rows.valid >> i) & 1u) != 0);
   }
 }
 
@@ -668,8 +677,6 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   __shared__ alignas(8) uint64_t s_empty[kStages];  // stage consumed (consumers -> producer)
   // kW4A8: W tile consumed (consumers -> producer)
   __shared__ alignas(8) uint64_t s_w_empty[Shape::kPackedInt4 ? kWSlots : 1];
-  // producer: byte offset of each A row, -1 = zeros (kW4A8's sources stay in registers)
-  __shared__ int64_t s_a_offset[2][Shape::kPackedInt4 ? 1 : kBM];
   // The handoff tile of the epilogue warps: [0] written (consumers -> epilogue warps), [1] read
   // out (epilogue warps -> consumers); one phase per item.
   __shared__ alignas(8) uint64_t s_handoff[2];
@@ -729,48 +736,20 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     const int row_in_pass = ptid >> 3;  // tile row (mod 16) this thread loads
     const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
     int it = 0;   // K steps issued so far by this CTA (all items)
-    int buf = 0;  // s_a_offset buffer of this item
     [[maybe_unused]] Int4Converter<Shape> int4;
     for (int item = first_item; item < total_items; item += item_stride) {
       // 2. Work item -> (expert, m-tile, n-tile).
       const WorkItem w = item_at(item);
-      // The A rows' sources: kW4A8's converting producer keeps its rows' sources in registers for
-      // the item (its step is instruction-bound: no offset loads per step); the others, whose
-      // producers run on few registers, share the item's offsets through shared memory.
-      [[maybe_unused]] const uint8_t* a_src[Shape::kPackedInt4 ? Shape::kAPasses : 1];
-      if constexpr (Shape::kPackedInt4) {
-        gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
-        int4.begin(p, w, ptid);
-      } else {
-        for (int r = ptid; r < kBM; r += Shape::kLoaderThreads) {
-          const int row = w.m0 + r;
-          int64_t off = -1;
-          if (row < w.row_end) {
-            const int s = p.gather_rows != nullptr ? __ldg(&p.gather_rows[row]) : row;
-            if (s >= 0) off = static_cast<int64_t>(s) * p.lda_bytes;
-          }
-          s_a_offset[buf][r] = off;
-        }
-        named_barrier_sync(1, Shape::kLoaderThreads);  // the offsets, seen by every loader
-      }
+      const ARowSources<Shape::kAPasses> a_rows =
+          gathered_a_sources<Shape>(p, w, row_in_pass, chunk);
+      if constexpr (Shape::kPackedInt4) int4.begin(p, w, ptid);
       for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
         const int s = it % kStages;
         // (cluster rows: released by the consumers of every CTA of the cluster)
         mbar_wait(smem_u32(&s_empty[s]), ((it / kStages) & 1) ^ 1);
         const uint32_t sa = rings.stage(it);
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
-        if constexpr (Shape::kPackedInt4) {
-          copy_a_stage<Shape>(p, a_src, sa + swizzled, k_ok, static_cast<int64_t>(kt) * kRowBytes);
-        } else {
-          const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes + chunk * kChunkBytes;
-#pragma unroll
-          for (int i = 0; i < Shape::kAPasses; ++i) {
-            const int64_t off = s_a_offset[buf][row_in_pass + i * Shape::kRowsPerPass];
-            const bool ok = k_ok && off >= 0;
-            cp_async_16(sa + swizzled + i * Shape::kRowsPerPass * kRowBytes,
-                        ok ? p.a + off + k_bytes : p.a, ok);
-          }
-        }
+        copy_a_stage<Shape>(a_rows, sa + swizzled, k_ok, static_cast<int64_t>(kt) * kRowBytes);
         if constexpr (Shape::kPackedInt4) {
           int4.load(p, kt, rings.packed_slot(it), rings.packed_scales(it), ptid);
           cp_async_commit();
@@ -791,7 +770,6 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
           cp_async_mbar_arrive(smem_u32(&s_full[s]));
         }
       }
-      buf ^= 1;
     }
     if constexpr (Shape::kPackedInt4) int4.drain(rings, s_full, s_w_empty, it, ptid);
     cp_async_wait<0>();
@@ -870,13 +848,13 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
 // source. One cp.async per chunk; the caller commits the group.
 template <typename T, typename Shape>
 struct StageCopies {
-  const uint8_t* a_src[Shape::kAPasses];
+  ARowSources<Shape::kAPasses> a_rows;
   const uint8_t* w_src[Shape::kBPasses];
 
   StageCopies() = default;
   __device__ __forceinline__ StageCopies(const KernelParams& p, const WorkItem& w, int row_in_pass,
                                          int chunk) {
-    gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
+    a_rows = gathered_a_sources<Shape>(p, w, row_in_pass, chunk);
     const int64_t w_row_bytes = static_cast<int64_t>(p.k) * static_cast<int>(sizeof(T));
 #pragma unroll
     for (int i = 0; i < Shape::kBPasses; ++i) {
@@ -892,7 +870,7 @@ struct StageCopies {
                                        int chunk) const {
     const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
     const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes;
-    copy_a_stage<Shape>(p, a_src, dst, k_ok, k_bytes);
+    copy_a_stage<Shape>(a_rows, dst, k_ok, k_bytes);
 #pragma unroll
     for (int i = 0; i < Shape::kBPasses; ++i) {
       const bool ok = k_ok && w_src[i] != nullptr;
@@ -1236,8 +1214,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
     const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
-    const uint8_t* a_src[Shape::kAPasses];
-    gathered_a_sources<Shape>(p, w, row_in_pass, chunk, a_src);
+    const ARowSources<Shape::kAPasses> a_rows =
+        gathered_a_sources<Shape>(p, w, row_in_pass, chunk);
     const int n = w.n0 + w_row;
     const int64_t w_index = static_cast<int64_t>(w.expert) * p.n + n;
     const uint8_t* w_src = n < p.n ? p.w + w_index * w_row_bytes + w_half * kChunkBytes : nullptr;
@@ -1256,7 +1234,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
         const uint32_t sb = sa + Shape::kStageABytes;
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
         const int64_t k_bytes = static_cast<int64_t>(kt) * kRowBytes;
-        copy_a_stage<Shape>(p, a_src, sa + swizzled, k_ok, k_bytes);
+        copy_a_stage<Shape>(a_rows, sa + swizzled, k_ok, k_bytes);
         const bool w_ok = w_src != nullptr && kt * Shape::kBK + w_half * 32 < p.k;
         cp_async_16(sb + w_row * kPackedRow + w_half * kChunkBytes,
                     w_ok ? w_src + static_cast<int64_t>(kt) * kPackedRow : p.w, w_ok);
@@ -1909,8 +1887,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     for (int item = static_cast<int>(blockIdx.x); item < total_items;
          item += static_cast<int>(gridDim.x)) {
       const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
-      const uint8_t* src[1];
-      gathered_a_sources<Shape>(p, w, row_in_item, chunk, src);
+      const ARowSources<Shape::kAPasses> a_rows =
+          gathered_a_sources<Shape>(p, w, row_in_item, chunk);
       if constexpr (Shape::kPackedInt4) int4.begin(p, w, ptid);
       for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
         const int s = it % kStages;
@@ -1924,7 +1902,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
           }
         }
         const bool k_ok = kt * Shape::kBK + chunk * Shape::kChunkElems < p.k;
-        copy_a_stage<Shape>(p, src, stage + dst, k_ok, static_cast<int64_t>(kt) * kRowBytes);
+        copy_a_stage<Shape>(a_rows, stage + dst, k_ok, static_cast<int64_t>(kt) * kRowBytes);
         if constexpr (Shape::kPackedInt4) {
           int4.load(p, kt, rings.packed_slot(it), rings.packed_scales(it), ptid);
           cp_async_commit();

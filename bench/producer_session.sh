@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Device calls for the producers' A rows held in registers (gathered_a_sources / copy_a_stage in
+# sm90/grouped_kernels.cuh: every producer and single-role loader resolves its rows' sources once
+# per item; the warp-specialized rows had read each row's offset from shared memory every K step).
+# Pack first (the commit before as .carry/moekit-old.tar.xz for part ab):
+#   bash scripts/pack-for-device.sh ../shared/peers/triton_peer.py
+# Parts (arguments, in order):
+#   tests     every GPU test binary (bench/h200_session.sh tests)
+#   memcheck  compute-sanitizer memcheck on the grouped kernels' few-CTA, fp8 float64, W4A8 and
+#             swap-AB cases
+#   ab        build_old/moekit against build/moekit, routed as the peer (--plain-topk): bf16, fp8
+#             per tensor, fp8 block-128 and W4A8 layers, decode to prefill (PRODUCER_TOKENS); the
+#             cases named in PRODUCER_AB (default: all four)
+#   peer      the Triton peer's bf16 / fp8 per-tensor / fp8 block layers on the same shapes, the
+#             ratio per case against part ab's build/moekit runs
+#   profile   bench/w4a8_profile.sh on the fp8 per-tensor 128x256 GEMM1 and GEMM2 at mixtral-8x7b
+#             M = 16384 (warp states, per-instruction stall samples)
+# shellcheck source=bench/device_prelude.sh
+. bench/device_prelude.sh
+tokens=${PRODUCER_TOKENS:-1 64 4096 16384}
+part_tests() { all_gpu_tests; }
+part_memcheck() {
+  timeout 280 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_grouped_gemm \
+    --gtest_brief=1 \
+    --gtest_filter='GroupedGemm.FewCtas*:GroupedGemmFp8.LongK*:GroupedGemmW4A8*:*SwapAB*' \
+    >"$log/producer_memcheck.log" 2>&1
+  echo "memcheck grouped rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$log/producer_memcheck.log" | tr '\n' ' ')"
+}
+# The A/B cases: NAME, then the bench arguments.
+ab_cases() {
+  echo "bf16 --quant bf16 --models mixtral-8x7b qwen3-30b-a3b deepseek-v3"
+  echo "fp8tensor --quant fp8_per_tensor --models mixtral-8x7b qwen3-30b-a3b"
+  echo "fp8block --quant fp8_block128 --models qwen3-30b-a3b deepseek-v3"
+  echo "w4a8 --quant w4a8_fp8 --models mixtral-8x7b qwen3-30b-a3b"
+}
+part_ab() {
+  unpack_old_binary || return 1
+  local name args
+  while read -r name args; do
+    [[ " ${PRODUCER_AB:-bf16 fp8tensor fp8block w4a8} " == *" $name "* ]] || continue
+    # shellcheck disable=SC2086  # one argument per word
+    ab_run "${name}_old" build_old/moekit --plain-topk $args --tokens $tokens
+    # shellcheck disable=SC2086
+    ab_run "${name}_new" build/moekit --plain-topk $args --tokens $tokens
+    python3 bench/compare_ab.py "$log/ab_${name}_old.json" "$log/ab_${name}_new.json" \
+      2>&1 | tee "$log/ab_${name}.md"
+  done < <(ab_cases)
+}
+part_peer() {
+  local d name models
+  for d in bf16:bf16:mixtral-8x7b,qwen3-30b-a3b,deepseek-v3 \
+           fp8tensor:fp8tensor:mixtral-8x7b,qwen3-30b-a3b fp8block:fp8block:qwen3-30b-a3b,deepseek-v3; do
+    models=${d##*:}
+    name=${d#*:}
+    name=${name%%:*}
+    d=${d%%:*}
+    PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --dtype "$d" --shapes "$models" \
+      --tokens "$(echo $tokens | tr ' ' ,)" --json "$log/peer_$d.json" >"$log/peer_$d.log" 2>&1
+    echo "peer $d rc=$?"
+    python3 bench/compare_peer.py "$log/ab_${name}_new.json" "$log/peer_$d.json" --dtype "$d" \
+      >"$log/ratio_$d.md" 2>&1
+    cat "$log/ratio_$d.md"
+  done
+}
+part_profile() {
+  OUT=$out/profile W4A8_PROFILE_QUANT=fp8_per_tensor \
+    W4A8_PROFILE_CASES="ws_tma_kernel 16384 128x256 2;ws_tma_kernel 16384 128x256 3" \
+    bash bench/w4a8_profile.sh
+}
+run_parts "$@"
