@@ -6,19 +6,30 @@
 #   bash scripts/pack-for-device.sh ../shared/peers/triton_peer.py
 # Parts (arguments, in order):
 #   tests     every GPU test binary (bench/h200_session.sh tests)
+#   core      the GPU tests of the kernels and the layer (grouped GEMMs, support kernels, layer,
+#             determinism, the quantized layers against the emulation), without the EP binaries
 #   memcheck  compute-sanitizer memcheck on the grouped kernels' few-CTA, fp8 float64, W4A8 and
 #             swap-AB cases
 #   ab        build_old/moekit against build/moekit, routed as the peer (--plain-topk): bf16, fp8
 #             per tensor, fp8 block-128 and W4A8 layers, decode to prefill (PRODUCER_TOKENS); the
 #             cases named in PRODUCER_AB (default: all four)
 #   peer      the Triton peer's bf16 / fp8 per-tensor / fp8 block layers on the same shapes, the
-#             ratio per case against part ab's build/moekit runs
+#             ratio per case against part ab's build/moekit runs (the cases PRODUCER_AB names)
+#   epi       build/moekit with the epilogue-warp row forced (128x256epi) against the auto rows, fp8
+#             per tensor and bf16 prefill (PRODUCER_TOKENS)
 #   profile   bench/w4a8_profile.sh on the fp8 per-tensor 128x256 GEMM1 and GEMM2 at mixtral-8x7b
 #             M = 16384 (warp states, per-instruction stall samples)
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 tokens=${PRODUCER_TOKENS:-1 64 4096 16384}
 part_tests() { all_gpu_tests; }
+part_core() {
+  run_gtest test_grouped_gemm 120 build/tests/test_grouped_gemm
+  run_gtest test_moe_support_kernels 60 build/tests/test_moe_support_kernels
+  run_gtest test_gpu_layer 90 build/tests/test_gpu_layer
+  run_gtest test_gpu_determinism 60 build/tests/test_gpu_determinism
+  run_gtest test_gpu_quantized 280 build/tests/test_gpu_quantized
+}
 part_memcheck() {
   timeout 280 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/test_grouped_gemm \
     --gtest_brief=1 \
@@ -54,12 +65,25 @@ part_peer() {
     name=${d#*:}
     name=${name%%:*}
     d=${d%%:*}
+    [[ " ${PRODUCER_AB:-bf16 fp8tensor fp8block w4a8} " == *" $name "* ]] || continue
     PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --dtype "$d" --shapes "$models" \
       --tokens "$(echo $tokens | tr ' ' ,)" --json "$log/peer_$d.json" >"$log/peer_$d.log" 2>&1
     echo "peer $d rc=$?"
     python3 bench/compare_peer.py "$log/ab_${name}_new.json" "$log/peer_$d.json" --dtype "$d" \
       >"$log/ratio_$d.md" 2>&1
     cat "$log/ratio_$d.md"
+  done
+}
+part_epi() {
+  local q
+  for q in fp8_per_tensor bf16; do
+    # shellcheck disable=SC2086
+    ab_run "${q}_epi" build/moekit --plain-topk --quant "$q" --tile 128x256epi \
+      --models mixtral-8x7b qwen3-30b-a3b --tokens $tokens
+    local name=fp8tensor
+    [ "$q" = bf16 ] && name=bf16
+    python3 bench/compare_ab.py "$log/ab_${name}_new.json" "$log/ab_${q}_epi.json" 2>&1 |
+      tee "$log/ab_${q}_epi.md"
   done
 }
 part_profile() {

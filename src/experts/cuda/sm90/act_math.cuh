@@ -7,11 +7,17 @@
 
 namespace moekit::cuda::act {
 
+// NOTE: the exponential and the division run on the special-function unit: __expf (a multiply and
+// ex2.approx; within 2 + 1.2 |x| fp32 ulps) and __fdividef (rcp.approx and a multiply; 2 ulps, 0
+// once the divisor passes 2^126, where the exact quotient is below 1e-36). Both sit far below the
+// bf16 / f16 rounding of every output (2^-9 / 2^-12 relative), and the library's correctly
+// rounded expf and IEEE division took about twice the instructions in the fused GEMM1 epilogue,
+// which runs while the tensor cores wait (bench/results/2026-12-07-h100-fp8-producer).
 __device__ __forceinline__ float sigmoidf(float x) {
-  return 1.0f / (1.0f + expf(-x));
+  return __fdividef(1.0f, 1.0f + __expf(-x));
 }
 __device__ __forceinline__ float siluf(float x) {
-  return x / (1.0f + expf(-x));
+  return __fdividef(x, 1.0f + __expf(-x));
 }
 // NOTE: both gelus are written without the cancellation of 1 + erf / 1 + tanh for negative x:
 // 0.5 x (1 + erf(x / sqrt2)) = 0.5 x erfc(-x / sqrt2), and 0.5 x (1 + tanh z) = x sigmoid(2 z).
@@ -20,7 +26,7 @@ __device__ __forceinline__ float gelu_erf(float x) {
 }
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float z = 0.79788456080286536f * (x + 0.044715f * x * x * x);
-  return x / (1.0f + expf(-2.0f * z));
+  return __fdividef(x, 1.0f + __expf(-2.0f * z));
 }
 __device__ __forceinline__ float relu2(float x) {
   const float r = fmaxf(x, 0.0f);
