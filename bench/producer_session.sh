@@ -17,6 +17,8 @@
 #             ratio per case against part ab's build/moekit runs (the cases PRODUCER_AB names)
 #   epi       build/moekit with the epilogue-warp row forced (128x256epi) against the auto rows, fp8
 #             per tensor and bf16 prefill (PRODUCER_TOKENS)
+#   decode    build_old/moekit against build/moekit at M = 1 / 64, bf16 and fp8 per tensor (the
+#             swap-AB rows' loaders and activation)
 #   profile   bench/w4a8_profile.sh on the fp8 per-tensor 128x256 GEMM1 and GEMM2 at mixtral-8x7b
 #             M = 16384 (warp states, per-instruction stall samples)
 # shellcheck source=bench/device_prelude.sh
@@ -84,6 +86,21 @@ part_epi() {
     [ "$q" = bf16 ] && name=bf16
     python3 bench/compare_ab.py "$log/ab_${name}_new.json" "$log/ab_${q}_epi.json" 2>&1 |
       tee "$log/ab_${q}_epi.md"
+  done
+}
+part_decode() {
+  unpack_old_binary || return 1
+  local q models
+  for q in bf16 fp8_per_tensor; do
+    models="qwen3-30b-a3b mixtral-8x7b"
+    [ "$q" = bf16 ] && models="$models gpt-oss-120b"
+    # shellcheck disable=SC2086  # one argument per model
+    ab_run "decode_${q}_old" build_old/moekit --plain-topk --quant "$q" --models $models \
+      --tokens 1 64
+    # shellcheck disable=SC2086
+    ab_run "decode_${q}_new" build/moekit --plain-topk --quant "$q" --models $models --tokens 1 64
+    python3 bench/compare_ab.py "$log/ab_decode_${q}_old.json" "$log/ab_decode_${q}_new.json" \
+      2>&1 | tee "$log/ab_decode_$q.md"
   done
 }
 part_profile() {

@@ -601,8 +601,8 @@ __device__ __forceinline__ ARowSources<Shape::kAPasses> gathered_a_sources(const
   return rows;
 }
 template <typename Shape>
-__device__ __forceinline__ void copy_a_stage(const ARowSources<Shape::kAPasses>& rows,
-                                             uint32_t dst, bool k_ok, int64_t k_bytes) {
+__device__ __forceinline__ void copy_a_stage(const ARowSources<Shape::kAPasses>& rows, uint32_t dst,
+                                             bool k_ok, int64_t k_bytes) {
 #pragma unroll
   for (int i = 0; i < Shape::kAPasses; ++i) {
     cp_async_16(dst + i * Shape::kRowsPerPass * kRowBytes, rows.src[i] + k_bytes,
@@ -735,7 +735,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     const int chunk = ptid & 7;         // 16-byte column of the tile row this thread loads
     const int row_in_pass = ptid >> 3;  // tile row (mod 16) this thread loads
     const uint32_t swizzled = swizzled_offset(row_in_pass, chunk);
-    int it = 0;   // K steps issued so far by this CTA (all items)
+    int it = 0;  // K steps issued so far by this CTA (all items)
     [[maybe_unused]] Int4Converter<Shape> int4;
     for (int item = first_item; item < total_items; item += item_stride) {
       // 2. Work item -> (expert, m-tile, n-tile).
@@ -1214,8 +1214,7 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   for (int item = static_cast<int>(blockIdx.x); item < total_items;
        item += static_cast<int>(gridDim.x)) {
     const WorkItem w = resolve_item<kBM, kBN>(p, s_tile_prefix, total_m_tiles, item);
-    const ARowSources<Shape::kAPasses> a_rows =
-        gathered_a_sources<Shape>(p, w, row_in_pass, chunk);
+    const ARowSources<Shape::kAPasses> a_rows = gathered_a_sources<Shape>(p, w, row_in_pass, chunk);
     const int n = w.n0 + w_row;
     const int64_t w_index = static_cast<int64_t>(w.expert) * p.n + n;
     const uint8_t* w_src = n < p.n ? p.w + w_index * w_row_bytes + w_half * kChunkBytes : nullptr;

@@ -150,7 +150,9 @@ struct TileConfig {
 // qwen3-30b-a3b GEMM1 1671 vs 2037): the 64 threads left to gather A by cp.async cannot keep the
 // ring full (128x256 with only 64 loaders: 20-37% slower), the lost stage costs 2-8%, and the
 // overlap itself gains 2-6% on top of that. Forceable by name, never auto-selected (after
-// 128x256); faster once A needs fewer loading threads (e.g. by TMA where it is not gathered).
+// 128x256). With the loaders' A sources in registers (2026-12-07, H100, bench/results/
+// 2026-12-07-h100-fp8-producer) still no faster: fp8 per tensor level with 128x256 (median 0.996),
+// bf16 5-12% slower.
 // W4A8 prefill (bench/results/2026-12-07-h100-w4a8-rows, H100): 256x128 (two 64-row blocks per
 // consumer warpgroup: each converted W tile serves 256 tokens) against 128x256 at M = 16384:
 // mixtral-8x7b 16269 vs 17779 us, qwen3-30b-a3b 3353 vs 3549; level at 256 rows per expert
