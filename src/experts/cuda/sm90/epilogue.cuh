@@ -267,7 +267,7 @@ __device__ __forceinline__ void store_c_chunk(const KernelParams& p, uint8_t* ds
 // whole 128-byte lines instead of the fragment's 16-byte pieces of 8 rows per store. Predicates
 // per chunk (rows of the expert; columns below n, a multiple of 8); four 4-byte stores per chunk
 // where C's rows are not 16-byte aligned. Two barriers of the warpgroup's 128 threads per round
-// (named barriers 2 and 3, one per warpgroup; ws_tma_kernel's producer uses 1).
+// (named barriers 2 and 3, one per warpgroup).
 // (The fused epilogue measured slower this way: its two rounds add barriers to a tile bound by
 // the activation's arithmetic; bench/grouped_gemm_notes.md.)
 template <typename T, int kBN>
