@@ -6,8 +6,9 @@ the new binary is faster.
     python3 bench/compare_ab.py old.json new.json > ab.md
 """
 import json
-import statistics
 import sys
+
+from compare_peer import print_summary
 
 
 def main() -> int:
@@ -29,9 +30,7 @@ def main() -> int:
              for s in ("gemm1", "gemm2")]
         print(f"| {c['model']} | {c['M']} | {o['us']:.1f} | {c['us']:.1f} | {ratio:.3f} | "
               f"{g[0]} | {g[1]} | {c['tflops']:.1f} |")
-    if ratios:
-        print(f"\nnew/old over {len(ratios)} cases: min {min(ratios):.3f}, "
-              f"median {statistics.median(ratios):.3f}, max {max(ratios):.3f}")
+    print_summary("new/old", ratios)
     return 0
 
 

@@ -24,6 +24,8 @@
 # shellcheck source=bench/device_prelude.sh
 . bench/device_prelude.sh
 tokens=${PRODUCER_TOKENS:-1 64 4096 16384}
+# Whether PRODUCER_AB names the case (default: all four).
+selected() { [[ " ${PRODUCER_AB:-bf16 fp8tensor fp8block w4a8} " == *" $1 "* ]]; }
 part_tests() { all_gpu_tests; }
 part_core() {
   run_gtest test_grouped_gemm 120 build/tests/test_grouped_gemm
@@ -50,7 +52,7 @@ part_ab() {
   unpack_old_binary || return 1
   local name args
   while read -r name args; do
-    [[ " ${PRODUCER_AB:-bf16 fp8tensor fp8block w4a8} " == *" $name "* ]] || continue
+    selected "$name" || continue
     # shellcheck disable=SC2086  # one argument per word
     ab_run "${name}_old" build_old/moekit --plain-topk $args --tokens $tokens
     # shellcheck disable=SC2086
@@ -59,31 +61,35 @@ part_ab() {
       2>&1 | tee "$log/ab_${name}.md"
   done < <(ab_cases)
 }
+# The peer's shapes per A/B case (the case names are the peer's dtypes).
+peer_shapes() {
+  case $1 in
+    bf16) echo mixtral-8x7b,qwen3-30b-a3b,deepseek-v3 ;;
+    fp8tensor) echo mixtral-8x7b,qwen3-30b-a3b ;;
+    fp8block) echo qwen3-30b-a3b,deepseek-v3 ;;
+  esac
+}
 part_peer() {
-  local d name models
-  for d in bf16:bf16:mixtral-8x7b,qwen3-30b-a3b,deepseek-v3 \
-           fp8tensor:fp8tensor:mixtral-8x7b,qwen3-30b-a3b fp8block:fp8block:qwen3-30b-a3b,deepseek-v3; do
-    models=${d##*:}
-    name=${d#*:}
-    name=${name%%:*}
-    d=${d%%:*}
-    [[ " ${PRODUCER_AB:-bf16 fp8tensor fp8block w4a8} " == *" $name "* ]] || continue
-    PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --dtype "$d" --shapes "$models" \
-      --tokens "$(echo $tokens | tr ' ' ,)" --json "$log/peer_$d.json" >"$log/peer_$d.log" 2>&1
+  local d
+  for d in bf16 fp8tensor fp8block; do
+    selected "$d" || continue
+    PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --dtype "$d" \
+      --shapes "$(peer_shapes "$d")" --tokens "$(echo "$tokens" | tr ' ' ,)" \
+      --json "$log/peer_$d.json" >"$log/peer_$d.log" 2>&1
     echo "peer $d rc=$?"
-    python3 bench/compare_peer.py "$log/ab_${name}_new.json" "$log/peer_$d.json" --dtype "$d" \
+    python3 bench/compare_peer.py "$log/ab_${d}_new.json" "$log/peer_$d.json" --dtype "$d" \
       >"$log/ratio_$d.md" 2>&1
     cat "$log/ratio_$d.md"
   done
 }
-part_epi() {
-  local q
-  for q in fp8_per_tensor bf16; do
+part_epi() {  # against part ab's new runs of the same scheme
+  local c name q
+  for c in fp8tensor:fp8_per_tensor bf16:bf16; do
+    name=${c%%:*}
+    q=${c#*:}
     # shellcheck disable=SC2086
     ab_run "${q}_epi" build/moekit --plain-topk --quant "$q" --tile 128x256epi \
       --models mixtral-8x7b qwen3-30b-a3b --tokens $tokens
-    local name=fp8tensor
-    [ "$q" = bf16 ] && name=bf16
     python3 bench/compare_ab.py "$log/ab_${name}_new.json" "$log/ab_${q}_epi.json" 2>&1 |
       tee "$log/ab_${q}_epi.md"
   done
