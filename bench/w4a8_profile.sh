@@ -16,6 +16,7 @@ cases=${W4A8_PROFILE_CASES:-"ws_tma_kernel 16384 auto;ws_swapab_kernel 1 auto"}
 quant=${W4A8_PROFILE_QUANT:-w4a8_fp8}
 IFS=';' read -ra case_list <<<"$cases"
 for case in "${case_list[@]}"; do
+  # shellcheck disable=SC2086  # the case's words as positional arguments
   set -- $case
   skip=${4:-3}
   name="ncu_${quant}_$1_$2_$3_skip$skip"
