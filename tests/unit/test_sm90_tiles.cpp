@@ -26,7 +26,8 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
   EXPECT_EQ(sm90::find_tile("256x128"), -1);
   EXPECT_EQ(sm90::find_tile("auto"), -1);
   EXPECT_EQ(sm90::tile_names(),
-            "16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi, 128x256mc");
+            "16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi, 128x256mc, 128x128, "
+            "128x128pp");
   // The CUDA-core rows serve 16-bit and W4A16 only, 8 warps of 8 weight rows.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kW4A16), "1x64simt, 16x64, 64x64, 128x128");
   sm90::TileConfig simt_fp8 = sm90::kTileTable[sm90::find_tile("1x64simt")];
@@ -50,7 +51,25 @@ TEST(Sm90Tiles, TableRowsAreFoundByName) {
             "16x64tma, 16x64, 64x64, 32x64, 64x128, 128x128, 128x256, 128x256mc");
   // fp8 without block scales keeps no temporary accumulator: its prefill row is 128x256.
   EXPECT_EQ(sm90::tile_names(sm90::TileFamily::kFp8Direct),
-            "16x64tma, 16x64, 32x64, 64x64, 128x256, 128x256epi, 128x256mc");
+            "16x64tma, 16x64, 32x64, 64x64, 128x256, 128x256epi, 128x256mc, 128x128, "
+            "128x128pp");
+  // Ping-pong rows: a whole 128x128 item per consumer warpgroup, families without promotion,
+  // one CTA per SM, no cluster.
+  const sm90::TileConfig pp = sm90::kTileTable[sm90::find_tile("128x128pp")];
+  EXPECT_TRUE(pp.pingpong);
+  EXPECT_TRUE(sm90::valid_tile(pp));
+  sm90::TileConfig bad_pp = pp;
+  bad_pp.bn = 256;  // two 64x256 accumulators do not fit a consumer thread
+  EXPECT_FALSE(sm90::valid_tile(bad_pp));
+  bad_pp = pp;
+  bad_pp.family = sm90::TileFamily::kFp8;  // block scales promote per K block
+  EXPECT_FALSE(sm90::valid_tile(bad_pp));
+  bad_pp = pp;
+  bad_pp.cluster = 2;
+  EXPECT_FALSE(sm90::valid_tile(bad_pp));
+  bad_pp = pp;
+  bad_pp.kind = sm90::MainloopKind::kSingleRole;
+  EXPECT_FALSE(sm90::valid_tile(bad_pp));
   // 2-CTA clusters (W multicast): warp-specialized TMA rows of the TMA families only, halves of
   // W that are whole swizzle periods, one CTA per SM.
   const sm90::TileConfig mc = sm90::kTileTable[sm90::find_tile("128x256mc")];
@@ -225,7 +244,8 @@ TEST(Sm90Tiles, UnknownTileConfigIsAnErrorListingTheValidNames) {
       testing::error_of([&] { Sm90GroupedExperts e(moe, QuantConfig::unquantized()); });
   EXPECT_TRUE(testing::contains_all(
       msg, {"tile_config '96x96'",
-            "auto, 16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi, 128x256mc"}));
+            "auto, 16x64, 16x64tma, 1x64simt, 32x64, 64x64, 128x256, 128x256epi, 128x256mc, "
+            "128x128, 128x128pp"}));
   moe.tile_config = "128x256";
   EXPECT_NO_THROW(Sm90GroupedExperts(moe, QuantConfig::unquantized()));
   moe.tile_config = "auto";

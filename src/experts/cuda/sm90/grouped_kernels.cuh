@@ -378,19 +378,20 @@ __device__ __forceinline__ void release_step(uint64_t* s_empty, uint64_t* s_w_em
 // The barriers of the rings (one thread, before the CTA's first __syncthreads): "full" takes
 // kLoaderThreads + 1 arrivals where W comes by TMA (each loading thread's cp.async and the TMA's
 // expect-tx), 128 for kW4A8 (each producer thread after its conversion); "empty" and "w_empty"
-// one per consumer warp (of every CTA of the cluster for "empty").
+// one per consumer warp that reads the stage (of every CTA of the cluster for "empty"; ping-pong
+// rows: one warpgroup reads each stage).
 template <typename Shape>
 __device__ __forceinline__ void init_ring_barriers(uint64_t* s_full, uint64_t* s_empty,
                                                    uint64_t* s_w_empty) {
-  constexpr int kConsumerWarps = Shape::kConsumerThreads / 32;
+  constexpr int kReaders = Shape::kStageReaderWarps;
 #pragma unroll
   for (int s = 0; s < Rings<Shape>::kWSlots; ++s) {
     mbar_init(smem_u32(&s_full[s]), Shape::kPackedInt4 ? 128 : Shape::kLoaderThreads + 1);
-    if constexpr (Shape::kPackedInt4) mbar_init(smem_u32(&s_w_empty[s]), kConsumerWarps);
+    if constexpr (Shape::kPackedInt4) mbar_init(smem_u32(&s_w_empty[s]), kReaders);
   }
 #pragma unroll
   for (int s = 0; s < Shape::kStages; ++s)
-    mbar_init(smem_u32(&s_empty[s]), kConsumerWarps * Shape::kCluster);
+    mbar_init(smem_u32(&s_empty[s]), kReaders * Shape::kCluster);
   fence_proxy_async();
   if constexpr (Shape::kCluster > 1) fence_mbarrier_init_cluster();
 }
@@ -658,6 +659,67 @@ __device__ __forceinline__ void two_block_item(const KernelParams& p, const Work
   }
 }
 
+// The consumer warpgroups of the ping-pong rows (Shape::kPingPong): warpgroup g computes the
+// CTA's items g, g + 2, ... whole (two 64-row blocks on the item's W tile, as two_block_item). The
+// producer fills the ring with the CTA's items in order, so its j-th item takes ring positions
+// [j k_tiles, (j + 1) k_tiles). s_turn[g] gives the tensor cores to warpgroup g: its n-th item
+// waits for phase n (the other warpgroup arrives once it has issued its item's last K step;
+// phase 0 of s_turn[0] completes at initialisation), so the mainloops run one after the other and
+// each warpgroup's epilogue runs under the other's mainloop. The order also keeps the parity waits
+// on "full" sound: every ring position before an item's first was waited for before its turn
+// (otherwise a stage's barrier could be two phases behind, where the parity wanted is that of a
+// phase long complete). One wgmma step stays in flight: each step is released once the next
+// step's two groups are issued.
+template <typename T, typename OutT, typename Shape, typename ItemAt>
+__device__ __forceinline__ void pingpong_items(const KernelParams& p, const Rings<Shape>& rings,
+                                               uint64_t* s_full, uint64_t* s_empty,
+                                               uint64_t* s_turn, int first_item, int total_items,
+                                               int item_stride, ItemAt&& item_at, int warpgroup,
+                                               int tid) {
+  static_assert(Shape::kPingPong && Shape::kMBlocks == 2 && Shape::kConsumers == 2 &&
+                Shape::kPromotion == Promotion::kNone && Shape::kCluster == 1 &&
+                !Shape::kPackedInt4 && !Shape::kStagedEpilogue && !Shape::kEpilogueWarps);
+  constexpr int kBN = Shape::kBN;
+  constexpr int kAcc = kBN / 2;
+  using Step = KStep<T, kBN, Promotion::kNone>;
+  const int lane = tid & 31;
+  int turn = 0;
+  for (int item = first_item + warpgroup * item_stride, j = warpgroup; item < total_items;
+       item += 2 * item_stride, j += 2, ++turn) {
+    const WorkItem w = item_at(item);
+    typename Step::Acc acc[2][kAcc];
+    zero_accumulators(acc[0]);
+    zero_accumulators(acc[1]);
+    mbar_wait(smem_u32(&s_turn[warpgroup]), turn & 1);
+    int it = j * p.k_tiles;  // ring position of this item's first K step
+    for (int kt = 0; kt < p.k_tiles; ++kt, ++it) {
+      mbar_wait(smem_u32(&s_full[it % Shape::kStages]), (it / Shape::kStages) & 1);
+      fence_proxy_async();  // the producers' cp.async data, seen by the tensor cores
+      const uint32_t sa = rings.stage(it);
+      mma_stage<T, kBN>(acc[0], sa, rings.w_tile(it));
+      mma_stage<T, kBN>(acc[1], sa + 64 * kRowBytes, rings.w_tile(it));
+      wgmma_wait<2>();  // step kt - 1's two groups are done
+      fence_registers(acc[0]);
+      fence_registers(acc[1]);
+      if (kt > 0) release_step<Shape>(s_empty, nullptr, it - 1, lane);
+    }
+    if ((tid & 127) == 0) mbar_arrive(smem_u32(&s_turn[warpgroup ^ 1]));
+    wgmma_wait<0>();
+    fence_registers(acc[0]);
+    fence_registers(acc[1]);
+    if (p.k_tiles > 0) release_step<Shape>(s_empty, nullptr, it - 1, lane);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      FragmentRows rows{{-1, -1}};
+      if constexpr (kIsScaled<T>) rows = fragment_rows<kBN>(p, w, b, tid);
+      Step step;
+      float out[kAcc];
+      step.finish(acc[b], out, p, w, rows, lane);
+      store_warpgroup_tile<OutT, kBN>(p, out, w, b, tid);
+    }
+  }
+}
+
 template <typename T, typename OutT, int kTile>
 __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>::kMinBlocks)
     ws_tma_kernel(const KernelParams p, const __grid_constant__ CUtensorMap w_map) {
@@ -680,6 +742,8 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   // The handoff tile of the epilogue warps: [0] written (consumers -> epilogue warps), [1] read
   // out (epilogue warps -> consumers); one phase per item.
   __shared__ alignas(8) uint64_t s_handoff[2];
+  // Ping-pong rows: s_turn[g] gives the tensor cores to consumer warpgroup g (pingpong_items).
+  __shared__ alignas(8) uint64_t s_turn[2];
   const RingsT rings(smem_dynamic);
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -700,6 +764,11 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
     if constexpr (Shape::kEpilogueWarps) {
       mbar_init(smem_u32(&s_handoff[0]), Shape::kConsumerThreads);
       mbar_init(smem_u32(&s_handoff[1]), Shape::kEpilogueThreads);
+    }
+    if constexpr (Shape::kPingPong) {
+      mbar_init(smem_u32(&s_turn[0]), 1);
+      mbar_init(smem_u32(&s_turn[1]), 1);
+      mbar_arrive(smem_u32(&s_turn[0]));  // warpgroup 0 takes the CTA's first item
     }
   }
   __syncthreads();
@@ -783,6 +852,11 @@ __global__ void __launch_bounds__(ShapeOf<T, kTile>::kThreads, ShapeOf<T, kTile>
   const int lane = tid & 31;
   using Step = KStep<T, kBN, Shape::kPromotion, Shape::kGroupScales>;
   constexpr int kLag = Step::release_lag;
+  if constexpr (Shape::kPingPong) {
+    pingpong_items<T, OutT, Shape>(p, rings, s_full, s_empty, s_turn, first_item, total_items,
+                                   item_stride, item_at, warpgroup, tid);
+    return;
+  }
   Step step;
   int it = 0;                       // K steps consumed so far by this CTA (all items)
   [[maybe_unused]] int handed = 0;  // items handed to the epilogue warps

@@ -65,9 +65,17 @@ struct TileShape {
   static constexpr int kStages = kConfig.stages;
   static constexpr int kMinBlocks = kConfig.min_blocks;
   static constexpr int kConsumers = kConfig.consumers;
-  // 64-row blocks of A per consumer warpgroup: 1, or 2 in the W4A8 row 256x128 (each step two
-  // wgmma groups on one W tile, an accumulator per block).
-  static constexpr int kMBlocks = kBM >= 64 * kConsumers ? kBM / (64 * kConsumers) : 1;
+  // Ping-pong consumers (TileConfig::pingpong): each warpgroup a whole item of its own, the two
+  // taking the CTA's items in turn, their mainloops ordered one after the other.
+  static constexpr bool kPingPong = kConfig.pingpong;
+  // 64-row blocks of A per consumer warpgroup: 1, or 2 in the W4A8 row 256x128 and the ping-pong
+  // rows (each step two wgmma groups on one W tile, an accumulator per block).
+  static constexpr int kMBlocks = kPingPong                ? kBM / 64
+                                  : kBM >= 64 * kConsumers ? kBM / (64 * kConsumers)
+                                                           : 1;
+  // Consumer warps reading each stage (its "empty" arrivals): one warpgroup's in the ping-pong
+  // rows, every consumer warpgroup's otherwise.
+  static constexpr int kStageReaderWarps = kPingPong ? 4 : kConsumers * 4;
   // fp8 block scales: each K stage promoted out of the tensor cores (KStep), overlapped with the
   // next stage's wgmma where two temporaries fit.
   // W4A8 groups: chunked (no room for two temporaries beside a converting producer).

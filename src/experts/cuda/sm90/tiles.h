@@ -100,6 +100,11 @@ struct TileConfig {
   // expert and n-tile together, each loading half of every W tile by TMA multicast into both, so
   // each SM reads half the weight bytes per K step from L2.
   int cluster = 1;
+  // Ping-pong consumers (kWarpSpecializedTma, bm = bn = 128): each consumer warpgroup computes a
+  // whole work item of its own (two 64-row blocks on the item's W tile), the two taking the CTA's
+  // items in turn; their mainloops run one after the other (an order barrier passes the tensor
+  // cores from one to the other), so one warpgroup's epilogue runs under the other's mainloop.
+  bool pingpong = false;
 };
 
 // Measured on an H200 (bench/grouped_gemm_notes.md): 64x64 streams weights faster up to ~32 rows
@@ -164,6 +169,12 @@ struct TileConfig {
 // tensor mixtral-8x7b M=16384 GEMM1 8144 vs 7930 us, bf16 layer 18940 vs 19078), 4-13% slower
 // with fewer (qwen3-30b-a3b M=4096); the L2 measured 57% busy under 128x256, not its limit.
 // Forceable by name, never auto-selected (after 128x256).
+// 128x128 (cooperative) and 128x128pp (ping-pong: each consumer warpgroup a whole item, one's
+// epilogue under the other's mainloop), 16-bit and K-invariant fp8 (bench/results/
+// 2026-12-07-h100-pingpong, H100, mixtral-8x7b / qwen3-30b-a3b M = 4096 / 16384): both slower
+// than 128x256, 128x128 by 11-22% (fp8 per tensor) / 16-34% (bf16), 128x128pp by 9-13% / 8-26%.
+// The overlap buys GEMM1 3-11% over 128x128; 1.33x the L2 reads per FLOP cost GEMM2 14-30%.
+// Forceable by name, never auto-selected (after 128x256).
 inline constexpr TileConfig kTileTable[] = {
     {"16x64", TileFamily::k16Bit, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
      "swap-AB: 64 weight rows x 16 tokens per item, every SM streaming weights"},
@@ -181,6 +192,10 @@ inline constexpr TileConfig kTileTable[] = {
      INT64_MAX, "epilogue warps store each tile while the next one computes"},
     {"128x256mc", TileFamily::k16Bit, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
      INT64_MAX, "2-CTA clusters: each W tile multicast to two m-tiles, half the L2 reads", 0, 0, 2},
+    {"128x128", TileFamily::k16Bit, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma, INT64_MAX,
+     "6 stages of 32 KB; 1.33x the L2 reads per FLOP of 128x256"},
+    {"128x128pp", TileFamily::k16Bit, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "ping-pong: one warpgroup's epilogue under the other's mainloop", 0, 0, 1, true},
     {"16x64tma", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapABTma, 8,
      "swap-AB with a TMA producer warpgroup: the loads never wait for the consumers"},
     {"16x64", TileFamily::kFp8, 16, 64, 10, 1, 2, MainloopKind::kSwapAB, 8,
@@ -214,6 +229,10 @@ inline constexpr TileConfig kTileTable[] = {
      "epilogue warps store each tile while the next one computes"},
     {"128x256mc", TileFamily::kFp8Direct, 128, 256, 4, 2, 1, MainloopKind::kWarpSpecializedTma,
      INT64_MAX, "2-CTA clusters: each W tile multicast to two m-tiles, half the L2 reads", 0, 0, 2},
+    {"128x128", TileFamily::kFp8Direct, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "6 stages of 32 KB; 1.33x the L2 reads per FLOP of 128x256"},
+    {"128x128pp", TileFamily::kFp8Direct, 128, 128, 6, 2, 1, MainloopKind::kWarpSpecializedTma,
+     INT64_MAX, "ping-pong: one warpgroup's epilogue under the other's mainloop", 0, 0, 1, true},
     // int8: the 16-bit rows' shapes (the int32 accumulator takes the registers of the fp32 one);
     // a stage holds 128 elements of K.
     {"64x64", TileFamily::kInt8, 64, 64, 6, 1, 2, MainloopKind::kSingleRole, 63,
@@ -271,6 +290,12 @@ inline constexpr int kNumTiles = static_cast<int>(sizeof(kTileTable) / sizeof(kT
 // warp-specialized TMA rows of a TMA family, bn a multiple of 128 (each CTA's half of W a whole
 // number of swizzle periods), one CTA per SM.
 constexpr bool valid_tile(const TileConfig& t) {
+  if (t.pingpong) {  // each consumer warpgroup two 64-row blocks of its own item, no promotion
+    return t.kind == MainloopKind::kWarpSpecializedTma && t.cluster == 1 &&
+           (t.family == TileFamily::k16Bit || t.family == TileFamily::kFp8Direct ||
+            t.family == TileFamily::kInt8) &&
+           t.bm == 128 && t.bn == 128 && t.consumers == 2 && t.min_blocks == 1 && t.stages >= 3;
+  }
   if (t.cluster != 1) {  // W multicast: warp-specialized rows that load W by TMA
     return t.cluster == 2 && t.kind == MainloopKind::kWarpSpecializedTma &&
            (t.family == TileFamily::k16Bit || t.family == TileFamily::kFp8 ||
