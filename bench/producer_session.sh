@@ -12,13 +12,17 @@
 #             swap-AB cases
 #   ab        build_old/moekit against build/moekit, routed as the peer (--plain-topk): bf16, fp8
 #             per tensor, fp8 block-128 and W4A8 layers, decode to prefill (PRODUCER_TOKENS); the
-#             cases named in PRODUCER_AB (default: all four)
+#             cases named in PRODUCER_AB (default: all four); old and new interleaved
+#             PRODUCER_REPEATS times (default 2), each case at its fastest run
 #   peer      the Triton peer's bf16 / fp8 per-tensor / fp8 block layers on the same shapes, the
 #             ratio per case against part ab's build/moekit runs (the cases PRODUCER_AB names)
 #   epi       build/moekit with the epilogue-warp row forced (128x256epi) against the auto rows, fp8
 #             per tensor and bf16 prefill (PRODUCER_TOKENS)
 #   decode    build_old/moekit against build/moekit at M = 1 / 64, bf16 and fp8 per tensor (the
 #             swap-AB rows' loaders and activation)
+#   tiles     build/moekit with each prefill row of PRODUCER_TILES forced (default 64x64 128x128
+#             128x128pp 128x256mc) on bf16 deepseek-v3 (about 128 rows per expert at M = 4096: 1.48
+#             m-tiles of 128), against part ab's new runs (the auto rows)
 #   profile   bench/w4a8_profile.sh on the fp8 per-tensor 128x256 GEMM1 and GEMM2 at mixtral-8x7b
 #             M = 16384 (warp states, per-instruction stall samples)
 # shellcheck source=bench/device_prelude.sh
@@ -50,15 +54,20 @@ ab_cases() {
 }
 part_ab() {
   unpack_old_binary || return 1
-  local name args
+  local name args r sfx olds news
   while read -r name args; do
     selected "$name" || continue
-    # shellcheck disable=SC2086  # one argument per word
-    ab_run "${name}_old" build_old/moekit --plain-topk $args --tokens $tokens
-    # shellcheck disable=SC2086
-    ab_run "${name}_new" build/moekit --plain-topk $args --tokens $tokens
-    python3 bench/compare_ab.py "$log/ab_${name}_old.json" "$log/ab_${name}_new.json" \
-      2>&1 | tee "$log/ab_${name}.md"
+    olds="" news=""
+    for ((r = 1; r <= ${PRODUCER_REPEATS:-2}; ++r)); do
+      sfx=$([ "$r" -gt 1 ] && echo "$r")  # ab_NAME_new.json is the first run (parts peer, epi)
+      # shellcheck disable=SC2086  # one argument per word
+      ab_run "${name}_old$sfx" build_old/moekit --plain-topk $args --tokens $tokens
+      # shellcheck disable=SC2086
+      ab_run "${name}_new$sfx" build/moekit --plain-topk $args --tokens $tokens
+      olds+=${olds:+,}$log/ab_${name}_old$sfx.json
+      news+=${news:+,}$log/ab_${name}_new$sfx.json
+    done
+    python3 bench/compare_ab.py "$olds" "$news" 2>&1 | tee "$log/ab_${name}.md"
   done < <(ab_cases)
 }
 # The peer's shapes per A/B case (the case names are the peer's dtypes).
@@ -107,6 +116,16 @@ part_decode() {
     ab_run "decode_${q}_new" build/moekit --plain-topk --quant "$q" --models $models --tokens 1 64
     python3 bench/compare_ab.py "$log/ab_decode_${q}_old.json" "$log/ab_decode_${q}_new.json" \
       2>&1 | tee "$log/ab_decode_$q.md"
+  done
+}
+part_tiles() {
+  local t
+  for t in ${PRODUCER_TILES:-64x64 128x128 128x128pp 128x256mc}; do
+    # shellcheck disable=SC2086  # one argument per size
+    ab_run "deepseek_bf16_$t" build/moekit --plain-topk --quant bf16 --models deepseek-v3 \
+      --tile "$t" --tokens $tokens
+    python3 bench/compare_ab.py "$log/ab_bf16_new.json" "$log/ab_deepseek_bf16_$t.json" 2>&1 |
+      grep -E "deepseek|^\|.model" | tee "$log/ab_deepseek_bf16_$t.md"
   done
 }
 part_profile() {
