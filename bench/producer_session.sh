@@ -21,8 +21,9 @@
 #   decode    build_old/moekit against build/moekit at M = 1 / 64, bf16 and fp8 per tensor (the
 #             swap-AB rows' loaders and activation)
 #   tiles     build/moekit with each prefill row of PRODUCER_TILES forced (default 64x64 128x128
-#             128x128pp 128x256mc) on bf16 deepseek-v3 (about 128 rows per expert at M = 4096: 1.48
-#             m-tiles of 128), against part ab's new runs (the auto rows)
+#             128x128pp 128x256mc) on deepseek-v3 (about 128 rows per expert at M = 4096: 1.48
+#             m-tiles of 128) under each scheme of PRODUCER_TILE_QUANTS (default bf16), against
+#             the auto rows of the same binary (run before and after them, the faster kept)
 #   profile   bench/w4a8_profile.sh on the fp8 per-tensor 128x256 GEMM1 and GEMM2 at mixtral-8x7b
 #             M = 16384 (warp states, per-instruction stall samples)
 # shellcheck source=bench/device_prelude.sh
@@ -119,13 +120,24 @@ part_decode() {
   done
 }
 part_tiles() {
-  local t
-  for t in ${PRODUCER_TILES:-64x64 128x128 128x128pp 128x256mc}; do
+  local q t auto
+  for q in ${PRODUCER_TILE_QUANTS:-bf16}; do
     # shellcheck disable=SC2086  # one argument per size
-    ab_run "deepseek_bf16_$t" build/moekit --plain-topk --quant bf16 --models deepseek-v3 \
-      --tile "$t" --tokens $tokens
-    python3 bench/compare_ab.py "$log/ab_bf16_new.json" "$log/ab_deepseek_bf16_$t.json" 2>&1 |
-      grep -E "deepseek|^\|.model" | tee "$log/ab_deepseek_bf16_$t.md"
+    ab_run "deepseek_${q}_auto" build/moekit --plain-topk --quant "$q" --models deepseek-v3 \
+      --tokens $tokens
+    for t in ${PRODUCER_TILES:-64x64 128x128 128x128pp 128x256mc}; do
+      # shellcheck disable=SC2086
+      ab_run "deepseek_${q}_$t" build/moekit --plain-topk --quant "$q" --models deepseek-v3 \
+        --tile "$t" --tokens $tokens
+    done
+    # shellcheck disable=SC2086  # the auto rows again, after the forced ones (clock drift)
+    ab_run "deepseek_${q}_auto2" build/moekit --plain-topk --quant "$q" --models deepseek-v3 \
+      --tokens $tokens
+    auto=$log/ab_deepseek_${q}_auto.json,$log/ab_deepseek_${q}_auto2.json
+    for t in ${PRODUCER_TILES:-64x64 128x128 128x128pp 128x256mc}; do
+      python3 bench/compare_ab.py "$auto" "$log/ab_deepseek_${q}_$t.json" 2>&1 |
+        tee "$log/ab_deepseek_${q}_$t.md"
+    done
   done
 }
 part_profile() {
