@@ -54,6 +54,20 @@ run_gtest() {
   echo "$name rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$log/$name.log" | tr '\n' ' ')"
   grep -E "FAILED|Failure" "$log/$name.log" | head -20
 }
+# The Triton peer (.carry/triton_peer.py) on one dtype's shapes and sizes (log, JSON:
+# $log/peer_DTYPE.*), then its ratio per case against a `moekit bench --json` of the same cases
+# from the same call, printed and kept as $log/ratio_DTYPE.md:
+#   peer_ratio DTYPE SHAPES(comma-separated) "SIZES" MOEKIT_JSON
+peer_ratio() {
+  local dtype=$1 shapes=$2 sizes=$3 ours=$4
+  PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --dtype "$dtype" \
+    --shapes "$shapes" --tokens "$(echo "$sizes" | tr ' ' ,)" \
+    --json "$log/peer_$dtype.json" >"$log/peer_$dtype.log" 2>&1
+  echo "peer $dtype rc=$?"
+  python3 bench/compare_peer.py "$ours" "$log/peer_$dtype.json" --dtype "$dtype" \
+    >"$log/ratio_$dtype.md" 2>&1
+  cat "$log/ratio_$dtype.md"
+}
 # Every GPU test binary (bench/h200_session.sh tests), its summary printed.
 all_gpu_tests() {
   OUT=$log timeout 300 bash bench/h200_session.sh tests >/dev/null 2>&1

@@ -48,13 +48,7 @@ part_peer() {
   for d in bf16:bf16 fp8tensor:fp8_per_tensor; do
     q=${d#*:}
     d=${d%%:*}
-    PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --dtype "$d" \
-      --shapes mixtral-8x7b,qwen3-30b-a3b --tokens "$(echo $tokens | tr ' ' ,)" \
-      --json "$log/peer_$d.json" >"$log/peer_$d.log" 2>&1
-    echo "peer $d rc=$?"
-    python3 bench/compare_peer.py "$log/ab_${q}_128x128pp.json" "$log/peer_$d.json" --dtype "$d" \
-      >"$log/ratio_$d.md" 2>&1
-    cat "$log/ratio_$d.md"
+    peer_ratio "$d" mixtral-8x7b,qwen3-30b-a3b "$tokens" "$log/ab_${q}_128x128pp.json"
   done
 }
 run_parts "$@"

@@ -83,13 +83,7 @@ part_peer() {
   local d
   for d in bf16 fp8tensor fp8block; do
     selected "$d" || continue
-    PYTHONUNBUFFERED=1 timeout 150 python3 .carry/triton_peer.py --dtype "$d" \
-      --shapes "$(peer_shapes "$d")" --tokens "$(echo "$tokens" | tr ' ' ,)" \
-      --json "$log/peer_$d.json" >"$log/peer_$d.log" 2>&1
-    echo "peer $d rc=$?"
-    python3 bench/compare_peer.py "$log/ab_${d}_new.json" "$log/peer_$d.json" --dtype "$d" \
-      >"$log/ratio_$d.md" 2>&1
-    cat "$log/ratio_$d.md"
+    peer_ratio "$d" "$(peer_shapes "$d")" "$tokens" "$log/ab_${d}_new.json"
   done
 }
 part_epi() {  # against part ab's new runs of the same scheme
